@@ -1,0 +1,250 @@
+"""Real HTTP servers on loopback for the tests: a static file server with Range support and
+a stand-in for the Hugging Face Hub that serves the routes and headers huggingface_hub uses.
+
+Both count the body bytes they send, per path, so tests can assert how much was fetched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+_RANGE_RE = re.compile(r"^bytes=(\d+)-(\d*)$")
+_CHUNK = 64 * 1024
+
+
+@dataclass
+class ServerState:
+    """What a test server was asked and sent."""
+
+    sent_bytes: Counter[str] = field(default_factory=Counter)
+    requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, method: str, path: str, headers: dict[str, str]) -> None:
+        with self.lock:
+            self.requests.append((method, path, headers))
+
+    def add_sent(self, path: str, count: int) -> None:
+        with self.lock:
+            self.sent_bytes[path] += count
+
+    @property
+    def total_sent(self) -> int:
+        with self.lock:
+            return sum(self.sent_bytes.values())
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: ServerState
+    server_version = "tierlocal-test"
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+        pass
+
+    def _send_file(self, path: Path, *, head: bool, accept_ranges: bool = True, extra: dict[str, str] | None = None) -> None:
+        size = path.stat().st_size
+        start, end = 0, size - 1
+        status = 200
+        range_header = self.headers.get("Range")
+        if accept_ranges and range_header:
+            match = _RANGE_RE.match(range_header.strip())
+            if match is None or int(match.group(1)) >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            start = int(match.group(1))
+            end = min(int(match.group(2)) if match.group(2) else size - 1, size - 1)
+            status = 206
+        self.send_response(status)
+        if accept_ranges:
+            self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Content-Type", "application/octet-stream")
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if head:
+            return
+        with path.open("rb") as handle:
+            handle.seek(start)
+            remaining = end - start + 1
+            while remaining > 0:
+                chunk = handle.read(min(_CHUNK, remaining))
+                if not chunk:
+                    break
+                try:
+                    self.wfile.write(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                self.state.add_sent(self.path, len(chunk))
+                remaining -= len(chunk)
+
+    def _send_json(self, status: int, payload: object, extra: dict[str, str] | None = None) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+class _StaticHandler(_Handler):
+    root: Path
+    ranges: bool
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _serve(self, *, head: bool) -> None:
+        self.state.record(self.command, self.path, dict(self.headers))
+        path = (self.root / unquote(urlsplit(self.path).path).lstrip("/")).resolve()
+        if not path.is_file() or self.root.resolve() not in path.parents:
+            self._send_json(404, {"error": "not found"})
+            return
+        self._send_file(path, head=head, accept_ranges=self.ranges)
+
+
+@contextmanager
+def _serve(handler: type[_Handler]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def static_server(root: Path, *, ranges: bool = True) -> Iterator[tuple[str, ServerState]]:
+    """Serve ``root`` over HTTP on loopback; ``ranges=False`` ignores Range (always 200)."""
+    state = ServerState()
+    handler = type("Handler", (_StaticHandler,), {"root": root, "ranges": ranges, "state": state})
+    with _serve(handler) as url:
+        yield url, state
+
+
+# --- Hugging Face Hub stand-in -----------------------------------------------------------------
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class HubRepo:
+    """A model repo: files on disk; ``private`` repos need ``token``."""
+
+    repo_id: str
+    directory: Path
+    private: bool = False
+    token: str | None = None
+
+
+class _HubHandler(_Handler):
+    repos: dict[str, HubRepo]
+    sha_cache: dict[Path, str]
+
+    def do_HEAD(self) -> None:
+        self._route(head=True)
+
+    def do_GET(self) -> None:
+        self._route(head=False)
+
+    def _sha256(self, path: Path) -> str:
+        if path not in self.sha_cache:
+            digest = hashlib.sha256()
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            self.sha_cache[path] = digest.hexdigest()
+        return self.sha_cache[path]
+
+    def _authorised(self, repo: HubRepo) -> bool:
+        return not repo.private or self.headers.get("Authorization") == f"Bearer {repo.token}"
+
+    def _route(self, *, head: bool) -> None:
+        self.state.record(self.command, self.path, dict(self.headers))
+        path = unquote(urlsplit(self.path).path)
+        cdn = re.match(r"^/cdn/(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?P<file>.+)$", path)
+        if cdn:
+            repo = self.repos.get(f"{cdn['owner']}/{cdn['repo']}")
+            file_path = repo.directory / cdn["file"] if repo else None
+            if file_path is None or not file_path.is_file():
+                self._send_json(404, {"error": "not found"})
+                return
+            self._send_file(file_path, head=head)
+            return
+        resolve = re.match(r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$", path)
+        info = re.match(r"^/api/models/(?P<owner>[^/]+)/(?P<repo>[^/]+)(?:/revision/(?P<rev>[^/]+))?$", path)
+        match = resolve or info
+        if match is None:
+            self._send_json(404, {"error": "not found"})
+            return
+        repo = self.repos.get(f"{match['owner']}/{match['repo']}")
+        if repo is None or not self._authorised(repo):
+            self._send_json(401, {"error": "Repository Not Found"}, {"X-Error-Code": "RepoNotFound"})
+            return
+        revision = match["rev"] or "main"
+        if revision not in ("main", COMMIT):
+            self._send_json(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
+            return
+        if info:
+            siblings = [
+                {"rfilename": str(p.relative_to(repo.directory)), "size": p.stat().st_size}
+                for p in sorted(repo.directory.rglob("*"))
+                if p.is_file()
+            ]
+            self._send_json(200, {"id": repo.repo_id, "sha": COMMIT, "private": repo.private, "siblings": siblings})
+            return
+        file_path = repo.directory / match["file"]
+        if not file_path.is_file():
+            self._send_json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT})
+            return
+        size = file_path.stat().st_size
+        sha = self._sha256(file_path)
+        if file_path.suffix == ".gguf":
+            # LFS file: the hub answers with a redirect to its CDN (another host) and carries
+            # the file's metadata on that redirect.
+            host, port = self.server.server_address[:2]  # type: ignore[misc]
+            location = f"http://localhost:{port}/cdn/{repo.repo_id}/{match['file']}?X-Amz-Signature=secret-signature"
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("X-Repo-Commit", COMMIT)
+            self.send_header("X-Linked-Size", str(size))
+            self.send_header("X-Linked-Etag", f'"{sha}"')
+            self.send_header("ETag", f'"{sha[:40]}"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._send_file(file_path, head=head, extra={"X-Repo-Commit": COMMIT, "ETag": f'"{sha[:40]}"'})
+
+
+@contextmanager
+def fake_hub(repos: list[HubRepo]) -> Iterator[tuple[str, ServerState]]:
+    """A hub on loopback; point ``HF_ENDPOINT`` at the URL it yields."""
+    state = ServerState()
+    handler = type("Handler", (_HubHandler,), {"repos": {r.repo_id: r for r in repos}, "sha_cache": {}, "state": state})
+    with _serve(handler) as url:
+        yield url, state

@@ -1,0 +1,138 @@
+"""Hardware detection on this machine (no GPU), through the real Vulkan llama-server on Mesa's
+software device, through AMD's sysfs format, and ``--gpu`` overrides."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import Assets, run_cli
+from tierlocal.errors import HardwareError
+from tierlocal.hardware import detect, parse_gpu_override, probe_amd_sysfs, probe_nvml
+
+_GIB = 1024**3
+
+
+def _meminfo_total_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemTotal in /proc/meminfo")
+
+
+def test_hw_on_this_machine_reports_no_gpu_ram_and_disk(tmp_path: Path) -> None:
+    result = run_cli("hw", "--json", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["gpus"] == []
+    assert payload["ram_total_bytes"] == _meminfo_total_bytes()
+    assert 0 < payload["ram_available_bytes"] <= payload["ram_total_bytes"]
+    assert payload["cpu_threads"] == os.cpu_count()
+    statvfs = os.statvfs("/")
+    assert payload["disk_path"] == str(Path(os.environ["TIERLOCAL_HOME"]) / "models")
+    assert abs(payload["disk_free_bytes"] - statvfs.f_bavail * statvfs.f_frsize) < 512 * 1024 * 1024
+    probes = {probe["name"]: probe for probe in payload["probes"]}
+    assert probes["nvml"]["status"] == "absent"
+    assert probes["amd-sysfs"]["status"] == "absent"
+    assert probes["llama-server"]["status"] == "absent"
+    human = run_cli("hw", env={"PATH": "/usr/bin:/bin"})
+    assert "accelerators: none" in human.stdout
+    assert "system RAM:" in human.stdout
+
+
+def test_hw_sees_the_vulkan_device_through_llama_server(assets: Assets) -> None:
+    env = {"TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_vulkan), "GGML_VK_VISIBLE_DEVICES": "0"}
+    direct = subprocess.run(
+        [str(assets.llama_server_vulkan), "--list-devices"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=True,
+        timeout=60,
+    )
+    match = re.search(r"^\s+(Vulkan0): (.*) \((\d+) MiB, (\d+) MiB free\)$", direct.stdout, re.MULTILINE)
+    assert match, direct.stdout
+    result = run_cli("hw", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    gpus = json.loads(result.stdout)["gpus"]
+    assert len(gpus) == 1
+    gpu = gpus[0]
+    assert gpu["backend"] == "vulkan"
+    assert gpu["name"] == f"Vulkan0: {match.group(2)}"
+    assert "llvmpipe" in gpu["name"]
+    assert gpu["total_bytes"] == int(match.group(3)) * 1024 * 1024
+    assert gpu["free_bytes"] == int(match.group(4)) * 1024 * 1024
+    assert gpu["source"] == "llama-server:Vulkan0"
+
+
+def test_cpu_build_lists_no_devices(assets: Assets) -> None:
+    result = run_cli("hw", "--json", env={"TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)})
+    payload = json.loads(result.stdout)
+    assert payload["gpus"] == []
+    assert [p["status"] for p in payload["probes"] if p["name"] == "llama-server"] == ["absent"]
+
+
+def test_amd_sysfs_format(tmp_path: Path) -> None:
+    """The amdgpu driver cannot run here; its sysfs files can be laid out as the kernel does."""
+    card = tmp_path / "class" / "drm" / "card1" / "device"
+    card.mkdir(parents=True)
+    (card / "vendor").write_text("0x1002\n")
+    (card / "mem_info_vram_total").write_text(f"{24 * _GIB}\n")
+    (card / "mem_info_vram_used").write_text(f"{2 * _GIB}\n")
+    (card / "product_name").write_text("AMD Radeon RX 7900 XTX\n")
+    other = tmp_path / "class" / "drm" / "card0" / "device"
+    other.mkdir(parents=True)
+    (other / "vendor").write_text("0x8086\n")
+    (tmp_path / "class" / "drm" / "card1-DP-1").mkdir()
+    devices, probe = probe_amd_sysfs(tmp_path)
+    assert probe.status == "found"
+    assert [(d.name, d.backend, d.total_bytes, d.free_bytes) for d in devices] == [("AMD Radeon RX 7900 XTX", "rocm", 24 * _GIB, 22 * _GIB)]
+    assert devices[0].bandwidth_bytes_per_s == 960 * 10**9
+
+
+def test_detect_merges_vendor_probes_and_reports_absence() -> None:
+    hardware = detect(vendor_probes=[probe_nvml])
+    assert [probe.name for probe in hardware.probes] == ["nvml", "apple", "llama-server"]
+    assert all(probe.status == "absent" for probe in hardware.probes)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["24GiB"], [("24GiB GPU", 24 * _GIB)]),
+        (["24GB"], [("24GB GPU", 24 * 10**9)]),
+        (["24000MiB"], [("24000MiB GPU", 24000 * 1024**2)]),
+        (["RTX 4090"], [("RTX 4090", 24 * _GIB)]),
+        (["2xH100"], [("H100 #0", 80 * _GIB), ("H100 #1", 80 * _GIB)]),
+        (["h200", "2 x 16GiB"], [("H200", 141 * _GIB), ("16GiB GPU #0", 16 * _GIB), ("16GiB GPU #1", 16 * _GIB)]),
+    ],
+)
+def test_gpu_override(values: list[str], expected: list[tuple[str, int]]) -> None:
+    assert [(device.name, device.total_bytes) for device in parse_gpu_override(values)] == expected
+
+
+def test_named_gpu_override_carries_backend_and_bandwidth() -> None:
+    (device,) = parse_gpu_override(["rtx-4090"])
+    assert (device.backend, device.bandwidth_bytes_per_s) == ("cuda", 1008 * 10**9)
+
+
+@pytest.mark.parametrize("value", ["Voodoo 5", "0GiB", "0xH100", "5000xH100", "-3GB"])
+def test_bad_gpu_override(value: str) -> None:
+    with pytest.raises(HardwareError):
+        parse_gpu_override([value])
+
+
+def test_bad_gpu_override_on_the_command_line() -> None:
+    result = run_cli("hw", "--gpu", "Voodoo 5")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: --gpu 'Voodoo 5' is neither a size nor a GPU we know"
+    assert lines[1].startswith("hint: give a size such as 24GiB, or one of: B300, B200, H200, H100")
+    override = json.loads(run_cli("hw", "--gpu", "2xH100", "--json").stdout)
+    assert override["overridden"] is True
+    assert [gpu["name"] for gpu in override["gpus"]] == ["H100 #0", "H100 #1"]

@@ -1,0 +1,5 @@
+"""``python -m tierlocal`` runs the CLI."""
+
+from .cli import main
+
+main()

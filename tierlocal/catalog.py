@@ -1,0 +1,196 @@
+"""Loads the dated facts in recipes/ (GPUs, models). The files are data, not code."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from .errors import CatalogError
+
+__all__ = ["GpuSpec", "HostDefaults", "load_host_defaults", "ModelEntry", "recipes_dir", "load_gpus", "find_gpu", "load_models", "find_model"]
+
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU model from recipes/gpus.toml. Memory in bytes, bandwidth in bytes/s."""
+
+    name: str
+    aliases: tuple[str, ...]
+    vendor: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: int
+    datacenter: bool
+    usd_per_hour: tuple[float, float] | None
+    spec_date: str
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model (one quantisation) from recipes/models.toml.
+
+    Sizes in bytes; ``kv_bytes_per_token`` is the f16 KV cache of one token over all layers
+    (None where the attention design is not published); ``fixed_state_bytes`` is the
+    per-sequence recurrent/linear-attention state that does not grow with context.
+    ``file_bytes`` is a measured file size where ``file_bytes_measured``, else
+    params × bits_per_weight / 8.
+    """
+
+    key: str
+    family: str
+    params: int
+    active_params: int
+    quant: str
+    bits_per_weight: float
+    file_bytes: int
+    file_bytes_measured: bool
+    layers: int
+    context_length: int
+    kv_bytes_per_token: int | None
+    fixed_state_bytes: int
+    frontier: bool
+    ollama: str | None
+    licence: str
+    facts_date: str
+    note: str
+
+
+@dataclass(frozen=True)
+class HostDefaults:
+    """Planning assumptions from recipes/gpus.toml ``[host]``: bandwidth in bytes/s, sizes in bytes."""
+
+    assumed_ram_bandwidth_bytes_per_s: int
+    runtime_overhead_bytes: int
+    fit_margin_bytes: int
+    date: str
+
+
+def recipes_dir() -> Path:
+    """recipes/ beside the package in a source tree, or the copy packed inside the wheel."""
+    packed = Path(__file__).parent / "_recipes"
+    if packed.is_dir():
+        return packed
+    source_tree = Path(__file__).parent.parent / "recipes"
+    if source_tree.is_dir():
+        return source_tree
+    raise CatalogError("the recipes/ data is missing from this installation", hint="reinstall tierlocal")
+
+
+def _load(name: str) -> dict[str, object]:
+    path = recipes_dir() / name
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall tierlocal or fix the file") from None
+
+
+def _normalise(name: str) -> str:
+    return " ".join(name.lower().replace("-", " ").replace("_", " ").split())
+
+
+@cache
+def load_gpus() -> tuple[GpuSpec, ...]:
+    """Every GPU in recipes/gpus.toml.
+
+    Raises:
+        CatalogError: the file is missing or an entry lacks a field.
+    """
+    data = _load("gpus.toml")
+    specs = []
+    try:
+        for entry in data["gpu"]:  # type: ignore[attr-defined]
+            price = entry.get("usd_per_hour")
+            specs.append(
+                GpuSpec(
+                    name=entry["name"],
+                    aliases=tuple(entry.get("aliases", ())),
+                    vendor=entry["vendor"],
+                    memory_bytes=int(entry["memory_gib"] * _GIB),
+                    bandwidth_bytes_per_s=int(entry["bandwidth_gb_s"] * 1e9),
+                    datacenter=bool(entry.get("datacenter", False)),
+                    usd_per_hour=(float(price[0]), float(price[1])) if price else None,
+                    spec_date=entry["spec_date"],
+                )
+            )
+    except (KeyError, TypeError, IndexError) as exc:
+        raise CatalogError(f"recipes/gpus.toml: an entry lacks {exc}", hint="fix the entry") from None
+    return tuple(specs)
+
+
+@cache
+def load_host_defaults() -> HostDefaults:
+    """The ``[host]`` planning assumptions in recipes/gpus.toml.
+
+    Raises:
+        CatalogError: the section or a field is missing.
+    """
+    try:
+        host = _load("gpus.toml")["host"]
+        return HostDefaults(
+            assumed_ram_bandwidth_bytes_per_s=int(host["assumed_ram_bandwidth_gb_s"] * 1e9),  # type: ignore[index]
+            runtime_overhead_bytes=int(host["runtime_overhead_gib"] * _GIB),  # type: ignore[index]
+            fit_margin_bytes=int(host["fit_margin_mib"] * 1024 * 1024),  # type: ignore[index]
+            date=str(host["date"]),  # type: ignore[index]
+        )
+    except (KeyError, TypeError) as exc:
+        raise CatalogError(f"recipes/gpus.toml [host] lacks {exc}", hint="fix the file") from None
+
+
+def find_gpu(name: str) -> GpuSpec | None:
+    """The GPU whose name or alias matches ``name`` (case, spaces and dashes ignored)."""
+    wanted = _normalise(name)
+    for spec in load_gpus():
+        if wanted == _normalise(spec.name) or wanted in {_normalise(alias) for alias in spec.aliases}:
+            return spec
+    return None
+
+
+@cache
+def load_models() -> tuple[ModelEntry, ...]:
+    """Every model entry in recipes/models.toml, one per family × quantisation.
+
+    Raises:
+        CatalogError: the file is missing or an entry lacks a field.
+    """
+    data = _load("models.toml")
+    entries = []
+    try:
+        quant_bits: dict[str, float] = {k: v for k, v in data["quant_bits"].items() if k != "source"}  # type: ignore[attr-defined]
+        for family in data["family"]:  # type: ignore[attr-defined]
+            for quant in family["quants"]:
+                bits = float(family.get("bits_per_weight", {}).get(quant) or quant_bits[quant])
+                file_bytes = family.get("file_bytes", {}).get(quant) or int(family["params"] * bits / 8)
+                entries.append(
+                    ModelEntry(
+                        key=f"{family['name']}:{quant}".lower(),
+                        family=family["name"],
+                        params=int(family["params"]),
+                        active_params=int(family.get("active_params", family["params"])),
+                        quant=quant,
+                        bits_per_weight=bits,
+                        file_bytes=int(file_bytes),
+                        file_bytes_measured=quant in family.get("file_bytes", {}),
+                        layers=int(family["layers"]),
+                        context_length=int(family["context_length"]),
+                        kv_bytes_per_token=family.get("kv_bytes_per_token"),
+                        fixed_state_bytes=int(family.get("fixed_state_bytes", 0)),
+                        frontier=bool(family.get("frontier", False)),
+                        ollama=family.get("ollama", {}).get(quant),
+                        licence=family["licence"],
+                        facts_date=family["facts_date"],
+                        note=family.get("note", ""),
+                    )
+                )
+    except (KeyError, TypeError) as exc:
+        raise CatalogError(f"recipes/models.toml: an entry lacks {exc}", hint="fix the entry") from None
+    return tuple(entries)
+
+
+def find_model(name: str) -> list[ModelEntry]:
+    """Entries whose family (``qwen3-14b``) or family:quant (``qwen3-14b:q4_k_m``) is ``name``."""
+    wanted = name.lower()
+    return [entry for entry in load_models() if wanted in (entry.family.lower(), entry.key)]

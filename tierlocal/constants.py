@@ -1,0 +1,68 @@
+"""Environment variables and named defaults; the only module that reads os.environ.
+
+Values are read inside functions, never at import, so tests can change the
+environment per test without patching module globals.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_HOME = "TIERLOCAL_HOME"
+ENV_DEBUG = "TIERLOCAL_DEBUG"
+ENV_LLAMA_SERVER = "TIERLOCAL_LLAMA_SERVER"
+ENV_HF_TOKEN = "HF_TOKEN"
+
+#: Seconds to wait for one HTTP request (connect and each read).
+DEFAULT_HTTP_TIMEOUT_S = 30.0
+#: Seconds to wait for ``llama-server --list-devices``.
+DEFAULT_LIST_DEVICES_TIMEOUT_S = 30.0
+#: First ranged read of a remote header, in bytes; later reads grow with what was read.
+REMOTE_FIRST_READ_BYTES = 256 * 1024
+#: Largest single ranged read of a remote header, in bytes.
+REMOTE_MAX_READ_BYTES = 8 * 1024 * 1024
+
+
+def _is_true(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def debug_enabled() -> bool:
+    """Whether ``TIERLOCAL_DEBUG`` asks for tracebacks."""
+    return _is_true(os.environ.get(ENV_DEBUG))
+
+
+def home_dir() -> Path:
+    """tierlocal's own directory (engines, state): ``$TIERLOCAL_HOME`` or ``~/.local/share/tierlocal``."""
+    configured = os.environ.get(ENV_HOME)
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "share"
+    return base / "tierlocal"
+
+
+def engine_dir() -> Path:
+    """Where ``tierlocal engine build`` installs binaries."""
+    return home_dir() / "engines"
+
+
+def models_dir() -> Path:
+    """Where models are stored by default (used for the free-disk figure)."""
+    return home_dir() / "models"
+
+
+def llama_server_override() -> str | None:
+    """An explicit llama-server path from ``$TIERLOCAL_LLAMA_SERVER``, if set."""
+    return os.environ.get(ENV_LLAMA_SERVER) or None
+
+
+def hf_token() -> str | None:
+    """The Hugging Face token from ``$HF_TOKEN``; never logged or printed."""
+    return os.environ.get(ENV_HF_TOKEN) or None
+
+
+def search_path() -> str:
+    """``$PATH`` for finding engine binaries."""
+    return os.environ.get("PATH", "")

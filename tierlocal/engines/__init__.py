@@ -1,0 +1,1 @@
+"""Inference engines tierlocal runs or queries: llama-server (and, later, Ollama)."""

@@ -1,0 +1,82 @@
+"""Finding the llama-server binary and asking it which devices it sees."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import constants
+
+__all__ = ["EngineDevice", "find_llama_server", "parse_list_devices", "list_devices", "RunCommand"]
+
+#: Runs argv with a timeout in seconds and returns (exit code, stdout + stderr).
+RunCommand = Callable[[list[str], float], tuple[int, str]]
+
+# common/arg.cpp: "  %s: %s (%zu MiB, %zu MiB free)"
+_DEVICE_LINE = re.compile(r"^\s+(?P<name>[A-Za-z_]+\d*): (?P<description>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$")
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EngineDevice:
+    """One device as llama.cpp lists it. Memory in bytes (llama.cpp rounds to MiB)."""
+
+    name: str
+    backend: str
+    description: str
+    total_bytes: int
+    free_bytes: int
+
+
+def find_llama_server(explicit: str | None = None) -> Path | None:
+    """The llama-server to use: ``explicit``, ``$TIERLOCAL_LLAMA_SERVER``, PATH, then tierlocal's engine dir."""
+    for candidate in (explicit, constants.llama_server_override()):
+        if candidate:
+            path = Path(candidate)
+            return path if path.is_file() else None
+    on_path = shutil.which("llama-server", path=constants.search_path())
+    if on_path:
+        return Path(on_path)
+    engine_dir = constants.engine_dir()
+    if engine_dir.is_dir():
+        for path in sorted(engine_dir.glob("*/bin/llama-server")):
+            return path
+    return None
+
+
+def parse_list_devices(output: str) -> list[EngineDevice]:
+    """Parse ``llama-server --list-devices`` output into devices (the CPU is not listed)."""
+    devices = []
+    for line in output.splitlines():
+        match = _DEVICE_LINE.match(line)
+        if match is None:
+            continue
+        name = match.group("name")
+        devices.append(
+            EngineDevice(
+                name=name,
+                backend=name.rstrip("0123456789"),
+                description=match.group("description"),
+                total_bytes=int(match.group("total")) * _MIB,
+                free_bytes=int(match.group("free")) * _MIB,
+            )
+        )
+    return devices
+
+
+def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+    return completed.returncode, completed.stdout + completed.stderr
+
+
+def list_devices(binary: Path, *, run: RunCommand = _run) -> list[EngineDevice]:
+    """The devices ``binary --list-devices`` reports; empty if it fails or times out."""
+    try:
+        code, output = run([str(binary), "--list-devices"], constants.DEFAULT_LIST_DEVICES_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_list_devices(output) if code == 0 else []

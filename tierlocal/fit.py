@@ -1,0 +1,170 @@
+"""Which catalog model fits a machine: MISSION.md's tier-2 rule of thumb. Pure.
+
+    needed = weights + KV cache (bytes/token × ctx × parallel) + runtime overhead
+    fits   = needed + margin ≤ memory of the device that holds the model
+
+The device is the largest GPU, or system RAM on a machine without one. Decode speed is
+bounded by memory bandwidth ÷ bytes of active weights read per token. The per-layer
+estimator of the fit-checker issue replaces this arithmetic; the shape of the answer
+(recommendation, two alternatives, frontier verdicts) stays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .catalog import GpuSpec, HostDefaults, ModelEntry
+from .hardware import Hardware
+
+__all__ = ["Budget", "CatalogFit", "FrontierVerdict", "Recommendation", "memory_budget", "fit_entry", "frontier_verdict", "recommend"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The memory a model must fit in (bytes) and how fast it is read (bytes/s; None: unknown,
+    as for a ``--gpu 24GiB`` override)."""
+
+    device: str
+    backend: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: int | None
+    bandwidth_assumed: bool
+
+
+@dataclass(frozen=True)
+class CatalogFit:
+    """One catalog entry against one budget. Sizes in bytes, speed in tokens/s."""
+
+    entry: ModelEntry
+    ctx: int
+    parallel: int
+    weights_bytes: int
+    kv_bytes: int | None
+    overhead_bytes: int
+    margin_bytes: int
+    total_needed_bytes: int | None
+    budget: Budget
+    fits: bool
+    est_decode_tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class FrontierVerdict:
+    """A model that can never fit one machine: its memory floor (bytes) and GPUs needed for it."""
+
+    entry: ModelEntry
+    fits: bool
+    floor_bytes: int
+    largest_gpu: str
+    largest_gpu_bytes: int
+    gpus_for_floor: int
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The best fit, a smaller/faster and a larger/slower alternative, and frontier verdicts."""
+
+    budget: Budget
+    best: CatalogFit | None
+    smaller: CatalogFit | None
+    larger: CatalogFit | None
+    frontier: tuple[FrontierVerdict, ...]
+    min_tokens_per_s: float
+
+
+def memory_budget(hardware: Hardware, host: HostDefaults) -> Budget:
+    """The largest GPU, or system RAM (available, with the assumed bandwidth) when there is none."""
+    if hardware.gpus:
+        gpu = max(hardware.gpus, key=lambda device: device.free_bytes)
+        return Budget(
+            device=gpu.name,
+            backend=gpu.backend,
+            memory_bytes=gpu.free_bytes,
+            bandwidth_bytes_per_s=gpu.bandwidth_bytes_per_s,
+            bandwidth_assumed=False,
+        )
+    return Budget(
+        device="system RAM (no GPU)",
+        backend="cpu",
+        memory_bytes=hardware.ram_available_bytes,
+        bandwidth_bytes_per_s=host.assumed_ram_bandwidth_bytes_per_s,
+        bandwidth_assumed=True,
+    )
+
+
+def fit_entry(entry: ModelEntry, budget: Budget, host: HostDefaults, *, ctx: int, parallel: int) -> CatalogFit:
+    """The rule-of-thumb memory need of ``entry`` at ``ctx`` tokens × ``parallel`` slots."""
+    kv_bytes = None
+    if entry.kv_bytes_per_token is not None:
+        kv_bytes = entry.kv_bytes_per_token * ctx * parallel + entry.fixed_state_bytes * parallel
+    total = None if kv_bytes is None else entry.file_bytes + kv_bytes + host.runtime_overhead_bytes
+    fits = total is not None and total + host.fit_margin_bytes <= budget.memory_bytes
+    active_weight_bytes = entry.active_params * entry.bits_per_weight / 8
+    bandwidth = budget.bandwidth_bytes_per_s
+    return CatalogFit(
+        entry=entry,
+        ctx=ctx,
+        parallel=parallel,
+        weights_bytes=entry.file_bytes,
+        kv_bytes=kv_bytes,
+        overhead_bytes=host.runtime_overhead_bytes,
+        margin_bytes=host.fit_margin_bytes,
+        total_needed_bytes=total,
+        budget=budget,
+        fits=fits,
+        est_decode_tokens_per_s=bandwidth / active_weight_bytes if bandwidth else None,
+    )
+
+
+def frontier_verdict(entry: ModelEntry, gpus: Sequence[GpuSpec]) -> FrontierVerdict:
+    """How far ``entry`` is from one machine: the weights floor against the largest GPU we know."""
+    largest = max(gpus, key=lambda gpu: gpu.memory_bytes)
+    return FrontierVerdict(
+        entry=entry,
+        fits=False,
+        floor_bytes=entry.file_bytes,
+        largest_gpu=largest.name,
+        largest_gpu_bytes=largest.memory_bytes,
+        gpus_for_floor=math.ceil(entry.file_bytes / largest.memory_bytes),
+    )
+
+
+def _size_order(fit: CatalogFit) -> tuple[int, float]:
+    return fit.entry.params, fit.entry.bits_per_weight
+
+
+def recommend(
+    entries: Sequence[ModelEntry],
+    hardware: Hardware,
+    host: HostDefaults,
+    gpus: Sequence[GpuSpec],
+    *,
+    ctx: int,
+    parallel: int,
+    min_tokens_per_s: float,
+) -> Recommendation:
+    """The largest model (then the highest-precision quantisation) that fits with the margin
+    and decodes at least ``min_tokens_per_s`` (not checked when the bandwidth is unknown);
+    the next smaller and next larger model as alternatives.
+    """
+    budget = memory_budget(hardware, host)
+    fits = sorted(
+        (fit_entry(entry, budget, host, ctx=ctx, parallel=parallel) for entry in entries if not entry.frontier),
+        key=_size_order,
+    )
+    usable = [
+        fit
+        for fit in fits
+        if fit.fits and (fit.est_decode_tokens_per_s is None or fit.est_decode_tokens_per_s >= min_tokens_per_s)
+    ]
+    best = usable[-1] if usable else None
+    smaller = larger = None
+    if best is not None:
+        smaller = next((fit for fit in reversed(usable) if fit.entry.params < best.entry.params), None)
+        larger = next((fit for fit in fits if _size_order(fit) > _size_order(best) and fit.entry.params > best.entry.params), None)
+    else:
+        larger = fits[0] if fits else None
+    frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
+    return Recommendation(budget, best, smaller, larger, frontier, min_tokens_per_s)
