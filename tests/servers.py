@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from collections import Counter
@@ -31,8 +32,9 @@ class ServerState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, method: str, path: str, headers: dict[str, str]) -> None:
+        """Record a request; header names are lower-cased (HTTP names are case-insensitive)."""
         with self.lock:
-            self.requests.append((method, path, headers))
+            self.requests.append((method, path, {key.lower(): value for key, value in headers.items()}))
 
     def add_sent(self, path: str, count: int) -> None:
         with self.lock:
@@ -118,8 +120,9 @@ class _StaticHandler(_Handler):
 
     def _serve(self, *, head: bool) -> None:
         self.state.record(self.command, self.path, dict(self.headers))
-        path = (self.root / unquote(urlsplit(self.path).path).lstrip("/")).resolve()
-        if not path.is_file() or self.root.resolve() not in path.parents:
+        relative = Path(os.path.normpath(unquote(urlsplit(self.path).path).lstrip("/")))
+        path = self.root / relative
+        if relative.parts[:1] == ("..",) or relative.is_absolute() or not path.is_file():
             self._send_json(404, {"error": "not found"})
             return
         self._send_file(path, head=head, accept_ranges=self.ranges)

@@ -183,7 +183,8 @@ def test_hostile_header_is_one_precise_error(data: bytes, offset: int, words: st
 def test_truncated_header_names_where_it_ends(gemma: Path) -> None:
     head = gemma.read_bytes()[:1_000_000]
     error = _error(head)
-    assert "the file ends after" in str(error)
+    # Either a read runs off the end, or a count is refused up front against what is left.
+    assert "the file ends after" in str(error) or "more than the file can hold" in str(error)
     assert 0 < error.offset < 1_000_000
 
 

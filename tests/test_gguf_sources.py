@@ -60,7 +60,7 @@ def test_http_fetches_under_twice_the_header(served_dir: Path) -> None:
     header_bytes = headers[0].header_bytes
     assert header_bytes == 6_525_112
     assert header_bytes <= sent <= 2 * header_bytes
-    assert all("Range" in request_headers for _, _, request_headers in state.requests)
+    assert all("range" in request_headers for _, _, request_headers in state.requests)
 
 
 def test_hub_fetches_under_twice_the_header_and_keeps_the_token_on_the_hub(served_dir: Path) -> None:
@@ -75,8 +75,8 @@ def test_hub_fetches_under_twice_the_header_and_keeps_the_token_on_the_hub(serve
     cdn_requests = [headers for _, path, headers in requests if path.startswith("/cdn/")]
     hub_requests = [headers for _, path, headers in requests if "/resolve/" in path]
     assert cdn_requests and hub_requests
-    assert all(headers.get("Authorization") == f"Bearer {repo.token}" for headers in hub_requests)
-    assert not any("Authorization" in headers for headers in cdn_requests), "the token must not leave the hub"
+    assert all(headers.get("authorization") == f"Bearer {repo.token}" for headers in hub_requests)
+    assert not any("authorization" in headers for headers in cdn_requests), "the token must not leave the hub"
 
 
 def test_private_repo_without_token_says_so(served_dir: Path) -> None:
@@ -158,8 +158,9 @@ def test_source_specs() -> None:
     assert (spec.kind, spec.repo_id, spec.location, spec.revision) == ("hf", "owner/repo", "sub/dir/model-Q4_K_M.gguf", "v1.0")
     assert parse_source("https://example.org/m.gguf").kind == "http"
     assert parse_source("./m.gguf").kind == "local"
-    with pytest.raises(UsageError, match="hf://OWNER/REPO/FILE.gguf"):
+    with pytest.raises(UsageError, match="as a Hugging Face GGUF file") as caught:
         parse_source("hf://owner/repo")
+    assert caught.value.hint is not None and caught.value.hint.startswith("write hf://OWNER/REPO/FILE.gguf")
     assert shard_names("a/m-00002-of-00003.gguf") == ["a/m-00001-of-00003.gguf", "a/m-00002-of-00003.gguf", "a/m-00003-of-00003.gguf"]
     assert shard_names("m.gguf") == ["m.gguf"]
 

@@ -102,7 +102,7 @@ def _fit_json(fit: CatalogFit | None) -> dict[str, object] | None:
         "margin_bytes": fit.margin_bytes,
         "total_needed_bytes": fit.total_needed_bytes,
         "fits": fit.fits,
-        "est_decode_tokens_per_s": round(fit.est_decode_tokens_per_s, 1),
+        "est_decode_tokens_per_s": None if fit.est_decode_tokens_per_s is None else round(fit.est_decode_tokens_per_s, 1),
         "ollama_tag": entry.ollama,
     }
 

@@ -12,7 +12,6 @@ from pathlib import Path
 ENV_HOME = "TIERLOCAL_HOME"
 ENV_DEBUG = "TIERLOCAL_DEBUG"
 ENV_LLAMA_SERVER = "TIERLOCAL_LLAMA_SERVER"
-ENV_HF_TOKEN = "HF_TOKEN"
 
 #: Seconds to wait for one HTTP request (connect and each read).
 DEFAULT_HTTP_TIMEOUT_S = 30.0
@@ -56,11 +55,6 @@ def models_dir() -> Path:
 def llama_server_override() -> str | None:
     """An explicit llama-server path from ``$TIERLOCAL_LLAMA_SERVER``, if set."""
     return os.environ.get(ENV_LLAMA_SERVER) or None
-
-
-def hf_token() -> str | None:
-    """The Hugging Face token from ``$HF_TOKEN``; never logged or printed."""
-    return os.environ.get(ENV_HF_TOKEN) or None
 
 
 def search_path() -> str:

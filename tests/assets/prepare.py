@@ -19,6 +19,7 @@ Usage: python tests/assets/prepare.py [--print-manifest]
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -94,6 +95,8 @@ def step(name: str, target: Path, build: Callable[[Path], None]) -> Path:
         return target
     log(f"{name}: building into {target} ...")
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f".{target.name}-*"):  # left by an interrupted run
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         build(staging)
@@ -300,8 +303,16 @@ def prepare() -> dict[str, str]:
     return manifest
 
 
+def prepare_locked() -> dict[str, str]:
+    """prepare(), one run at a time per cache (a second waits rather than racing the first)."""
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with (cache_root() / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return prepare()
+
+
 if __name__ == "__main__":
     if "--print-manifest" in sys.argv[1:]:
         print(manifest_path())
     else:
-        prepare()
+        prepare_locked()

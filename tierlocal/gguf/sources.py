@@ -148,12 +148,14 @@ class HttpRangeReader:
                 total = _content_range_total(response.headers.get("Content-Range"), offset)
                 if total is None:
                     raise SourceError(self.name, "the server's Content-Range header does not match the request")
-                data = response.read()
+                data = bytearray()
+                for chunk in response.iter_bytes():
+                    data += chunk
+                    if len(data) > length:
+                        raise SourceError(self.name, f"the server sent more than the {length} bytes asked for")
         except httpx2.HTTPError as exc:
             raise SourceError(self.name, f"cannot fetch: {type(exc).__name__}: {exc}", hint="check the URL and the network") from None
-        if len(data) > length:
-            raise SourceError(self.name, f"the server sent {len(data)} bytes for a {length}-byte range")
-        return data, total
+        return bytes(data), total
 
 
 def _content_range_total(value: str | None, offset: int) -> int | None:
@@ -185,10 +187,10 @@ def _redact_url(url: str) -> str:
 def _hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client) -> HttpRangeReader:
     assert spec.repo_id is not None
     name = f"hf://{spec.repo_id}/{filename}" + (f"@{spec.revision}" if spec.revision else "")
-    token = constants.hf_token()
     url = hf_hub_url(spec.repo_id, filename, revision=spec.revision)
     try:
-        metadata = get_hf_file_metadata(url, token=token or False)
+        # token=None: huggingface_hub's own rules (HF_TOKEN, then the stored login).
+        metadata = get_hf_file_metadata(url, token=None)
     except hf_errors.GatedRepoError:
         raise SourceError(name, "the repo is gated", hint="accept its licence on the hub, then set HF_TOKEN") from None
     except hf_errors.RepositoryNotFoundError:
@@ -208,7 +210,7 @@ def _hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client) -> HttpRa
         raise SourceError(name, f"cannot reach the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
     # The hub's own host gets the token; a redirect target (a CDN with a signed URL) does not.
     same_host = urlsplit(metadata.location).netloc == urlsplit(url).netloc
-    headers = build_hf_headers(token=token or False) if same_host else {}
+    headers = build_hf_headers(token=None) if same_host else {}
     return HttpRangeReader(metadata.location, client, name=name, headers=headers)
 
 

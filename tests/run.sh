@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: virtual environment, dependencies, the real test
+# engines and model (built and cached outside the checkout by tests/assets/prepare.py), then
+# pytest. Extra arguments go to pytest (e.g. `bash tests/run.sh -k parse`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=$(date +%s)
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[run] creating .venv with $($python --version)"
+  "$python" -m venv .venv
+fi
+echo "[run] installing tierlocal and test dependencies"
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[test]'
+
+.venv/bin/python tests/assets/prepare.py
+echo "[run] set-up took $(( $(date +%s) - started )) s; running the tests"
+exec .venv/bin/python -m pytest "$@"
