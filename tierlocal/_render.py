@@ -44,8 +44,8 @@ def render_summary(summary: ModelSummary) -> None:
     """What ``tierlocal inspect`` shows."""
     console = _console()
     facts = Table(show_header=False, box=None, pad_edge=False)
-    facts.add_column(style="bold")
-    facts.add_column()
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
     rows = [
         ("source", "\n".join(summary.sources)),
         ("architecture", summary.architecture),
@@ -97,7 +97,7 @@ def render_hardware(hardware: Hardware) -> None:
     if not hardware.overridden:
         probes = Table(title="probes", title_justify="left")
         for column in ("probe", "result", "detail"):
-            probes.add_column(column)
+            probes.add_column(column, overflow="fold")
         for probe in hardware.probes:
             probes.add_row(probe.name, probe.status, probe.detail)
         console.print(probes)
