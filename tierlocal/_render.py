@@ -11,7 +11,7 @@ from rich.table import Table
 from .fit import CatalogFit, Recommendation
 from .gguf.summary import ModelSummary
 from .hardware import Hardware
-from .units import format_bytes, format_count
+from .units import format_bytes, format_count, format_decimal_bytes
 
 __all__ = ["print_json", "render_summary", "render_hardware", "render_recommendation"]
 
@@ -28,7 +28,7 @@ def _console() -> Console:
 
 def print_json(payload: object) -> None:
     """Print one JSON document on stdout (stable key order as built)."""
-    print(json.dumps(payload, indent=2))
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
 
 
 def _heads(value: int | list[int] | None) -> str:
@@ -173,7 +173,8 @@ def render_recommendation(recommendation: Recommendation, hardware: Hardware) ->
     for verdict in recommendation.frontier:
         entry = verdict.entry
         console.print(
-            f"[bold]{entry.family}[/bold]: not tier 2 — never fits one machine. Memory floor {format_bytes(verdict.floor_bytes)} "
-            f"of weights ({format_count(entry.params)} parameters at {entry.quant}); {verdict.gpus_for_floor} × {verdict.largest_gpu} "
-            f"({format_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API (tier 3)."
+            f"[bold]{entry.family}[/bold]: not tier 2 — never fits one machine. Memory floor {format_decimal_bytes(verdict.floor_bytes)} "
+            f"of weights alone ({format_count(entry.params)} parameters at {entry.quant}); ≥ {verdict.gpus_for_floor} × {verdict.largest_gpu} "
+            f"({format_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
+            f"(tier 3): `tierlocal plan {entry.family}` sizes both."
         )

@@ -8,8 +8,22 @@ from functools import cache
 from pathlib import Path
 
 from .errors import CatalogError
+from .tiers import ApiPrices, Precision, PublishedConfig, weights_bytes
 
-__all__ = ["GpuSpec", "HostDefaults", "load_host_defaults", "ModelEntry", "recipes_dir", "load_gpus", "find_gpu", "load_models", "find_model"]
+__all__ = [
+    "ApiEntry",
+    "FrontierModel",
+    "PublishedConfig",
+    "load_apis",
+    "load_frontier",
+    "load_precisions",
+    "find_frontier",
+    "GpuSpec",
+    "HostDefaults",
+    "load_host_defaults",
+    "RentalDefaults",
+    "load_rental_defaults",
+    "ModelEntry", "recipes_dir", "load_gpus", "find_gpu", "load_models", "find_model"]
 
 _GIB = 1024**3
 
@@ -36,7 +50,9 @@ class ModelEntry:
     (None where the attention design is not published); ``fixed_state_bytes`` is the
     per-sequence recurrent/linear-attention state that does not grow with context.
     ``file_bytes`` is a measured file size where ``file_bytes_measured``, else
-    params × bits_per_weight / 8.
+    params × bits_per_weight / 8. ``floor_bytes`` is the memory the weights need at least:
+    the file for a GGUF, params × nominal bytes per weight for a frontier model (as the
+    published tables count it, without block scales).
     """
 
     key: str
@@ -47,6 +63,7 @@ class ModelEntry:
     bits_per_weight: float
     file_bytes: int
     file_bytes_measured: bool
+    floor_bytes: int
     layers: int
     context_length: int
     kv_bytes_per_token: int | None
@@ -59,6 +76,16 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class RentalDefaults:
+    """The on-demand rental price range in USD per GPU-hour, with its date and source."""
+
+    low: float
+    high: float
+    date: str
+    source: str
+
+
+@dataclass(frozen=True)
 class HostDefaults:
     """Planning assumptions from recipes/gpus.toml ``[host]``: bandwidth in bytes/s, sizes in bytes."""
 
@@ -66,6 +93,51 @@ class HostDefaults:
     runtime_overhead_bytes: int
     fit_margin_bytes: int
     date: str
+
+
+@dataclass(frozen=True)
+class FrontierModel:
+    """A model no single machine holds (recipes/frontier.toml). Sizes in bytes."""
+
+    name: str
+    display_name: str
+    facts_date: str
+    source: str
+    licence: str
+    params: int
+    active_params: int
+    layers: int
+    context_length: int
+    shipped_precision: str
+    repo_bytes: int
+    repo_shards: int
+    serving_floor_bytes: int
+    disk_to_plan_bytes: int
+    engines: tuple[str, ...]
+    no_support: str
+    kv_published: bool
+    kv_unknown_reason: str
+    attention_layers: dict[str, int]
+    classic_example: dict[str, float]
+    published_configs: tuple[PublishedConfig, ...]
+    guidance: dict[str, str]
+    vllm_flags: tuple[str, ...]
+    vllm_notes: dict[str, str]
+    sglang_flags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ApiEntry:
+    """A hosted API for a model (recipes/apis.toml): prices in USD per million tokens."""
+
+    name: str
+    model: str
+    base_url: str
+    model_id: str
+    key_env: str
+    prices: ApiPrices
+    prices_date: str
+    source: str
 
 
 def recipes_dir() -> Path:
@@ -140,6 +212,17 @@ def load_host_defaults() -> HostDefaults:
         raise CatalogError(f"recipes/gpus.toml [host] lacks {exc}", hint="fix the file") from None
 
 
+@cache
+def load_rental_defaults() -> RentalDefaults:
+    """The ``[rental]`` section of recipes/gpus.toml."""
+    try:
+        rental = _load("gpus.toml")["rental"]
+        low, high = rental["usd_per_gpu_hour"]  # type: ignore[index]
+        return RentalDefaults(float(low), float(high), str(rental["date"]), str(rental["source"]))  # type: ignore[index]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/gpus.toml [rental] lacks {exc}", hint="fix the file") from None
+
+
 def find_gpu(name: str) -> GpuSpec | None:
     """The GPU whose name or alias matches ``name`` (case, spaces and dashes ignored)."""
     wanted = _normalise(name)
@@ -174,6 +257,7 @@ def load_models() -> tuple[ModelEntry, ...]:
                         bits_per_weight=bits,
                         file_bytes=int(file_bytes),
                         file_bytes_measured=quant in family.get("file_bytes", {}),
+                        floor_bytes=int(file_bytes),
                         layers=int(family["layers"]),
                         context_length=int(family["context_length"]),
                         kv_bytes_per_token=family.get("kv_bytes_per_token"),
@@ -187,7 +271,114 @@ def load_models() -> tuple[ModelEntry, ...]:
                 )
     except (KeyError, TypeError) as exc:
         raise CatalogError(f"recipes/models.toml: an entry lacks {exc}", hint="fix the entry") from None
-    return tuple(entries)
+    return tuple(entries) + tuple(_frontier_entry(model) for model in load_frontier())
+
+
+def _frontier_entry(model: FrontierModel) -> ModelEntry:
+    precision = next((p for p in load_precisions() if p.name == model.shipped_precision), None)
+    if precision is None:
+        raise CatalogError(f"recipes/frontier.toml: {model.name}'s precision {model.shipped_precision!r} is not in precisions.toml")
+    return ModelEntry(
+        key=f"{model.name}:{model.shipped_precision}",
+        family=model.name,
+        params=model.params,
+        active_params=model.active_params,
+        quant=model.shipped_precision.upper(),
+        bits_per_weight=(precision.bytes_per_weight + precision.block_scale_bytes_per_weight) * 8,
+        file_bytes=model.repo_bytes,
+        file_bytes_measured=True,
+        floor_bytes=weights_bytes(model.params, precision),
+        layers=model.layers,
+        context_length=model.context_length,
+        kv_bytes_per_token=None,
+        fixed_state_bytes=0,
+        frontier=True,
+        ollama=None,
+        licence=model.licence,
+        facts_date=model.facts_date,
+        note=model.no_support,
+    )
+
+
+@cache
+def load_precisions() -> tuple[Precision, ...]:
+    """Bytes per weight by precision (recipes/precisions.toml)."""
+    try:
+        return tuple(
+            Precision(p["name"], float(p["bytes_per_weight"]), float(p.get("block_scale_bytes_per_weight", 0.0)))
+            for p in _load("precisions.toml")["precision"]  # type: ignore[attr-defined]
+        )
+    except (KeyError, TypeError) as exc:
+        raise CatalogError(f"recipes/precisions.toml: an entry lacks {exc}", hint="fix the entry") from None
+
+
+@cache
+def load_frontier() -> tuple[FrontierModel, ...]:
+    """Every model in recipes/frontier.toml."""
+    models = []
+    try:
+        for m in _load("frontier.toml")["model"]:  # type: ignore[attr-defined]
+            attention = m["attention"]
+            models.append(
+                FrontierModel(
+                    name=m["name"],
+                    display_name=m["display_name"],
+                    facts_date=m["facts_date"],
+                    source=m["source"],
+                    licence=m["licence"],
+                    params=int(m["params"]),
+                    active_params=int(m["active_params"]),
+                    layers=int(m["layers"]),
+                    context_length=int(m["context_length"]),
+                    shipped_precision=m["shipped_precision"],
+                    repo_bytes=int(m["repo_bytes"]),
+                    repo_shards=int(m["repo_shards"]),
+                    serving_floor_bytes=int(m["serving_floor_bytes"]),
+                    disk_to_plan_bytes=int(m["disk_to_plan_bytes"]),
+                    engines=tuple(m["engines"]),
+                    no_support=m["no_support"],
+                    kv_published=bool(attention["kv_published"]),
+                    kv_unknown_reason=attention.get("kv_unknown_reason", ""),
+                    attention_layers={k: int(v) for k, v in attention.items() if k.endswith("_layers")},
+                    classic_example=dict(attention.get("classic_example", {})),
+                    published_configs=tuple(
+                        PublishedConfig(c["label"], c["gpu"], int(c["count"]), int(c["memory_bytes"])) for c in m.get("published_configs", [])
+                    ),
+                    guidance=dict(m.get("guidance", {})),
+                    vllm_flags=tuple(m.get("vllm", {}).get("flags", [])),
+                    vllm_notes={k: v for k, v in m.get("vllm", {}).items() if k != "flags"},
+                    sglang_flags=tuple(m.get("sglang", {}).get("flags", [])),
+                )
+            )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/frontier.toml: an entry lacks {exc}", hint="fix the entry") from None
+    return tuple(models)
+
+
+def find_frontier(name: str) -> FrontierModel | None:
+    """The frontier model called ``name`` (case-insensitive), if recipes has it."""
+    return next((m for m in load_frontier() if m.name == name.lower()), None)
+
+
+@cache
+def load_apis() -> tuple[ApiEntry, ...]:
+    """Hosted APIs with their dated prices (recipes/apis.toml)."""
+    try:
+        return tuple(
+            ApiEntry(
+                name=a["name"],
+                model=a["model"],
+                base_url=a["base_url"],
+                model_id=a["model_id"],
+                key_env=a["key_env"],
+                prices=ApiPrices(float(a["input_cache_hit"]), float(a["input_cache_miss"]), float(a["output"])),
+                prices_date=a["prices_date"],
+                source=a["source"],
+            )
+            for a in _load("apis.toml")["api"]  # type: ignore[attr-defined]
+        )
+    except (KeyError, TypeError) as exc:
+        raise CatalogError(f"recipes/apis.toml: an entry lacks {exc}", hint="fix the entry") from None
 
 
 def find_model(name: str) -> list[ModelEntry]:

@@ -200,3 +200,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
         sys.exit(exc.exit_code)
+
+
+def _register_commands() -> None:
+    from ._plan_cli import plan
+
+    cli.add_command(plan)
+
+
+_register_commands()

@@ -124,10 +124,10 @@ def frontier_verdict(entry: ModelEntry, gpus: Sequence[GpuSpec]) -> FrontierVerd
     return FrontierVerdict(
         entry=entry,
         fits=False,
-        floor_bytes=entry.file_bytes,
+        floor_bytes=entry.floor_bytes,
         largest_gpu=largest.name,
         largest_gpu_bytes=largest.memory_bytes,
-        gpus_for_floor=math.ceil(entry.file_bytes / largest.memory_bytes),
+        gpus_for_floor=math.ceil(entry.floor_bytes / largest.memory_bytes),
     )
 
 

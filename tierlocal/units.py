@@ -6,7 +6,7 @@ import re
 
 from .errors import UsageError
 
-__all__ = ["parse_bytes", "format_bytes", "format_count"]
+__all__ = ["parse_bytes", "parse_count", "parse_bandwidth", "format_bytes", "format_decimal_bytes", "format_count", "format_duration"]
 
 _UNIT_BYTES = {
     "": 1,
@@ -44,6 +44,63 @@ def parse_bytes(text: str) -> int:
             hint="write a number with a unit, e.g. 24GiB, 24GB or 24000MiB",
         )
     return int(float(match.group(1)) * _UNIT_BYTES[unit])
+
+
+_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kKmMbBgGtT]?)\s*$")
+_COUNT_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> int:
+    """Parse a count such as ``2.8T``, ``104B``, ``270M``, ``5e9`` or ``1000`` (B = billion).
+
+    Raises:
+        UsageError: the text is not a number with an optional K/M/B/T suffix.
+    """
+    match = _COUNT_RE.match(text)
+    if match is None:
+        raise UsageError(f"cannot read {text!r} as a count", hint="write e.g. 2.8T, 104B, 270M or 5000000")
+    return round(float(match.group(1)) * _COUNT_SCALE[match.group(2).lower()])
+
+
+def parse_bandwidth(text: str) -> float:
+    """Parse a transfer rate into bytes/s: ``1GB/s``, ``125MB/s``, ``10Gbit/s`` (bits ÷ 8).
+
+    Raises:
+        UsageError: the text is not a size per second.
+    """
+    stripped = text.strip()
+    for suffix, divisor in (("bit/s", 8), ("bps", 8), ("/s", 1)):
+        if stripped.lower().endswith(suffix):
+            amount = stripped[: -len(suffix)]
+            try:
+                value = parse_bytes(amount + ("" if divisor == 1 else "B")) / divisor
+            except UsageError:
+                break
+            if value > 0:
+                return value
+            break
+    raise UsageError(f"cannot read {text!r} as a bandwidth", hint="write e.g. 1GB/s, 125MB/s or 10Gbit/s")
+
+
+def format_decimal_bytes(n_bytes: float) -> str:
+    """Render bytes in decimal units, as the industry quotes model and disk sizes: ``1.56 TB``."""
+    value = float(n_bytes)
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(value) < 1000 or unit == "PB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds as ``25 min``, ``4.2 h`` or ``3.1 days``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def format_bytes(n_bytes: float) -> str:

@@ -1,0 +1,207 @@
+"""``tierlocal plan``: every figure checked against arithmetic done here by hand from the
+published facts (shared/MISSION.md), for the defaults, other GPUs, other prices and other
+token mixes; GGUF and hub sources; errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from conftest import run_cli
+from servers import HubRepo, fake_hub
+
+_GIB = 1024**3
+K3_PARAMS = 2_779_900_000_000
+K3_WEIGHTS_MXFP4 = K3_PARAMS // 2  # 0.5 byte per weight, as the published tables count it
+K3_SERVING_FLOOR = 1_680_000_000_000
+# Moonshot prices, USD per million tokens: cache hit 0.30, cache miss 3.00, output 15.00.
+HIT, MISS, OUT = 0.30, 3.00, 15.00
+
+
+def _plan(*args: str, env: dict[str, str] | None = None) -> dict:  # type: ignore[type-arg]
+    result = run_cli("plan", *args, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+def _count(payload: dict, gpu: str) -> int:  # type: ignore[type-arg]
+    return next(row["count"] for row in payload["gpus_for_weights"] if row["gpu"] == gpu)
+
+
+def test_kimi_k3_defaults() -> None:
+    payload = _plan("kimi-k3")
+    model = payload["model"]
+    assert (model["params"], model["active_params"], model["precision"]) == (K3_PARAMS, 104_000_000_000, "mxfp4")
+    assert model["weights_bytes"] == K3_WEIGHTS_MXFP4
+    assert model["weights_with_block_scales_bytes"] == round(K3_PARAMS * (0.5 + 1 / 32))
+    by_precision = {row["precision"]: row["weights_bytes"] for row in payload["weights_by_precision"]}
+    assert by_precision == {"bf16": 2 * K3_PARAMS, "fp8": K3_PARAMS, "mxfp4": K3_PARAMS // 2, "int4": K3_PARAMS // 2, "2bit": K3_PARAMS // 4}
+    # GPUs to hold the weights: ceil(1.39 TB / memory); H200 141 GiB, H100 80 GiB, B300 288 GiB.
+    assert _count(payload, "H200") == math.ceil(K3_WEIGHTS_MXFP4 / (141 * _GIB)) == 10
+    assert _count(payload, "H100") == math.ceil(K3_WEIGHTS_MXFP4 / (80 * _GIB)) == 17
+    assert _count(payload, "B300") == math.ceil(K3_WEIGHTS_MXFP4 / (288 * _GIB)) == 5
+    assert payload["serving_floor_bytes"] == K3_SERVING_FLOOR and payload["serving_floor_published"] is True
+    # The cheapest cluster that clears the 1.68 TB floor: 8 × B300 (6 needed, a node of 8 built).
+    first = payload["serving_configs"][0]
+    assert (first["gpu"], first["count"]) == ("B300", 8)
+    assert {c["label"] for c in payload["published_configs"]} == {"8×B300", "8×MI355X", "16×H200", "16×B200", "32×H100"}
+    # KV: not published → reason, procedure and the classic example (93 layers × 8 × 128 × 2 B × 2).
+    assert "not published" in payload["kv_unknown_reason"]
+    assert "until allocation fails" in payload["kv_measure_procedure"]
+    assert "kv_per_user" not in payload
+    assert payload["kv_classic_example"][0] == {"ctx": 8192, "bytes": 2 * 93 * 8 * 128 * 2 * 8192}
+    # Rental at $2/GPU-h (low end of $2–5), 720 h a month.
+    rental = {row["label"]: row["usd_per_month"] for row in payload["rental"]}
+    assert rental == {"1 GPU always on": 1440, "8 GPUs 4 h/day": 1920, "8 GPUs always on": 11_520, "32 GPUs always on": 46_080}
+    even = payload["break_even"]
+    assert even["monthly_cost_usd"] == 8 * 720 * 2.0
+    assert even["output_tokens_per_month"] == pytest.approx(11_520 / OUT * 1e6)
+    blended = 0.75 * (0.5 * HIT + 0.5 * MISS) + 0.25 * OUT
+    assert even["blended_usd_per_million"] == pytest.approx(blended)
+    assert even["blended_tokens_per_month"] == pytest.approx(11_520 / blended * 1e6)
+    # Download of the 1.56 TB repo: 1 GB/s ≈ 26 minutes.
+    assert {row["bandwidth_bytes_per_s"]: row["seconds"] for row in payload["download"]}[1e9] == pytest.approx(1560)
+    assert payload["disk_bytes"] == 4_000_000_000_000
+    vllm, sglang = payload["launch"]["vllm"], payload["launch"]["sglang"]
+    assert vllm[vllm.index("--tensor-parallel-size") + 1] == "8" and "--enable-prefix-caching" in vllm
+    assert int(sglang[sglang.index("--tp-size") + 1]) * int(sglang[sglang.index("--ep-size") + 1]) == 8
+    assert payload["headline"].startswith("Kimi K3 needs ≥ 1.39 TB for weights alone: tier 1 (a cluster), ≥ 5 × B300")
+
+
+def test_other_gpu_price_and_volume() -> None:
+    payload = _plan("kimi-k3", "--gpu", "H200", "--rate", "3.5", "--tokens-per-month", "2B")
+    assert [row["gpu"] for row in payload["gpus_for_weights"]] == ["H200"]
+    # Floor 1.68 TB / 141 GiB = 11.1 → 12 → two nodes of 8.
+    assert payload["serving_configs"] == [{"gpu": "H200", "count": 16, "memory_bytes": 16 * 141 * _GIB}]
+    monthly = 16 * 720 * 3.5
+    blended = 0.75 * (0.5 * HIT + 0.5 * MISS) + 0.25 * OUT
+    assert payload["break_even"]["monthly_cost_usd"] == monthly
+    assert payload["volume"] == {
+        "tokens_per_month": 2e9,
+        "api_usd_per_month": pytest.approx(2e9 * blended / 1e6),
+        "rent_usd_per_month": monthly,
+        "cheaper": "api",
+    }
+    sglang = payload["launch"]["sglang"]
+    assert sglang[sglang.index("--tp-size") + 1 : sglang.index("--tp-size") + 4] == ["8", "--ep-size", "2"]
+    assert sglang[sglang.index("--nnodes") + 1] == "2"
+    assert "At 2.0B tokens/month the API is cheaper" in payload["headline"]
+
+
+def test_a_gpu_size_not_in_the_tables_and_a_custom_mix() -> None:
+    payload = _plan("kimi-k3", "--gpu", "96GB", "--rate", "2.5", "--input-share", "0.5", "--cache-hit", "0")
+    assert _count(payload, "96GB GPU") == math.ceil(K3_WEIGHTS_MXFP4 / 96e9) == 15
+    assert payload["serving_configs"][0]["count"] == 24  # ceil(1.68e12 / 96e9) = 18 → three nodes of 8
+    even = payload["break_even"]
+    assert even["monthly_cost_usd"] == 24 * 720 * 2.5
+    assert even["blended_usd_per_million"] == pytest.approx(0.5 * MISS + 0.5 * OUT)
+    assert even["blended_tokens_per_month"] == pytest.approx(43_200 / 9.0 * 1e6)
+
+
+def test_monthly_cost_hours_and_precision_overrides() -> None:
+    quoted = _plan("kimi-k3", "--monthly-cost", "50000")
+    assert quoted["break_even"]["output_tokens_per_month"] == pytest.approx(50_000 / OUT * 1e6)
+    part_time = _plan("kimi-k3", "--hours-per-day", "4")
+    yours = part_time["rental"][-1]
+    assert (yours["gpus"], yours["hours_per_month"], yours["usd_per_month"]) == (8, 120, 8 * 120 * 2.0)
+    assert part_time["break_even"]["monthly_cost_usd"] == 1920
+    fp8 = _plan("kimi-k3", "--precision", "fp8", "--params", "3T", "--active", "50B")
+    assert fp8["model"]["weights_bytes"] == 3 * 10**12
+    assert fp8["model"]["active_params"] == 50 * 10**9
+    assert _count(fp8, "B300") == math.ceil(3e12 / (288 * _GIB))
+
+
+def test_catalog_model_with_published_attention() -> None:
+    payload = _plan("llama-3.3-70b")
+    assert payload["model"]["precision"] == "bf16"
+    assert payload["model"]["weights_bytes"] == 70_553_706_496 * 2
+    # 80 layers × 8 KV heads × 128 × 2 (K, V) × 2 bytes per token.
+    assert payload["kv_per_user"][1] == {"ctx": 32768, "bytes": 80 * 8 * 128 * 2 * 2 * 32768}
+    assert payload["serving_floor_published"] is False
+    assert payload["serving_floor_bytes"] == 70_553_706_496 * 2 + 80 * 8 * 128 * 2 * 2 * 32768 + 2 * _GIB
+    assert payload["break_even"] is None  # no hosted price for it in recipes
+
+
+def test_plan_a_gguf_header(tmp_path: Path, gemma: Path) -> None:
+    path = tmp_path / "gqa.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_embedding_length(64)
+    writer.add_head_count(8)
+    writer.add_head_count_kv(4)
+    writer.add_context_length(4096)
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    payload = _plan(str(path))
+    assert payload["model"]["params"] == 64 * 64
+    assert payload["model"]["precision"] == "bf16"  # an F16 file
+    # 2 layers × 4 KV heads × (8 + 8) head dims × 2 bytes per token.
+    assert payload["kv_per_user"][0] == {"ctx": 8192, "bytes": 2 * 4 * 16 * 2 * 8192}
+    gemma_plan = _plan(str(gemma))
+    assert gemma_plan["model"]["params"] == 268_098_176
+    assert "sliding_window" in gemma_plan["kv_unknown_reason"]
+
+
+def _safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    sizes = {"BF16": 2, "F32": 4}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, shape) in tensors.items():
+        n_bytes = int(np.prod(shape)) * sizes[dtype]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n_bytes]}
+        offset += n_bytes
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+
+
+def test_plan_a_safetensors_repo_on_the_hub(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _safetensors(repo / "model.safetensors", {"embed.weight": ("BF16", [1000, 64]), "layers.0.q.weight": ("BF16", [64, 64]), "norm": ("F32", [64])})
+    config = {"num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 4, "hidden_size": 2048, "max_position_embeddings": 32768}
+    (repo / "config.json").write_text(json.dumps(config))
+    with fake_hub([HubRepo("acme/dense-1b", repo)]) as (endpoint, _):
+        payload = _plan("hf://acme/dense-1b", env={"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home")})
+    assert payload["model"]["params"] == 1000 * 64 + 64 * 64 + 64
+    assert payload["model"]["precision"] == "bf16"
+    # head_dim = 2048 / 16 = 128: 2 × 24 × 4 × 128 × 2 bytes per token.
+    assert payload["kv_per_user"][0] == {"ctx": 8192, "bytes": 2 * 24 * 4 * 128 * 2 * 8192}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["no-such-model"], "error: no-such-model: not a model in the catalog, nor a GGUF path"),
+        (["kimi-k3", "--input-share", "0.6", "--output-share", "0.6"], "error: --input-share and --output-share must add up to 1"),
+        (["kimi-k3", "--params", "lots"], "error: cannot read 'lots' as a count"),
+        (["kimi-k3", "--active", "3T"], "error: active parameters (3,000,000,000,000) exceed total (2,779,900,000,000)"),
+        (["kimi-k3", "--bandwidth", "fast"], "error: cannot read 'fast' as a bandwidth"),
+        (["kimi-k3", "--gpu", "Voodoo 5"], "error: --gpu 'Voodoo 5' is neither a size nor a GPU we know"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], message: str) -> None:
+    result = run_cli("plan", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0] == message
+    assert result.stderr.splitlines()[1].startswith("hint: ")
+
+
+def test_human_report_answers_first_and_shows_sources() -> None:
+    result = run_cli("plan", "kimi-k3", "--sources")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Kimi K3 needs ≥ 1.39 TB for weights alone")
+    text = result.stdout
+    for section in ("1. Weights by precision", "2. GPUs just to hold", "3. KV cache per concurrent user", "4. Rental", "5. Break-even", "6. Download", "7. Tier-1 launch"):
+        assert section in text
+    assert "Kimi K3 facts: Moonshot AI model card" in text and "(2026-08)" in text
+    assert "API prices: Moonshot AI pricing page (via shared/MISSION.md) (2026-08)" in text
