@@ -6,7 +6,7 @@ import click
 
 from ._plan_output import plan_json, render_plan
 from ._render import print_json
-from .catalog import GpuSpec, load_apis, load_gpus, load_precisions, load_rental_defaults
+from .catalog import GpuSpec, find_gpu, load_apis, load_gpus, load_precisions, load_rental_defaults
 from .errors import UsageError
 from .hardware import parse_gpu_override
 from .plan import PlanOptions, build_plan
@@ -25,7 +25,8 @@ def _gpu_options(values: tuple[str, ...]) -> tuple[tuple[GpuOption, ...], list[G
     if values:
         devices = parse_gpu_override(values)
         unique = {device.name.split(" #")[0]: device.total_bytes for device in devices}
-        return tuple(GpuOption(name, memory) for name, memory in unique.items()), []
+        named = [spec for name in unique if (spec := find_gpu(name)) is not None]
+        return tuple(GpuOption(name, memory) for name, memory in unique.items()), named
     specs = [spec for spec in load_gpus() if spec.datacenter]
     return tuple(GpuOption(spec.name, spec.memory_bytes) for spec in specs), specs
 
