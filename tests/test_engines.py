@@ -4,13 +4,8 @@ Every later issue builds on these."""
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx2
@@ -18,53 +13,12 @@ import ollama
 import pytest
 
 from conftest import Assets
-
-_LOAD_TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def _running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[Path]:
-    """Start a server with its output going to a file (never a pipe that can fill), wait until
-    ``ready_url`` answers 200, stop it gracefully afterwards."""
-    with log_path.open("w") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-    try:
-        deadline = time.monotonic() + _LOAD_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"{argv[0]} exited with {process.returncode} while loading:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx2.get(ready_url, timeout=2).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"{argv[0]} not ready after {_LOAD_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield log_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _llama_server(binary: Path, model: Path, port: int, *extra: str) -> list[str]:
-    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "1024", "-np", "1", "-t", "2", "-lv", "4", *extra]
-
+from engines import free_port, llama_server_argv, running
 
 def test_cpu_llama_server_serves_gemma(assets: Assets, tmp_path: Path) -> None:
-    port = _free_port()
-    argv = _llama_server(assets.llama_server_cpu, assets.gemma_gguf, port)
-    with _running(argv, tmp_path / "cpu.log", f"http://127.0.0.1:{port}/health") as log:
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port)
+    with running(argv, tmp_path / "cpu.log", f"http://127.0.0.1:{port}/health") as log:
         response = httpx2.post(
             f"http://127.0.0.1:{port}/v1/completions",
             json={"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0},
@@ -81,9 +35,9 @@ def test_cpu_llama_server_serves_gemma(assets: Assets, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("ngl", "offloaded"), [("99", 19), ("5", 5)])
 def test_vulkan_llama_server_offloads_to_the_software_device(assets: Assets, tmp_path: Path, ngl: str, offloaded: int) -> None:
-    port = _free_port()
-    argv = _llama_server(assets.llama_server_vulkan, assets.gemma_gguf, port, "-ngl", ngl)
-    with _running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log:
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, assets.gemma_gguf, port, "-ngl", ngl)
+    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log:
         response = httpx2.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "Hello", "n_predict": 2}, timeout=120)
         assert response.status_code == 200
     text = log.read_text()
@@ -93,8 +47,8 @@ def test_vulkan_llama_server_offloads_to_the_software_device(assets: Assets, tmp
     assert "llvmpipe" in text
 
 
-def test_real_ollama_runs_gemma_through_our_llama_server(assets: Assets, tmp_path: Path) -> None:
-    port = _free_port()
+def test_real_ollama_runs_gemma_through_ourllama_server_argv(assets: Assets, tmp_path: Path) -> None:
+    port = free_port()
     env = {
         "OLLAMA_HOST": f"127.0.0.1:{port}",
         "OLLAMA_MODELS": str(tmp_path / "models"),
@@ -102,7 +56,7 @@ def test_real_ollama_runs_gemma_through_our_llama_server(assets: Assets, tmp_pat
         "OLLAMA_NUM_PARALLEL": "1",
     }
     with ExitStack() as stack:
-        log = stack.enter_context(_running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env))
+        log = stack.enter_context(running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env))
         client = ollama.Client(host=f"http://127.0.0.1:{port}")
         stack.callback(client.close)
         assert httpx2.get(f"http://127.0.0.1:{port}/api/version").json()["version"] == assets.ollama_version

@@ -1,0 +1,58 @@
+"""Running the real engines in tests: free ports, servers with their logs in files, readiness."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+
+_LOAD_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """Start a server with its output going to a file (never a pipe that can fill), wait until
+    ``ready_url`` answers 200, stop it gracefully afterwards."""
+    with log_path.open("w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + _LOAD_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"{argv[0]} exited with {process.returncode} while loading:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx2.get(ready_url, timeout=2).status_code == 200:
+                    break
+            except httpx2.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"{argv[0]} not ready after {_LOAD_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield log_path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def llama_server_argv(binary: Path, model: Path, port: int, *extra: str, ctx: int = 1024, parallel: int | None = 1) -> list[str]:
+    """llama-server on loopback with trace-level logs (-lv 4: offload and buffer lines);
+    ``parallel=None`` leaves -np at llama-server's auto default."""
+    slots = [] if parallel is None else ["-np", str(parallel)]
+    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), *slots, "-t", "2", "-lv", "4", *extra]

@@ -1,0 +1,71 @@
+"""The per-device KV cache and weights estimate against what the real llama-server allocates
+for the real Gemma 3 model (sliding-window layers, one KV head, tied output), on the CPU and
+with partial offload to the Vulkan build's software device."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from conftest import Assets
+from engines import free_port, llama_server_argv, running
+from tierlocal.gguf import read_headers
+from tierlocal.memory import kv_cache, server_context, weights_split, gpu_layers
+from tierlocal.model import model_spec
+
+_MIB = 1024 * 1024
+_KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
+_MODEL_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB")
+
+
+def _buffers(pattern: re.Pattern[str], log: str) -> dict[str, float]:
+    sizes: dict[str, float] = defaultdict(float)
+    for device, mib in pattern.findall(log):
+        sizes[device] += float(mib)
+    return dict(sizes)
+
+
+def test_gemma_spec_from_its_header(gemma: Path) -> None:
+    spec = model_spec(read_headers(str(gemma)))
+    # Gemma 3: every 6th layer is global attention, the rest use a 512-token window.
+    assert [il for il, swa in enumerate(spec.is_swa) if not swa] == [5, 11, 17]
+    assert (spec.n_swa, spec.head_k, spec.head_v, spec.n_head_kv) == (512, 256, 256, (1,) * 18)
+    assert spec.tied_output and spec.output_bytes == 0
+    assert gpu_layers(spec, 5) == (False,) * 14 + (True,) * 5
+
+
+# (-c, -np (None = auto), cache type, -ngl)
+CASES = [
+    (4096, 1, "f16", 0),
+    (4096, 2, "f16", 5),
+    (8192, None, "f16", 19),
+    (3000, 3, "f16", 10),
+    (4096, 1, "q8_0", 12),
+]
+
+
+@pytest.mark.parametrize(("ctx", "parallel", "cache_type", "ngl"), CASES)
+def test_kv_and_weights_match_llama_server(assets: Assets, tmp_path: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int) -> None:
+    spec = model_spec(read_headers(str(assets.gemma_gguf)))
+    params = server_context(spec, ctx=ctx, parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type)
+    kv = kv_cache(spec, params)
+    on_gpu = gpu_layers(spec, ngl)
+    predicted_kv = {"Vulkan0": sum(b for b, g in zip(kv.layer_bytes, on_gpu) if g), "CPU": sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g)}
+    weights = weights_split(spec, ngl)
+
+    port = free_port()
+    extra = ["-ngl", str(ngl), "-ctk", cache_type, "-ctv", cache_type, "-fa", "on" if cache_type != "f16" else "auto", "--fit", "off"]
+    argv = llama_server_argv(assets.llama_server_vulkan, assets.gemma_gguf, port, *extra, ctx=ctx, parallel=parallel)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        log = log_path.read_text()
+    actual_kv = _buffers(_KV_LINE, log)
+    actual_model = _buffers(_MODEL_LINE, log)
+    for device, predicted in predicted_kv.items():
+        # llama.cpp prints MiB with two decimals: exact to that rounding.
+        assert actual_kv.get(device, 0.0) == pytest.approx(predicted / _MIB, abs=0.006 * 2), (device, log[-2000:])
+    assert actual_model.get("Vulkan0", 0.0) == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)
+    assert actual_model["CPU_Mapped"] == pytest.approx(weights.cpu_bytes / _MIB, abs=0.006)
+    assert f"offloaded {min(ngl, spec.n_layer + 1)}/{spec.n_layer + 1} layers to GPU" in log

@@ -1,0 +1,170 @@
+"""Per-device memory of a llama.cpp load: layer placement and the KV cache. Pure.
+
+Rules from llama.cpp (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp and
+src/llama-kv-cache-iswa.cpp:
+
+- n_ctx is padded to 256. With a unified KV cache every sequence shares one stream of n_ctx
+  cells; otherwise each of n_seq_max streams gets n_ctx_seq = pad(n_ctx / n_seq_max, 256).
+- llama-server: ``-np`` left at auto means 4 slots sharing a unified cache; an explicit
+  ``-np N`` means N separate streams.
+- Sliding-window layers keep pad(min(n_ctx_seq, n_swa × (unified ? n_seq_max : 1) + n_ubatch), 256)
+  cells per stream (all n_ctx_seq with ``--swa-full``).
+- A layer's K and V take head size × KV heads elements per cell in the cache type
+  (f16 2 bytes; q8_0 34 per 32; q4_0 18 per 32).
+- ``-ngl N`` offloads the last N of the n_layer + 1 layers, the output layer first:
+  layers il ≥ max(n_layer + 1 − N, 0) go to the GPU. A layer's KV lives with the layer
+  (all on the CPU with ``--no-kv-offload``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .errors import UsageError
+from .model import ModelSpec
+
+__all__ = ["ContextParams", "KvCache", "WeightsSplit", "server_context", "kv_cache", "gpu_layers", "weights_split", "cache_type_bytes"]
+
+_PAD = 256
+#: llama-server's slot count when -np is left at auto (unified KV).
+AUTO_SLOTS = 4
+DEFAULT_UBATCH = 512
+
+
+def _pad(value: int, multiple: int = _PAD) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """What a llama context is created with: tokens, sequences, cache layout and types."""
+
+    n_ctx: int
+    n_seq_max: int
+    kv_unified: bool
+    n_ubatch: int = DEFAULT_UBATCH
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    swa_full: bool = False
+    kv_offload: bool = True
+
+    @property
+    def n_ctx_padded(self) -> int:
+        """n_ctx as llama.cpp uses it: padded to 256, then rounded to whole streams."""
+        n_ctx = _pad(self.n_ctx)
+        return n_ctx if self.kv_unified else self.n_ctx_seq * self.n_seq_max
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """Cells per stream."""
+        n_ctx = _pad(self.n_ctx)
+        return n_ctx if self.kv_unified else _pad(n_ctx // self.n_seq_max)
+
+    @property
+    def n_stream(self) -> int:
+        return 1 if self.kv_unified else self.n_seq_max
+
+
+def server_context(
+    spec: ModelSpec,
+    *,
+    ctx: int = 0,
+    parallel: int | None = None,
+    n_ubatch: int = DEFAULT_UBATCH,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    swa_full: bool = False,
+    kv_offload: bool = True,
+) -> ContextParams:
+    """The context llama-server creates for ``-c ctx -np parallel`` (0 / None: its defaults)."""
+    if parallel is not None and parallel < 1:
+        raise UsageError(f"parallel slots must be at least 1, not {parallel}")
+    return ContextParams(
+        n_ctx=ctx or spec.n_ctx_train,
+        n_seq_max=parallel or AUTO_SLOTS,
+        kv_unified=parallel is None,
+        n_ubatch=n_ubatch,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        swa_full=swa_full,
+        kv_offload=kv_offload,
+    )
+
+
+def cache_type_bytes(cache_type: str, elements: int) -> int:
+    """Bytes of ``elements`` values of a KV cache type (f16, bf16, f32, q8_0, q4_0 …).
+
+    Raises:
+        UsageError: an unknown type, or a row that is not whole blocks of the type.
+    """
+    try:
+        qtype = GGMLQuantizationType[cache_type.upper()]
+    except KeyError:
+        raise UsageError(f"unknown cache type {cache_type!r}", hint="use f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl") from None
+    block, size = GGML_QUANT_SIZES[qtype]
+    if elements % block:
+        raise UsageError(f"cache type {cache_type} needs rows in blocks of {block}; this model's rows are {elements}")
+    return elements // block * size
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """The KV cache of one context: cells per stream and bytes of every layer (all streams)."""
+
+    cells_full: int
+    cells_swa: int
+    n_stream: int
+    layer_bytes: tuple[int, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.layer_bytes)
+
+
+def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
+    """Bytes of the K and V cache per layer for ``params`` (attention layers; recurrent state
+    and latent (MLA) caches are not covered yet)."""
+    cells_full = params.n_ctx_seq
+    window = spec.n_swa * (params.n_seq_max if params.kv_unified else 1) + params.n_ubatch
+    cells_swa = cells_full if params.swa_full else _pad(min(cells_full, window))
+    layers = []
+    for il in range(spec.n_layer):
+        if spec.n_head_kv[il] == 0:
+            layers.append(0)
+            continue
+        cells = cells_swa if spec.is_swa[il] else cells_full
+        per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + cache_type_bytes(params.cache_type_v, spec.n_embd_v_gqa(il))
+        layers.append(per_cell * cells * params.n_stream)
+    return KvCache(cells_full, cells_swa, params.n_stream, tuple(layers))
+
+
+def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
+    """Which of the n_layer + 1 layers (the last is the output layer) ``-ngl ngl`` puts on the GPU."""
+    start = max(spec.n_layer + 1 - max(ngl, 0), 0)
+    return tuple(il >= start for il in range(spec.n_layer + 1))
+
+
+@dataclass(frozen=True)
+class WeightsSplit:
+    """Model weights per side of a partial offload, in bytes (CPU as the mapped file holds them)."""
+
+    gpu_bytes: int
+    cpu_bytes: int
+
+
+def weights_split(spec: ModelSpec, ngl: int) -> WeightsSplit:
+    """Where ``-ngl ngl`` puts the weights: offloaded layers (and, with the output layer, the
+    output projection and norms) on the GPU; the token embedding always on the CPU. A tied
+    output reuses the token embedding and adds nothing on the GPU (measured: llama.cpp
+    reports 0.00 MiB on Vulkan0 at -ngl 1 for Gemma 3). CPU repack copies are not counted yet."""
+    on_gpu = gpu_layers(spec, ngl)
+    gpu = sum(size for size, offloaded in zip(spec.layer_bytes, on_gpu) if offloaded)
+    cpu = spec.token_embd_bytes + sum(size for size, offloaded in zip(spec.layer_bytes, on_gpu) if not offloaded)
+    head = spec.output_bytes + spec.other_bytes
+    if on_gpu[spec.n_layer]:
+        gpu += head
+    else:
+        cpu += head
+    return WeightsSplit(gpu, cpu)

@@ -1,0 +1,166 @@
+"""ModelSpec: the architecture facts the memory estimate needs, derived from a GGUF header. Pure.
+
+Rules follow llama.cpp (the version vendored in llama-cpp-python 0.3.36): per-layer head
+counts may be arrays; head sizes default to embedding ÷ heads; which layers use a sliding
+window comes from ``{arch}.attention.sliding_window_pattern`` (an array, or a period), else
+from the architecture's own default period.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import HeaderError
+from .gguf.parse import GGUFHeader, TensorInfo
+from .gguf.summary import merge_split
+
+__all__ = ["ModelSpec", "model_spec", "SWA_DEFAULT_PATTERNS"]
+
+#: Architectures whose sliding-window layers follow a period when the header gives none:
+#: (period, dense_first). From llama.cpp's src/models/<arch>.cpp load_swa_pattern calls.
+SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "exaone4": (4, False),
+    "exaone-moe": (4, False),
+    "afmoe": (4, False),
+}
+
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts per layer. Sizes in bytes; head sizes in elements.
+
+    ``layer_bytes[il]`` holds every ``blk.il.*`` tensor; ``token_embd_bytes`` stays on the CPU;
+    ``output_bytes`` is the output projection (0 when tied to the token embedding);
+    ``other_bytes`` the rest (output norm, rope factors …), placed with the output layer.
+    """
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    head_k: int
+    head_v: int
+    n_swa: int
+    is_swa: tuple[bool, ...]
+    n_ctx_train: int
+    n_vocab: int
+    tied_output: bool
+    layer_bytes: tuple[int, ...]
+    token_embd_bytes: int
+    output_bytes: int
+    other_bytes: int
+
+    def n_embd_k_gqa(self, il: int) -> int:
+        """K elements per token in layer ``il`` (head size × KV heads)."""
+        return self.head_k * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int) -> int:
+        """V elements per token in layer ``il``."""
+        return self.head_v * self.n_head_kv[il]
+
+
+def _per_layer(value: object, n_layer: int, key: str, source: str) -> tuple[int, ...]:
+    if isinstance(value, list):
+        if len(value) < n_layer or not all(isinstance(v, int) for v in value):
+            raise HeaderError(source, 0, f"{key} has {len(value)} entries for {n_layer} layers")
+        return tuple(int(v) for v in value[:n_layer])
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n_layer
+    raise HeaderError(source, 0, f"{key} is missing or not an integer")
+
+
+def _swa_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_swa: int) -> tuple[bool, ...]:
+    if n_swa <= 0:
+        return (False,) * n_layer
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        return tuple(bool(v) for v in pattern[:n_layer]) + (False,) * max(0, n_layer - len(pattern))
+    period, dense_first = SWA_DEFAULT_PATTERNS.get(arch, (0, False))
+    if isinstance(pattern, int) and not isinstance(pattern, bool):
+        period = pattern
+    if period == 0:
+        return (True,) * n_layer
+    if dense_first:
+        return tuple(il % period != 0 for il in range(n_layer))
+    return tuple(il % period < period - 1 for il in range(n_layer))
+
+
+def _group_tensors(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[list[int], int, int, int]:
+    layer_bytes = [0] * n_layer
+    token_embd = output = other = 0
+    for tensor in tensors:
+        match = _BLOCK_RE.match(tensor.name)
+        if match and int(match.group(1)) < n_layer:
+            layer_bytes[int(match.group(1))] += tensor.n_bytes
+        elif tensor.name == "token_embd.weight":
+            token_embd += tensor.n_bytes
+        elif tensor.name.startswith("output."):
+            output += tensor.n_bytes if tensor.name == "output.weight" else 0
+            other += 0 if tensor.name == "output.weight" else tensor.n_bytes
+        else:
+            other += tensor.n_bytes
+    return layer_bytes, token_embd, output, other
+
+
+def _int(metadata: Mapping[str, object], key: str, default: int | None = None) -> int:
+    value = metadata.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise KeyError(key)
+    return value
+
+
+def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
+    """Derive the ModelSpec of one model from its header(s).
+
+    Raises:
+        HeaderError: a fact the estimate needs is missing or inconsistent.
+    """
+    metadata, tensors = merge_split(headers)
+    source = headers[0].source
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise HeaderError(source, 0, "general.architecture is missing")
+    try:
+        n_layer = _int(metadata, f"{arch}.block_count")
+        n_embd = _int(metadata, f"{arch}.embedding_length")
+        n_ctx_train = _int(metadata, f"{arch}.context_length")
+    except KeyError as exc:
+        raise HeaderError(source, 0, f"{exc.args[0]} is missing", hint="the estimate needs it; is this a language model?") from None
+    n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
+    n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
+    max_heads = max(n_head) or 1
+    head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
+    head_v = metadata.get(f"{arch}.attention.value_length", head_k)
+    n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
+    layer_bytes, token_embd, output, other = _group_tensors(tensors, n_layer)
+    return ModelSpec(
+        architecture=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_k=int(head_k),  # type: ignore[call-overload]
+        head_v=int(head_v),  # type: ignore[call-overload]
+        n_swa=int(n_swa),  # type: ignore[call-overload]
+        is_swa=_swa_layers(metadata, arch, n_layer, int(n_swa)),  # type: ignore[call-overload]
+        n_ctx_train=n_ctx_train,
+        n_vocab=int(n_vocab),
+        tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
+        layer_bytes=tuple(layer_bytes),
+        token_embd_bytes=token_embd,
+        output_bytes=output,
+        other_bytes=other,
+    )
