@@ -13,12 +13,13 @@ import pytest
 from conftest import Assets
 from engines import free_port, llama_server_argv, running
 from tierlocal.gguf import read_headers
-from tierlocal.memory import kv_cache, server_context, weights_split, gpu_layers
+from tierlocal.memory import gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split
 from tierlocal.model import model_spec
 
 _MIB = 1024 * 1024
 _KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
 _MODEL_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB")
+_OUTPUT_LINE = re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s+([\d.]+) MiB")
 
 
 def _buffers(pattern: re.Pattern[str], log: str) -> dict[str, float]:
@@ -69,3 +70,4 @@ def test_kv_and_weights_match_llama_server(assets: Assets, tmp_path: Path, ctx: 
     assert actual_model.get("Vulkan0", 0.0) == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)
     assert actual_model["CPU_Mapped"] == pytest.approx(weights.cpu_bytes / _MIB, abs=0.006)
     assert f"offloaded {min(ngl, spec.n_layer + 1)}/{spec.n_layer + 1} layers to GPU" in log
+    assert sum(_buffers(_OUTPUT_LINE, log).values()) == pytest.approx(output_buffer_bytes(spec, params) / _MIB, abs=0.006)

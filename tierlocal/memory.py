@@ -25,7 +25,17 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from .errors import UsageError
 from .model import ModelSpec
 
-__all__ = ["ContextParams", "KvCache", "WeightsSplit", "server_context", "kv_cache", "gpu_layers", "weights_split", "cache_type_bytes"]
+__all__ = [
+    "ContextParams",
+    "KvCache",
+    "WeightsSplit",
+    "server_context",
+    "kv_cache",
+    "gpu_layers",
+    "weights_split",
+    "output_buffer_bytes",
+    "cache_type_bytes",
+]
 
 _PAD = 256
 #: llama-server's slot count when -np is left at auto (unified KV).
@@ -168,3 +178,9 @@ def weights_split(spec: ModelSpec, ngl: int) -> WeightsSplit:
     else:
         cpu += head
     return WeightsSplit(gpu, cpu)
+
+
+def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
+    """The logits buffer: n_vocab float32 values for each of n_seq_max sequences, in host
+    memory (pinned when a GPU is used), not in llama.cpp's device breakdown."""
+    return spec.n_vocab * 4 * params.n_seq_max
