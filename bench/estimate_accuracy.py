@@ -1,0 +1,134 @@
+"""Predicted vs actual memory per component and device, against the real llama-server.
+
+Runs the prepared Vulkan build of llama-server (Mesa's software device with
+GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np, -ngl and
+cache types on the real Gemma 3 model, parses the buffer sizes it reports in its load log,
+and prints them beside tierlocal's estimate with the error of each.
+
+    .venv/bin/python bench/estimate_accuracy.py [--json]
+
+Needs the test assets (bash tests/run.sh, or python tests/assets/prepare.py). Components not
+estimated yet (the compute buffer) are printed as actual only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx2
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "assets"))
+import prepare  # noqa: E402
+
+from tierlocal.gguf import read_headers  # noqa: E402
+from tierlocal.memory import gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
+from tierlocal.model import model_spec  # noqa: E402
+
+MIB = 1024 * 1024
+LINES = {
+    "weights": re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB"),
+    "kv": re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB"),
+    "output": re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s+([\d.]+) MiB"),
+    "compute": re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB"),
+}
+# (-c, -np (None = auto), cache type, -ngl)
+MATRIX = [
+    (2048, 1, "f16", 0),
+    (4096, 1, "f16", 5),
+    (4096, 2, "f16", 10),
+    (8192, None, "f16", 19),
+    (3000, 3, "f16", 19),
+    (16384, 1, "q8_0", 12),
+    (32768, 1, "q4_0", 19),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _load_log(binary: Path, model: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int) -> str:
+    port = _free_port()
+    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), "-t", "2", "-lv", "4"]
+    argv += [] if parallel is None else ["-np", str(parallel)]
+    argv += ["-ngl", str(ngl), "-ctk", cache_type, "-ctv", cache_type, "-fa", "auto" if cache_type == "f16" else "on"]
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GGML_VK_VISIBLE_DEVICES": "0"})
+        try:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx2.HTTPError:
+                    pass
+                time.sleep(0.25)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+        log.seek(0)
+        return log.read()
+
+
+def _by_device(pattern: re.Pattern[str], log: str) -> dict[str, float]:
+    sizes: dict[str, float] = defaultdict(float)
+    for device, mib in pattern.findall(log):
+        sizes[device] += float(mib)
+    return dict(sizes)
+
+
+def main() -> None:
+    assets = json.loads(prepare.manifest_path().read_text())
+    model = Path(assets["gemma_gguf"])
+    binary = Path(assets["llama_server_vulkan"])
+    spec = model_spec(read_headers(str(model)))
+    rows = []
+    for ctx, parallel, cache_type, ngl in MATRIX:
+        params = server_context(spec, ctx=ctx, parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type)
+        kv = kv_cache(spec, params)
+        on_gpu = gpu_layers(spec, ngl)
+        weights = weights_split(spec, ngl)
+        predicted = {
+            ("weights", "Vulkan0"): weights.gpu_bytes / MIB,
+            ("weights", "CPU_Mapped"): weights.cpu_bytes / MIB,
+            ("kv", "Vulkan0"): sum(b for b, g in zip(kv.layer_bytes, on_gpu) if g) / MIB,
+            ("kv", "CPU"): sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g) / MIB,
+            ("output", "host"): output_buffer_bytes(spec, params) / MIB,
+        }
+        log = _load_log(binary, model, ctx, parallel, cache_type, ngl)
+        actual = {(component, device): mib for component, pattern in LINES.items() for device, mib in _by_device(pattern, log).items()}
+        actual[("output", "host")] = sum(mib for (component, _), mib in list(actual.items()) if component == "output")
+        case = f"-c {ctx} -np {parallel or 'auto'} -ctk/-ctv {cache_type} -ngl {ngl}"
+        for (component, device), value in sorted(predicted.items()):
+            real = actual.get((component, device), 0.0)
+            error = (value - real) / real if real else (0.0 if value < 0.01 else float("inf"))
+            rows.append({"case": case, "component": component, "device": device, "predicted_mib": round(value, 2), "actual_mib": real, "error": error})
+        for (component, device), real in sorted(actual.items()):
+            if component == "compute":
+                rows.append({"case": case, "component": component, "device": device, "predicted_mib": None, "actual_mib": real, "error": None})
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'case':44} {'component':9} {'device':12} {'predicted':>10} {'actual':>10} {'error':>8}")
+    for row in rows:
+        predicted_text = "-" if row["predicted_mib"] is None else f"{row['predicted_mib']:.2f}"
+        error_text = "n/a" if row["error"] is None else f"{row['error']:+.2%}"
+        print(f"{row['case']:44} {row['component']:9} {row['device']:12} {predicted_text:>10} {row['actual_mib']:>10.2f} {error_text:>8}")
+    estimated = [row for row in rows if row["error"] is not None]
+    worst = max(abs(row["error"]) for row in estimated)
+    print(f"\n{len(estimated)} estimated components over {len(MATRIX)} loads; worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)")
+
+
+if __name__ == "__main__":
+    main()
