@@ -1,0 +1,141 @@
+"""GGUF files whose header is a real architecture (tensor names, shapes, quantisation types as
+llama.cpp expects them) and whose data region is a sparse hole: llama.cpp loads them (zero
+weights) and reports its real allocations, while nothing big is downloaded or stored.
+
+The shapes follow the models' published config.json values."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+Q = GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class SparseArch:
+    """A transformer shape to write. ``experts`` = (count, used, expert FFN width) for MoE."""
+
+    name: str
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    tied_output: bool = False
+    qk_norm: bool = False
+    experts: tuple[int, int, int] | None = None
+    weight_type: GGMLQuantizationType = Q.Q4_K
+    output_type: GGMLQuantizationType = Q.Q6_K
+    extra: dict[str, int | float] = field(default_factory=dict)
+
+
+LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
+QWEN3_8B = SparseArch("qwen3-8b-q4k", "qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 40960, qk_norm=True)
+QWEN3_30B_A3B = SparseArch("qwen3-30b-a3b-q4k", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, qk_norm=True, experts=(128, 8, 768))
+
+
+def _bytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    elements = int(np.prod(shape))
+    return elements // block * size
+
+
+def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
+    f32, w = Q.F32, spec.weight_type
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
+    for il in range(spec.n_layer):
+        blk = f"blk.{il}."
+        tensors += [
+            (blk + "attn_norm.weight", (spec.n_embd,), f32),
+            (blk + "attn_q.weight", (spec.n_embd, q_dim), w),
+            (blk + "attn_k.weight", (spec.n_embd, kv_dim), w),
+            (blk + "attn_v.weight", (spec.n_embd, kv_dim), w),
+            (blk + "attn_output.weight", (q_dim, spec.n_embd), w),
+            (blk + "ffn_norm.weight", (spec.n_embd,), f32),
+        ]
+        if spec.qk_norm:
+            tensors += [(blk + "attn_q_norm.weight", (spec.head_dim,), f32), (blk + "attn_k_norm.weight", (spec.head_dim,), f32)]
+        if spec.experts:
+            n_expert, _, n_ff_exp = spec.experts
+            tensors += [
+                (blk + "ffn_gate_inp.weight", (spec.n_embd, n_expert), f32),
+                (blk + "ffn_gate_exps.weight", (spec.n_embd, n_ff_exp, n_expert), w),
+                (blk + "ffn_up_exps.weight", (spec.n_embd, n_ff_exp, n_expert), w),
+                (blk + "ffn_down_exps.weight", (n_ff_exp, spec.n_embd, n_expert), w),
+            ]
+        else:
+            tensors += [
+                (blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w),
+                (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
+                (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
+            ]
+    tensors.append(("output_norm.weight", (spec.n_embd,), f32))
+    if not spec.tied_output:
+        tensors.append(("output.weight", (spec.n_embd, spec.n_vocab), spec.output_type))
+    return tensors
+
+
+def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
+    """Write ``spec`` as a GGUF whose tensor data is a hole; returns ``path``."""
+    writer = GGUFWriter(path, spec.arch)
+    a = spec.arch
+    writer.add_string("general.name", spec.name)
+    writer.add_uint32(f"{a}.block_count", spec.n_layer)
+    writer.add_uint32(f"{a}.context_length", spec.n_ctx_train)
+    writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
+    writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
+    writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
+    writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+    writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    if spec.experts:
+        n_expert, n_used, n_ff_exp = spec.experts
+        writer.add_uint32(f"{a}.expert_count", n_expert)
+        writer.add_uint32(f"{a}.expert_used_count", n_used)
+        writer.add_uint32(f"{a}.expert_feed_forward_length", n_ff_exp)
+    for key, value in spec.extra.items():
+        if key.endswith("rope.freq_base"):
+            continue
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)  # type: ignore[operator]
+    writer.add_string("tokenizer.ggml.model", "llama")
+    writer.add_token_list([f"<t{i}>" for i in range(spec.n_vocab)])
+    writer.add_token_scores([0.0] * spec.n_vocab)
+    writer.add_token_types([1] * spec.n_vocab)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    total = 0
+    for name, shape, qtype in _tensors(spec):
+        n_bytes = _bytes(qtype, shape)
+        writer.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes, raw_dtype=qtype)
+        total += -(-n_bytes // 32) * 32
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    header_end = path.stat().st_size
+    data_start = -(-header_end // 32) * 32
+    with path.open("r+b") as handle:
+        handle.truncate(data_start + total)
+    return path
+
+
+if __name__ == "__main__":  # write them for a look: python tests/sparse_models.py DIR
+    import sys
+
+    directory = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    for model in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B):
+        out = write_sparse_gguf(directory / f"{model.name}.gguf", model)
+        print(out, os.stat(out).st_size, "bytes,", os.stat(out).st_blocks * 512, "on disk")
