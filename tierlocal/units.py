@@ -82,14 +82,18 @@ def parse_bandwidth(text: str) -> float:
     raise UsageError(f"cannot read {text!r} as a bandwidth", hint="write e.g. 1GB/s, 125MB/s or 10Gbit/s")
 
 
+def _format_scaled(n_bytes: float, base: int, units: tuple[str, ...], digits: int) -> str:
+    value = float(n_bytes)
+    for unit in units[:-1]:
+        if abs(value) < base:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.{digits}f} {unit}"
+        value /= base
+    return f"{value:.{digits}f} {units[-1]}"
+
+
 def format_decimal_bytes(n_bytes: float) -> str:
     """Render bytes in decimal units, as the industry quotes model and disk sizes: ``1.56 TB``."""
-    value = float(n_bytes)
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(value) < 1000 or unit == "PB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
+    return _format_scaled(n_bytes, 1000, ("B", "KB", "MB", "GB", "TB", "PB"), 2)
 
 
 def format_duration(seconds: float) -> str:
@@ -105,12 +109,7 @@ def format_duration(seconds: float) -> str:
 
 def format_bytes(n_bytes: float) -> str:
     """Render bytes in binary units: ``253113024`` → ``241.4 MiB``."""
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(value) < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    return _format_scaled(n_bytes, 1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"), 1)
 
 
 def format_count(count: float) -> str:
