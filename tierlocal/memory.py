@@ -158,26 +158,47 @@ def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
 
 @dataclass(frozen=True)
 class WeightsSplit:
-    """Model weights per side of a partial offload, in bytes (CPU as the mapped file holds them)."""
+    """Model weights per side of a partial offload, in bytes.
+
+    ``cpu_bytes`` sums the tensors kept on the CPU; ``cpu_mapped_bytes`` is what llama.cpp
+    reports as CPU_Mapped with mmap: the span of each file from its first to its last CPU
+    tensor (offloaded tensors inside that span stay mapped, though they are not resident).
+    """
 
     gpu_bytes: int
     cpu_bytes: int
+    cpu_mapped_bytes: int
 
 
-def weights_split(spec: ModelSpec, ngl: int) -> WeightsSplit:
-    """Where ``-ngl ngl`` puts the weights: offloaded layers (and, with the output layer, the
-    output projection and norms) on the GPU; the token embedding always on the CPU. A tied
-    output reuses the token embedding and adds nothing on the GPU (measured: llama.cpp
-    reports 0.00 MiB on Vulkan0 at -ngl 1 for Gemma 3). CPU repack copies are not counted yet."""
+def weights_split(spec: ModelSpec, ngl: int, *, max_tensor_bytes: int | None = None) -> WeightsSplit:
+    """Where ``-ngl ngl`` puts the weights.
+
+    Offloaded blocks, and with the output layer its tensors, go to the GPU; the token
+    embedding always stays on the CPU. A tied output is the token embedding duplicated onto
+    the output layer's device. A tensor larger than the device can bind (``max_tensor_bytes``,
+    e.g. Vulkan's maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as
+    llama.cpp falls back when the device does not support the operation. CPU repack copies
+    are not counted yet.
+    """
     on_gpu = gpu_layers(spec, ngl)
-    gpu = sum(size for size, offloaded in zip(spec.layer_bytes, on_gpu) if offloaded)
-    cpu = spec.token_embd_bytes + sum(size for size, offloaded in zip(spec.layer_bytes, on_gpu) if not offloaded)
-    head = spec.output_bytes + spec.other_bytes
-    if on_gpu[spec.n_layer]:
-        gpu += head
-    else:
-        cpu += head
-    return WeightsSplit(gpu, cpu)
+
+    def fits_device(n_bytes: int) -> bool:
+        return max_tensor_bytes is None or n_bytes <= max_tensor_bytes
+
+    gpu = 0
+    cpu_tensors = []
+    for tensor in spec.tensors:
+        if tensor.layer >= 0 and on_gpu[tensor.layer] and fits_device(tensor.n_bytes):
+            gpu += tensor.n_bytes
+        else:
+            cpu_tensors.append(tensor)
+    if spec.tied_output and on_gpu[spec.n_layer] and fits_device(spec.token_embd_bytes):
+        gpu += spec.token_embd_bytes
+    mapped = 0
+    for shard in {tensor.shard for tensor in cpu_tensors}:
+        in_shard = [tensor for tensor in cpu_tensors if tensor.shard == shard]
+        mapped += max(t.offset + t.n_bytes for t in in_shard) - min(t.offset for t in in_shard)
+    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped)
 
 
 def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:

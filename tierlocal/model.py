@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import HeaderError
-from .gguf.parse import GGUFHeader, TensorInfo
+from .gguf.parse import GGUFHeader
 from .gguf.summary import merge_split
 
-__all__ = ["ModelSpec", "model_spec", "SWA_DEFAULT_PATTERNS"]
+__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS"]
 
 #: Architectures whose sliding-window layers follow a period when the header gives none:
 #: (period, dense_first). From llama.cpp's src/models/<arch>.cpp load_swa_pattern calls.
@@ -36,12 +36,24 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
 
 @dataclass(frozen=True)
+class PlacedTensor:
+    """One tensor as placement sees it: its layer (-1 the input embedding, 0..n_layer-1 a
+    block, n_layer the output layer), its shard, offset in that shard's data and size (bytes)."""
+
+    name: str
+    layer: int
+    shard: int
+    offset: int
+    n_bytes: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Architecture facts per layer. Sizes in bytes; head sizes in elements.
 
-    ``layer_bytes[il]`` holds every ``blk.il.*`` tensor; ``token_embd_bytes`` stays on the CPU;
-    ``output_bytes`` is the output projection (0 when tied to the token embedding);
-    ``other_bytes`` the rest (output norm, rope factors …), placed with the output layer.
+    ``tensors`` places every tensor: ``blk.N.*`` in block N, ``token_embd`` in the input layer
+    (always on the CPU), everything else (output projection, output norm …) in the output
+    layer. A tied output (no ``output.weight``) reuses the token embedding.
     """
 
     architecture: str
@@ -56,10 +68,25 @@ class ModelSpec:
     n_ctx_train: int
     n_vocab: int
     tied_output: bool
-    layer_bytes: tuple[int, ...]
-    token_embd_bytes: int
-    output_bytes: int
-    other_bytes: int
+    tensors: tuple[PlacedTensor, ...]
+
+    @property
+    def layer_bytes(self) -> tuple[int, ...]:
+        """Bytes of each block's tensors."""
+        sizes = [0] * self.n_layer
+        for tensor in self.tensors:
+            if 0 <= tensor.layer < self.n_layer:
+                sizes[tensor.layer] += tensor.n_bytes
+        return tuple(sizes)
+
+    @property
+    def token_embd_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors if t.layer == -1)
+
+    @property
+    def output_layer_bytes(self) -> int:
+        """The output layer's own tensors (output projection when untied, output norm …)."""
+        return sum(t.n_bytes for t in self.tensors if t.layer == self.n_layer)
 
     def n_embd_k_gqa(self, il: int) -> int:
         """K elements per token in layer ``il`` (head size × KV heads)."""
@@ -96,21 +123,19 @@ def _swa_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_swa: 
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
-def _group_tensors(tensors: Sequence[TensorInfo], n_layer: int) -> tuple[list[int], int, int, int]:
-    layer_bytes = [0] * n_layer
-    token_embd = output = other = 0
-    for tensor in tensors:
-        match = _BLOCK_RE.match(tensor.name)
-        if match and int(match.group(1)) < n_layer:
-            layer_bytes[int(match.group(1))] += tensor.n_bytes
-        elif tensor.name == "token_embd.weight":
-            token_embd += tensor.n_bytes
-        elif tensor.name.startswith("output."):
-            output += tensor.n_bytes if tensor.name == "output.weight" else 0
-            other += 0 if tensor.name == "output.weight" else tensor.n_bytes
-        else:
-            other += tensor.n_bytes
-    return layer_bytes, token_embd, output, other
+def _place(headers: Sequence[GGUFHeader], n_layer: int) -> tuple[PlacedTensor, ...]:
+    placed = []
+    for shard, header in enumerate(headers):
+        for tensor in header.tensors:
+            match = _BLOCK_RE.match(tensor.name)
+            if match and int(match.group(1)) < n_layer:
+                layer = int(match.group(1))
+            elif tensor.name.startswith("token_embd."):
+                layer = -1
+            else:
+                layer = n_layer
+            placed.append(PlacedTensor(tensor.name, layer, shard, tensor.offset, tensor.n_bytes))
+    return tuple(placed)
 
 
 def _int(metadata: Mapping[str, object], key: str, default: int | None = None) -> int:
@@ -145,7 +170,6 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
     tokens = metadata.get("tokenizer.ggml.tokens")
     n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
-    layer_bytes, token_embd, output, other = _group_tensors(tensors, n_layer)
     return ModelSpec(
         architecture=arch,
         n_layer=n_layer,
@@ -159,8 +183,5 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_ctx_train=n_ctx_train,
         n_vocab=int(n_vocab),
         tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
-        layer_bytes=tuple(layer_bytes),
-        token_embd_bytes=token_embd,
-        output_bytes=output,
-        other_bytes=other,
+        tensors=_place(headers, n_layer),
     )
