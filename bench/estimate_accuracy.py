@@ -4,7 +4,9 @@ Runs the prepared Vulkan build of llama-server (Mesa's software device with
 GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np, -ngl and
 cache types on the real Gemma 3 model and on sparse GGUFs of real architectures
 (tests/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B), parses the buffer sizes it
-reports in its load log, and prints them beside tierlocal's estimate with the error of each.
+reports in its load log, and prints them beside tierlocal's estimate and, where Go is
+available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
+with the error of each against llama.cpp.
 
     .venv/bin/python bench/estimate_accuracy.py [--json]
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -89,11 +92,53 @@ def _load_log(binary: Path, model: Path, ctx: int, parallel: int | None, cache_t
         return log.read()
 
 
+PEER_SOURCE = Path(__file__).resolve().parent / "gguf_parser_peer"
+
+
+def _peer_binary() -> Path | None:
+    """gguf-parser-go's estimator as a command, built once with Go into the test cache."""
+    binary = prepare.cache_root() / "gguf-parser-peer" / "gguf_parser_peer"
+    if binary.is_file():
+        return binary
+    if not shutil.which("go"):
+        return None
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    built = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=PEER_SOURCE, capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        print(f"gguf-parser-go peer did not build; comparing without it:\n{built.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return binary
+
+
+def _peer_estimate(peer: Path, model: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int) -> dict[tuple[str, str], float]:
+    """gguf-parser-go's weights and KV per device, keyed like the llama.cpp figures (MiB)."""
+    flash = "1" if cache_type != "f16" else "0"
+    done = subprocess.run([str(peer), str(model), str(ctx), str(parallel or 4), str(ngl), cache_type, flash], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {}
+    devices = json.loads(done.stdout)
+    figures: dict[tuple[str, str], float] = {}
+    for index, (weights_device, kv_device) in enumerate((("CPU_Mapped", "CPU"), ("Vulkan0", "Vulkan0"))):
+        if index >= len(devices):
+            break
+        device = devices[index]
+        weight = device["weight"]
+        figures[("weights", weights_device)] = (weight["input"] + weight["compute"] + weight["output"]) / MIB
+        figures[("kv", kv_device)] = (device["kvCache"]["key"] + device["kvCache"]["value"]) / MIB
+    return figures
+
+
 def _by_device(pattern: re.Pattern[str], log: str) -> dict[str, float]:
     sizes: dict[str, float] = defaultdict(float)
     for device, mib in pattern.findall(log):
         sizes[device] += float(mib)
     return dict(sizes)
+
+
+def _error(value: float, real: float) -> float:
+    if real:
+        return (value - real) / real
+    return 0.0 if value < 0.01 else float("inf")
 
 
 def main() -> None:
@@ -104,6 +149,7 @@ def main() -> None:
     for key, arch in (("llama-3-8b", LLAMA3_8B), ("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B)):
         models[key] = write_sparse_gguf(sparse_dir / f"{key}.gguf", arch)
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}
+    peer = _peer_binary()
     rows = []
     for model_key, ctx, parallel, cache_type, ngl in MATRIX:
         model, spec = models[model_key], specs[model_key]
@@ -118,31 +164,55 @@ def main() -> None:
             ("kv", "CPU"): sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g) / MIB,
             ("output", "host"): output_buffer_bytes(spec, params) / MIB,
         }
+        peer_figures = _peer_estimate(peer, model, ctx, parallel, cache_type, ngl) if peer else {}
         log = _load_log(binary, model, ctx, parallel, cache_type, ngl)
         actual = {(component, device): mib for component, pattern in LINES.items() for device, mib in _by_device(pattern, log).items()}
         actual[("output", "host")] = sum(mib for (component, _), mib in list(actual.items()) if component == "output")
         case = f"{model_key} -c {ctx} -np {parallel or 'auto'} -ctk/-ctv {cache_type} -ngl {ngl}"
         for (component, device), value in sorted(predicted.items()):
             real = actual.get((component, device), 0.0)
-            error = (value - real) / real if real else (0.0 if value < 0.01 else float("inf"))
-            rows.append({"case": case, "component": component, "device": device, "predicted_mib": round(value, 2), "actual_mib": real, "error": error})
+            error = _error(value, real)
+            peer_value = peer_figures.get((component, device))
+            rows.append(
+                {
+                    "case": case,
+                    "component": component,
+                    "device": device,
+                    "predicted_mib": round(value, 2),
+                    "actual_mib": real,
+                    "error": error,
+                    "gguf_parser_mib": None if peer_value is None else round(peer_value, 2),
+                    "gguf_parser_error": None if peer_value is None else _error(peer_value, real),
+                }
+            )
         for (component, device), real in sorted(actual.items()):
             if component == "compute":
-                rows.append({"case": case, "component": component, "device": device, "predicted_mib": None, "actual_mib": real, "error": None})
+                rows.append({"case": case, "component": component, "device": device, "predicted_mib": None, "actual_mib": real, "error": None, "gguf_parser_mib": None, "gguf_parser_error": None})
     if "--json" in sys.argv[1:]:
         print(json.dumps(rows, indent=2))
         return
     for path in sparse_dir.iterdir():
         path.unlink()
     sparse_dir.rmdir()
-    print(f"{'case':58} {'component':9} {'device':12} {'predicted':>10} {'actual':>10} {'error':>8}")
+    print(f"{'case':58} {'component':9} {'device':12} {'llama.cpp':>10} {'tierlocal':>10} {'error':>8} {'gguf-parser':>11} {'error':>9}")
     for row in rows:
-        predicted_text = "-" if row["predicted_mib"] is None else f"{row['predicted_mib']:.2f}"
-        error_text = "n/a" if row["error"] is None else f"{row['error']:+.2%}"
-        print(f"{row['case']:58} {row['component']:9} {row['device']:12} {predicted_text:>10} {row['actual_mib']:>10.2f} {error_text:>8}")
+        ours = "-" if row["predicted_mib"] is None else f"{row['predicted_mib']:.2f}"
+        ours_error = "n/a" if row["error"] is None else f"{row['error']:+.2%}"
+        theirs = "-" if row["gguf_parser_mib"] is None else f"{row['gguf_parser_mib']:.2f}"
+        theirs_error = "n/a" if row["gguf_parser_error"] is None else f"{row['gguf_parser_error']:+.1%}"
+        print(f"{row['case']:58} {row['component']:9} {row['device']:12} {row['actual_mib']:>10.2f} {ours:>10} {ours_error:>8} {theirs:>11} {theirs_error:>9}")
     estimated = [row for row in rows if row["error"] is not None]
     worst = max(abs(row["error"]) for row in estimated)
-    print(f"\n{len(estimated)} estimated components over {len(MATRIX)} loads; worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)")
+    print(f"\n{len(estimated)} estimated components over {len(MATRIX)} loads; tierlocal's worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)")
+    compared = [row for row in rows if row["gguf_parser_error"] is not None and row["actual_mib"] > 0]
+    if compared:
+        median = sorted(abs(row["gguf_parser_error"]) for row in compared)[len(compared) // 2]
+        worst_peer = max(abs(row["gguf_parser_error"]) for row in compared)
+        print(f"gguf-parser-go v0.28.1 on the {len(compared)} nonzero components it reports: median error {median:.1%}, worst {worst_peer:.1%}")
+        print(
+            "  (it has no -np auto: given 4 slots; it knows no device binding limit, so the output matrix it places on\n"
+            "   the GPU stays on the CPU here on llvmpipe — part of its partial-offload weight error is that device limit)"
+        )
     print("Compute buffers are not estimated yet; CPU_REPACK copies do not occur with a Vulkan device present.")
 
 
