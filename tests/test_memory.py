@@ -13,7 +13,7 @@ import pytest
 from conftest import Assets
 from engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
 from tierlocal.gguf import read_headers
-from tierlocal.memory import gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split
+from tierlocal.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split
 from tierlocal.model import model_spec
 
 _MIB = 1024 * 1024
@@ -103,3 +103,24 @@ def test_sparse_llama3_8b_kv_and_layers_match_llama_server(assets: Assets, tmp_p
     output_weight = next(t.n_bytes for t in spec.tensors if t.name == "output.weight")
     assert unlimited.gpu_bytes == weights.gpu_bytes + output_weight
     assert "offloaded 3/33 layers to GPU" in log
+
+
+_COMPUTE_LINE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
+
+
+@pytest.mark.parametrize(("model_key", "ctx", "n_ubatch", "flash_attn"), [("gemma", 4096, 512, "on"), ("gemma", 16384, 128, "off"), ("llama3", 8192, 256, "on"), ("llama3", 4096, 512, "off")])
+def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path, model_key: str, ctx: int, n_ubatch: int, flash_attn: str) -> None:
+    """The compute buffer formula (calibrated on the CPU backend) against the CPU build."""
+    from sparse_models import LLAMA3_8B, write_sparse_gguf
+
+    path = assets.gemma_gguf if model_key == "gemma" else write_sparse_gguf(tmp_path / "llama3.gguf", LLAMA3_8B)
+    spec = model_spec(read_headers(str(path)))
+    params = server_context(spec, ctx=ctx, parallel=1, n_ubatch=n_ubatch)
+    predicted = compute_buffer_bytes(spec, params, flash_attn=flash_attn == "on") / _MIB
+    port = free_port()
+    extra = ["-ub", str(n_ubatch), "-fa", flash_attn, "--no-warmup", "--no-repack"]
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, *extra, ctx=ctx, parallel=1)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        actual = _buffers(_COMPUTE_LINE, log_path.read_text())["CPU"]
+    # Within 0.2% with flash attention; the no-FA formula is within 3% on the models measured.
+    assert predicted == pytest.approx(actual, rel=0.002 if flash_attn == "on" else 0.03)

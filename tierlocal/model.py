@@ -69,6 +69,15 @@ class ModelSpec:
     n_vocab: int
     tied_output: bool
     tensors: tuple[PlacedTensor, ...]
+    n_ff: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+
+    @property
+    def q_dim(self) -> int:
+        """Query elements per token (largest layer): heads × key head size."""
+        return max(self.n_head) * self.head_k
 
     @property
     def layer_bytes(self) -> tuple[int, ...]:
@@ -168,6 +177,8 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
     head_v = metadata.get(f"{arch}.attention.value_length", head_k)
     n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
+    n_ff = metadata.get(f"{arch}.feed_forward_length", 0)
+    n_ff = max(n_ff) if isinstance(n_ff, list) and n_ff else n_ff
     tokens = metadata.get("tokenizer.ggml.tokens")
     n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
     return ModelSpec(
@@ -184,4 +195,8 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_vocab=int(n_vocab),
         tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
         tensors=_place(headers, n_layer),
+        n_ff=int(n_ff) if isinstance(n_ff, int) else 0,
+        n_expert=int(metadata.get(f"{arch}.expert_count", 0) or 0),  # type: ignore[call-overload]
+        n_expert_used=int(metadata.get(f"{arch}.expert_used_count", 0) or 0),  # type: ignore[call-overload]
+        n_ff_exp=int(metadata.get(f"{arch}.expert_feed_forward_length", 0) or 0),  # type: ignore[call-overload]
     )
