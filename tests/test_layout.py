@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tierlocal"
-PURE_MODULES = ["fit.py", "units.py", "tiers.py", "plan.py", "model.py", "memory.py", "gguf/parse.py", "gguf/summary.py"]
+PURE_MODULES = ["fit.py", "units.py", "tiers.py", "plan.py", "model.py", "memory.py", "estimate.py", "gguf/parse.py", "gguf/summary.py"]
 IO_MODULES = {"os", "subprocess", "socket", "httpx2", "httpx", "aiohttp", "sqlite3", "huggingface_hub", "psutil", "pynvml", "shutil", "pathlib"}
 MAX_MODULE_LINES = 600
 

@@ -92,6 +92,7 @@ class HostDefaults:
     assumed_ram_bandwidth_bytes_per_s: int
     runtime_overhead_bytes: int
     fit_margin_bytes: int
+    gpu_runtime_overhead_bytes: int
     date: str
 
 
@@ -206,6 +207,7 @@ def load_host_defaults() -> HostDefaults:
             assumed_ram_bandwidth_bytes_per_s=int(host["assumed_ram_bandwidth_gb_s"] * 1e9),  # type: ignore[index]
             runtime_overhead_bytes=int(host["runtime_overhead_gib"] * _GIB),  # type: ignore[index]
             fit_margin_bytes=int(host["fit_margin_mib"] * 1024 * 1024),  # type: ignore[index]
+            gpu_runtime_overhead_bytes=int(host["gpu_runtime_overhead_mib"] * 1024 * 1024),  # type: ignore[index]
             date=str(host["date"]),  # type: ignore[index]
         )
     except (KeyError, TypeError) as exc:

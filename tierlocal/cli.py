@@ -10,8 +10,10 @@ import click
 
 from . import __version__, constants
 from ._render import print_json, render_hardware, render_recommendation, render_summary
-from .catalog import load_gpus, load_host_defaults, load_models
-from .errors import TierlocalError
+from ._check_source import check_source, machine_for, parse_ctx, parse_parallel, render_source_check, source_check_json
+from .catalog import find_model, load_gpus, load_host_defaults, load_models
+from .errors import TierlocalError, UsageError
+from .estimate import RunRequest
 from .fit import CatalogFit, Recommendation, recommend
 from .gguf import read_headers, summarize
 from .hardware import Hardware, detect, with_gpu_override
@@ -143,44 +145,91 @@ def _recommendation_json(recommendation: Recommendation, hardware: Hardware) -> 
 
 
 @cli.command()
+@click.argument("source", required=False)
 @_gpu_option
-@click.option("--ctx", type=click.IntRange(256, 1 << 24), default=_DEFAULT_CTX, show_default=True, help="Context tokens per slot.")
-@click.option("--parallel", type=click.IntRange(1, 1024), default=1, show_default=True, help="Concurrent slots, each with its own KV cache.")
+@click.option("--ctx", default=str(_DEFAULT_CTX), show_default=True, help="Context tokens (per slot for the catalog), or 'max' with SOURCE.")
+@click.option("--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'.")
+@click.option("--ngl", type=click.IntRange(0, 10_000), help="Layers on the GPU (default: the most that fit).")
+@click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...).")
+@click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V.")
+@click.option("--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True, help="Flash attention (auto = on, as llama-server decides on CPU and GPU).")
+@click.option("--ubatch", type=click.IntRange(1, 65536), default=512, show_default=True, help="Physical batch size (-ub).")
 @click.option(
     "--min-speed",
     type=click.FloatRange(0),
     default=_DEFAULT_MIN_TOKENS_PER_S,
     show_default=True,
-    help="Slowest acceptable decode speed, tokens/s (bandwidth bound).",
+    help="Slowest acceptable decode speed, tokens/s (bandwidth bound), for the catalog recommendation.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def check(gpus: tuple[str, ...], ctx: int, parallel: int, min_speed: float, as_json: bool) -> None:
-    """Recommend a model and quantisation from the built-in catalog for this machine.
+def check(
+    source: str | None,
+    gpus: tuple[str, ...],
+    ctx: str,
+    parallel: str,
+    ngl: int | None,
+    cache_type_k: str,
+    cache_type_v: str,
+    flash_attn: str,
+    ubatch: int,
+    min_speed: float,
+    as_json: bool,
+) -> None:
+    """What fits this machine (or the one --gpu describes), and how to run it.
 
-    Works offline: the catalog (recipes/models.toml) carries the facts. Shows the
-    arithmetic (weights + KV cache + overhead against free memory) and says plainly
-    which frontier models can never fit one machine.
+    Without SOURCE: recommend a model and quantisation from the built-in catalog
+    (recipes/models.toml), offline, showing the arithmetic, and say plainly which
+    frontier models can never fit one machine.
+
+    With SOURCE (a GGUF path, URL or hf:// file — header only — or a catalog name): the
+    per-device estimate of weights, KV cache, compute and output buffers, the largest -ngl
+    that fits (or the one you give), --ctx max / --parallel max solved, the llama-server
+    command line and the Ollama settings.
 
     \b
     Examples:
       tierlocal check
       tierlocal check --gpu 24GiB --ctx 32768
-      tierlocal check --gpu 2xH100 --json
+      tierlocal check ./model.gguf --ctx max --json
+      tierlocal check kimi-k3
     """
     hardware = _machine(gpus)
+    if source is not None and not find_model(source):
+        _check_one_source(source, hardware, ctx, parallel, RunRequest(ngl=ngl, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch), as_json)
+        return
+    entries = find_model(source) if source is not None else list(load_models())
+    if not ctx.isdigit() or not parallel.isdigit():
+        raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
     recommendation = recommend(
-        load_models(),
+        entries,
         hardware,
         load_host_defaults(),
         load_gpus(),
-        ctx=ctx,
-        parallel=parallel,
+        ctx=parse_ctx(ctx) or _DEFAULT_CTX,
+        parallel=int(parallel),
         min_tokens_per_s=min_speed,
     )
     if as_json:
         print_json(_recommendation_json(recommendation, hardware))
     else:
         render_recommendation(recommendation, hardware)
+
+
+def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, request: RunRequest, as_json: bool) -> None:
+    if "/" not in source and not source.endswith(".gguf"):
+        raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint="see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf")
+    result = check_source(
+        source,
+        read_headers(source),
+        machine_for(hardware, load_host_defaults()),
+        ctx=parse_ctx(ctx),
+        parallel=parse_parallel(parallel),
+        request=request,
+    )
+    if as_json:
+        print_json(source_check_json(result))
+    else:
+        render_source_check(result)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,78 @@
+"""``tierlocal check SOURCE``: the plan for one model, and the command it prints is the one
+that loads — run with the real Vulkan build on Mesa's software device."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import Assets, run_cli
+from engines import free_port, running
+
+_MIB = 1024 * 1024
+_KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
+
+
+def _vulkan_env(assets: Assets) -> dict[str, str]:
+    return {"TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_vulkan), "GGML_VK_VISIBLE_DEVICES": "0"}
+
+
+def _check(assets: Assets, *args: str) -> dict:  # type: ignore[type-arg]
+    result = run_cli("check", str(assets.gemma_gguf), *args, "--json", env=_vulkan_env(assets))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("args", [("--ctx", "max"), ("--ctx", "8192", "--parallel", "max"), ("--ctx", "4096", "--ngl", "7")])
+def test_the_printed_command_loads_as_planned(assets: Assets, tmp_path: Path, args: tuple[str, ...]) -> None:
+    plan = _check(assets, *args)
+    assert plan["fits"] is True
+    command = plan["command"]
+    assert command[:3] == ["llama-server", "-m", str(assets.gemma_gguf)]
+    port = free_port()
+    argv = [str(assets.llama_server_vulkan), *command[1:], "--host", "127.0.0.1", "--port", str(port), "-lv", "4", "-t", "2", "--no-warmup"]
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        log = log_path.read_text()
+    assert "failed to allocate" not in log
+    assert f"offloaded {plan['layers_offloaded']}/{plan['layers_total']} layers to GPU" in log
+    assert re.search(rf"n_ctx\s+= {plan['request']['ctx']}\b", log)
+    devices = {device["backend"]: device for device in plan["devices"]}
+    kv_by_device: dict[str, float] = {}
+    for name, mib in _KV_LINE.findall(log):
+        kv_by_device[name] = kv_by_device.get(name, 0.0) + float(mib)
+    assert kv_by_device
+    assert kv_by_device.get("Vulkan0", 0.0) == pytest.approx(devices["vulkan"]["kv_bytes"] / _MIB, abs=0.02)
+    assert kv_by_device.get("CPU", 0.0) == pytest.approx(devices["cpu"]["kv_bytes"] / _MIB, abs=0.02)
+
+
+def test_user_settings_are_honoured_not_replanned(assets: Assets) -> None:
+    plan = _check(assets, "--ctx", "4096", "--ngl", "7", "--parallel", "2", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
+    assert plan["request"]["ngl"] == 7 and plan["layers_offloaded"] == 7
+    assert plan["request"]["parallel"] == 2 and plan["request"]["ctx_per_slot"] == 2048
+    assert plan["command"][plan["command"].index("-ctk") + 1] == "q8_0"
+    assert plan["ollama"] == {"num_gpu": 7, "num_ctx": 2048, "env": {"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_FLASH_ATTENTION": "1", "OLLAMA_KV_CACHE_TYPE": "q8_0"}}
+
+
+def test_cpu_only_machine_plans_everything_on_the_host(assets: Assets) -> None:
+    result = run_cli("check", str(assets.gemma_gguf), "--ctx", "4096", "--json", env={"PATH": "/usr/bin:/bin"})
+    plan = json.loads(result.stdout)
+    assert plan["layers_offloaded"] == 0
+    (host,) = plan["devices"]
+    # weights 235.16 MiB + KV (3 global layers × 4096 + 15 SWA layers × 1024 cells) + compute + logits
+    assert host["weights_bytes"] == 246_587_904
+    assert host["kv_bytes"] == (3 * 4096 + 15 * 1024) * 512 * 2
+    assert host["output_bytes"] == 262_144 * 4
+    assert host["total_needed_bytes"] == host["weights_bytes"] + host["kv_bytes"] + host["compute_bytes"] + host["output_bytes"]
+
+
+def test_frontier_and_unknown_sources() -> None:
+    k3 = json.loads(run_cli("check", "kimi-k3", "--json").stdout)
+    assert k3["frontier"][0]["fits"] is False
+    result = run_cli("check", "no-such-model")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == "error: 'no-such-model' is neither a catalog model nor a GGUF path"
+    result = run_cli("check", "kimi-k3", "--ctx", "max")
+    assert result.returncode == 2 and "need a GGUF SOURCE" in result.stderr

@@ -1,0 +1,201 @@
+"""``tierlocal check SOURCE``: the per-device estimate and plan for one GGUF model on this
+machine (or the one ``--gpu`` describes), as a table or the documented JSON object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from .catalog import HostDefaults
+from .errors import UsageError
+from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
+from .gguf import GGUFHeader, summarize
+from .hardware import Hardware
+from .model import model_spec
+from .units import format_bytes
+
+__all__ = ["SourceCheck", "check_source", "source_check_json", "render_source_check", "parse_ctx", "parse_parallel"]
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """A planned run of one model: the estimate, and what it came from."""
+
+    source: str
+    architecture: str
+    params: int
+    file_bytes: int
+    estimate: RunEstimate | None
+    reason: str | None
+    command: list[str]
+    ollama: dict[str, object]
+
+
+def parse_ctx(text: str) -> int | None:
+    """``--ctx``: tokens, or ``max`` (None) to solve for the largest that fits."""
+    if text == "max":
+        return None
+    if not text.isdigit() or not 256 <= int(text) <= 1 << 24:
+        raise UsageError(f"--ctx {text!r} is not a context size", hint="give tokens (256 to 16777216) or 'max'")
+    return int(text)
+
+
+def parse_parallel(text: str) -> int | str | None:
+    """``--parallel``: slots, ``auto`` (llama-server's 4 unified slots: None) or ``max``."""
+    if text in ("max",):
+        return "max"
+    if text == "auto":
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise UsageError(f"--parallel {text!r} is not a slot count", hint="give 1 to 256, 'auto' or 'max'")
+    return int(text)
+
+
+def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
+    """The largest GPU (or none) and the host, with the planning assumptions."""
+    gpu = max(hardware.gpus, key=lambda device: device.free_bytes) if hardware.gpus else None
+    return Machine(
+        gpu_name=gpu.name if gpu else None,
+        gpu_backend=gpu.backend if gpu else None,
+        gpu_total_bytes=gpu.total_bytes if gpu else 0,
+        gpu_free_bytes=gpu.free_bytes if gpu else 0,
+        gpu_bandwidth=gpu.bandwidth_bytes_per_s if gpu else None,
+        host_total_bytes=hardware.ram_total_bytes,
+        host_free_bytes=hardware.ram_available_bytes,
+        host_bandwidth=host.assumed_ram_bandwidth_bytes_per_s,
+        gpu_overhead_bytes=host.gpu_runtime_overhead_bytes if gpu else 0,
+        margin_bytes=host.fit_margin_bytes,
+    )
+
+
+def _command(model_path: str, estimate: RunEstimate) -> list[str]:
+    request, params = estimate.request, estimate.params
+    argv = ["llama-server", "-m", model_path, "-c", str(params.n_ctx_padded)]
+    argv += ["-np", str(params.n_seq_max)] if not params.kv_unified else []
+    argv += ["-ngl", str(request.ngl), "-fa", "on" if request.flash_attn else "off"]
+    if request.cache_type_k != "f16" or request.cache_type_v != "f16":
+        argv += ["-ctk", request.cache_type_k, "-ctv", request.cache_type_v]
+    if request.n_ubatch != 512:
+        argv += ["-ub", str(request.n_ubatch)]
+    return argv
+
+
+def _ollama(estimate: RunEstimate) -> dict[str, object]:
+    params, request = estimate.params, estimate.request
+    env = {"OLLAMA_NUM_PARALLEL": str(params.n_seq_max), "OLLAMA_FLASH_ATTENTION": "1" if request.flash_attn else "0"}
+    if request.cache_type_k != "f16":
+        env["OLLAMA_KV_CACHE_TYPE"] = request.cache_type_k
+    return {"num_gpu": request.ngl, "num_ctx": params.n_ctx_seq, "env": env}
+
+
+def check_source(
+    source: str,
+    headers: list[GGUFHeader],
+    machine: Machine,
+    *,
+    ctx: int | None,
+    parallel: int | str | None,
+    request: RunRequest,
+) -> SourceCheck:
+    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``."""
+    spec = model_spec(headers)
+    summary = summarize(headers)
+    reason = None
+    if parallel == "max":
+        estimate = max_parallel(spec, RunRequest(**{**request.__dict__, "ctx": ctx or 4096, "parallel": 1}), machine)
+        reason = None if estimate else "not even one slot fits"
+    elif ctx is None:
+        estimate = max_context(spec, RunRequest(**{**request.__dict__, "parallel": parallel}), machine)
+        reason = None if estimate else "not even 256 tokens of context fit"
+    else:
+        estimate = plan_run(spec, RunRequest(**{**request.__dict__, "ctx": ctx, "parallel": parallel}), machine)
+        reason = None if estimate.fits else "it needs more memory than the machine has free"
+    model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
+    return SourceCheck(
+        source=source,
+        architecture=spec.architecture,
+        params=summary.params,
+        file_bytes=summary.file_bytes,
+        estimate=estimate,
+        reason=reason,
+        command=_command(model_path, estimate) if estimate else [],
+        ollama=_ollama(estimate) if estimate else {},
+    )
+
+
+def source_check_json(check: SourceCheck) -> dict[str, object]:
+    """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
+    estimate = check.estimate
+    payload: dict[str, object] = {
+        "model": {"source": check.source, "architecture": check.architecture, "params": check.params, "layers": estimate.layers_total - 1 if estimate else None, "file_bytes": check.file_bytes},
+        "fits": bool(estimate and estimate.fits),
+        "reason": check.reason,
+    }
+    if estimate is None:
+        return payload
+    request, params = estimate.request, estimate.params
+    payload["request"] = {
+        "ctx": params.n_ctx_padded,
+        "ctx_per_slot": params.n_ctx_seq,
+        "parallel": params.n_seq_max,
+        "kv_unified": params.kv_unified,
+        "ngl": request.ngl,
+        "n_cpu_moe": None,
+        "cache_type_k": request.cache_type_k,
+        "cache_type_v": request.cache_type_v,
+        "flash_attn": "on" if request.flash_attn else "off",
+        "n_ubatch": request.n_ubatch,
+    }
+    payload["devices"] = [
+        {
+            "name": device.name,
+            "backend": device.backend,
+            "total_bytes": device.total_bytes,
+            "free_bytes": device.free_bytes,
+            "weights_bytes": device.weights_bytes,
+            "kv_bytes": device.kv_bytes,
+            "compute_bytes": device.compute_bytes,
+            "output_bytes": device.output_bytes,
+            "overhead_bytes": device.overhead_bytes,
+            "total_needed_bytes": device.total_needed_bytes,
+        }
+        for device in estimate.devices
+    ]
+    payload["layers_offloaded"] = estimate.layers_offloaded
+    payload["layers_total"] = estimate.layers_total
+    payload["est_decode_tokens_per_s"] = None if estimate.est_decode_tokens_per_s is None else round(estimate.est_decode_tokens_per_s, 1)
+    payload["command"] = check.command
+    payload["ollama"] = check.ollama
+    return payload
+
+
+def render_source_check(check: SourceCheck) -> None:
+    """One table per device, the verdict and the command line."""
+    console = Console(highlight=False, width=None if Console().is_terminal else 120)
+    estimate = check.estimate
+    if estimate is None:
+        console.print(f"[bold]{check.source}[/bold]: does not fit — {check.reason}.")
+        return
+    params = estimate.params
+    console.print(
+        f"[bold]{check.source}[/bold] ({check.architecture}): {params.n_ctx_padded:,} tokens of context, "
+        f"{params.n_seq_max} slot(s){' sharing one KV cache' if params.kv_unified else ''}, "
+        f"{estimate.layers_offloaded}/{estimate.layers_total} layers on the GPU"
+    )
+    table = Table()
+    for column in ("device", "weights", "KV cache", "compute", "output", "overhead", "needed", "free"):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for device in estimate.devices:
+        table.add_row(
+            device.name, *(format_bytes(v) for v in (device.weights_bytes, device.kv_bytes, device.compute_bytes, device.output_bytes, device.overhead_bytes, device.total_needed_bytes, device.free_bytes))
+        )
+    console.print(table)
+    speed = f"~{estimate.est_decode_tokens_per_s:,.1f} tok/s (memory-bandwidth bound)" if estimate.est_decode_tokens_per_s else "speed unknown"
+    verdict = "fits" if estimate.fits else f"does not fit: {check.reason}"
+    console.print(f"Verdict: {verdict}; {speed}.")
+    console.print("Command: " + " ".join(check.command))
+    ollama = check.ollama
+    env = " ".join(f"{k}={v}" for k, v in ollama["env"].items())  # type: ignore[union-attr]
+    console.print(f"Ollama: num_gpu {ollama['num_gpu']}, num_ctx {ollama['num_ctx']}; {env}")
