@@ -124,3 +124,21 @@ def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path,
         actual = _buffers(_COMPUTE_LINE, log_path.read_text())["CPU"]
     # Within 0.2% with flash attention; the no-FA formula is within 3% on the models measured.
     assert predicted == pytest.approx(actual, rel=0.002 if flash_attn == "on" else 0.03)
+
+
+def test_moe_expert_offload_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """--n-cpu-moe on a sparse Qwen3-30B-A3B: every layer on the device, the experts of the
+    first 46 blocks on the CPU."""
+    from sparse_models import QWEN3_30B_A3B, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "qwen3moe.gguf", QWEN3_30B_A3B)
+    spec = model_spec(read_headers(str(path)))
+    weights = weights_split(spec, 99, n_cpu_moe=46, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
+    kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=1))
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "99", "--n-cpu-moe", "46", "--no-warmup", ctx=4096, parallel=1)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        log = log_path.read_text()
+    assert "offloaded 49/49 layers to GPU" in log
+    assert _buffers(_MODEL_LINE, log)["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)
+    assert _buffers(_KV_LINE, log)["Vulkan0"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)

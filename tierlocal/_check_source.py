@@ -75,6 +75,7 @@ def _command(model_path: str, estimate: RunEstimate) -> list[str]:
     argv = ["llama-server", "-m", model_path, "-c", str(params.n_ctx_padded)]
     argv += ["-np", str(params.n_seq_max)] if not params.kv_unified else []
     argv += ["-ngl", str(request.ngl), "-fa", "on" if request.flash_attn else "off"]
+    argv += ["--n-cpu-moe", str(request.n_cpu_moe)] if request.n_cpu_moe else []
     if request.cache_type_k != "f16" or request.cache_type_v != "f16":
         argv += ["-ctk", request.cache_type_k, "-ctv", request.cache_type_v]
     if request.n_ubatch != 512:
@@ -87,7 +88,10 @@ def _ollama(estimate: RunEstimate) -> dict[str, object]:
     env = {"OLLAMA_NUM_PARALLEL": str(params.n_seq_max), "OLLAMA_FLASH_ATTENTION": "1" if request.flash_attn else "0"}
     if request.cache_type_k != "f16":
         env["OLLAMA_KV_CACHE_TYPE"] = request.cache_type_k
-    return {"num_gpu": request.ngl, "num_ctx": params.n_ctx_seq, "env": env}
+    settings: dict[str, object] = {"num_gpu": request.ngl, "num_ctx": params.n_ctx_seq, "env": env}
+    if request.n_cpu_moe:
+        settings["note"] = "Ollama has no --n-cpu-moe; it would offload whole layers instead"
+    return settings
 
 
 def check_source(
@@ -142,7 +146,7 @@ def source_check_json(check: SourceCheck) -> dict[str, object]:
         "parallel": params.n_seq_max,
         "kv_unified": params.kv_unified,
         "ngl": request.ngl,
-        "n_cpu_moe": None,
+        "n_cpu_moe": request.n_cpu_moe or 0,
         "cache_type_k": request.cache_type_k,
         "cache_type_v": request.cache_type_v,
         "flash_attn": "on" if request.flash_attn else "off",
@@ -183,6 +187,7 @@ def render_source_check(check: SourceCheck) -> None:
         f"[bold]{check.source}[/bold] ({check.architecture}): {params.n_ctx_padded:,} tokens of context, "
         f"{params.n_seq_max} slot(s){' sharing one KV cache' if params.kv_unified else ''}, "
         f"{estimate.layers_offloaded}/{estimate.layers_total} layers on the GPU"
+        + (f", experts of the first {estimate.request.n_cpu_moe} blocks on the CPU" if estimate.request.n_cpu_moe else "")
     )
     table = Table()
     for column in ("device", "weights", "KV cache", "compute", "output", "overhead", "needed", "free"):
@@ -198,4 +203,5 @@ def render_source_check(check: SourceCheck) -> None:
     console.print("Command: " + " ".join(check.command))
     ollama = check.ollama
     env = " ".join(f"{k}={v}" for k, v in ollama["env"].items())  # type: ignore[union-attr]
-    console.print(f"Ollama: num_gpu {ollama['num_gpu']}, num_ctx {ollama['num_ctx']}; {env}")
+    note = f" ({ollama['note']})" if "note" in ollama else ""
+    console.print(f"Ollama: num_gpu {ollama['num_gpu']}, num_ctx {ollama['num_ctx']}; {env}{note}")

@@ -150,6 +150,7 @@ def _recommendation_json(recommendation: Recommendation, hardware: Hardware) -> 
 @click.option("--ctx", default=str(_DEFAULT_CTX), show_default=True, help="Context tokens (per slot for the catalog), or 'max' with SOURCE.")
 @click.option("--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'.")
 @click.option("--ngl", type=click.IntRange(0, 10_000), help="Layers on the GPU (default: the most that fit).")
+@click.option("--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned).")
 @click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...).")
 @click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V.")
 @click.option("--flash-attn", type=click.Choice(["on", "off", "auto"]), default="auto", show_default=True, help="Flash attention (auto = on, as llama-server decides on CPU and GPU).")
@@ -168,6 +169,7 @@ def check(
     ctx: str,
     parallel: str,
     ngl: int | None,
+    n_cpu_moe: int | None,
     cache_type_k: str,
     cache_type_v: str,
     flash_attn: str,
@@ -195,7 +197,7 @@ def check(
     """
     hardware = _machine(gpus)
     if source is not None and not find_model(source):
-        _check_one_source(source, hardware, ctx, parallel, RunRequest(ngl=ngl, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch), as_json)
+        _check_one_source(source, hardware, ctx, parallel, RunRequest(ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch), as_json)
         return
     entries = find_model(source) if source is not None else list(load_models())
     if not ctx.isdigit() or not parallel.isdigit():

@@ -31,7 +31,8 @@ _MAX_SLOTS = 256
 @dataclass(frozen=True)
 class RunRequest:
     """What llama-server is asked for. ``ctx`` 0 = the model's trained context; ``parallel``
-    None = llama-server's auto (4 slots, unified KV); ``ngl`` None = let the planner choose."""
+    None = llama-server's auto (4 slots, unified KV); ``ngl`` and ``n_cpu_moe`` None = let the
+    planner choose (``n_cpu_moe``: keep the experts of the first N blocks on the CPU)."""
 
     ctx: int = 0
     parallel: int | None = 1
@@ -40,6 +41,7 @@ class RunRequest:
     cache_type_v: str = "f16"
     flash_attn: bool = True
     n_ubatch: int = 512
+    n_cpu_moe: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,40 +91,32 @@ class RunEstimate:
     layers_total: int
     fits: bool
     est_decode_tokens_per_s: float | None
-
-
-def _active_fraction(spec: ModelSpec) -> float:
-    """Share of the weights read per token: all for dense models; for MoE the expert
-    tensors count n_expert_used / n_expert."""
-    if not spec.n_expert or not spec.n_expert_used:
-        return 1.0
-    total = sum(t.n_bytes for t in spec.tensors)
-    experts = sum(t.n_bytes for t in spec.tensors if "_exps." in t.name)
-    return (total - experts + experts * spec.n_expert_used / spec.n_expert) / total if total else 1.0
+    host_read_bytes_per_token: int = 0
 
 
 def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
     """Memory per device for ``request`` with ``request.ngl`` layers offloaded (0 without a GPU)."""
     ngl = request.ngl if request.ngl is not None else 0
+    n_cpu_moe = request.n_cpu_moe or 0
     if machine.gpu_name is None:
-        ngl = 0
+        ngl = n_cpu_moe = 0
     params = server_context(
         spec, ctx=request.ctx, parallel=request.parallel, n_ubatch=request.n_ubatch, cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v
     )
     on_gpu = gpu_layers(spec, ngl)
     kv = kv_cache(spec, params)
     kv_gpu = sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu) if offloaded)
-    weights = weights_split(spec, ngl, max_tensor_bytes=machine.max_tensor_bytes)
+    weights = weights_split(spec, ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=machine.max_tensor_bytes)
     compute = compute_buffer_bytes(spec, params, flash_attn=request.flash_attn)
     output = output_buffer_bytes(spec, params)
     offloaded = sum(on_gpu)
     devices = []
     if machine.gpu_name is not None:
         gpu_compute = compute
-        if 0 < offloaded <= spec.n_layer and request.n_ubatch >= 32:
+        if (0 < offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
             # Partial offload: the GPU also runs CPU layers' big operations, copying one
             # layer's KV and its largest weight in (not calibrated on CUDA yet; errs high).
-            cpu_weights = [t.n_bytes for t in spec.tensors if t.layer >= 0 and not on_gpu[t.layer]]
+            cpu_weights = [t.n_bytes for t in spec.tensors if t.layer >= 0 and (not on_gpu[t.layer] or t.layer < n_cpu_moe)]
             gpu_compute += max(kv.layer_bytes, default=0) + max(cpu_weights, default=0)
         devices.append(
             DeviceUsage(
@@ -141,33 +135,65 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     )  # fmt: skip
     gpu_ok = all(d.total_needed_bytes + machine.margin_bytes <= d.free_bytes for d in devices[:-1])
     host_ok = devices[-1].total_needed_bytes <= devices[-1].free_bytes
-    active = _active_fraction(spec)
-    seconds = weights.cpu_bytes * active / machine.host_bandwidth
-    if weights.gpu_bytes:
-        seconds = None if machine.gpu_bandwidth is None else seconds + weights.gpu_bytes * active / machine.gpu_bandwidth  # type: ignore[operator]
+    seconds: float | None = weights.cpu_read_bytes / machine.host_bandwidth
+    if weights.gpu_read_bytes:
+        seconds = None if machine.gpu_bandwidth is None else seconds + weights.gpu_read_bytes / machine.gpu_bandwidth  # type: ignore[operator]
     return RunEstimate(
-        request=replace(request, ngl=ngl),
+        request=replace(request, ngl=ngl, n_cpu_moe=n_cpu_moe),
         params=params,
         devices=tuple(devices),
         layers_offloaded=offloaded,
         layers_total=spec.n_layer + 1,
         fits=gpu_ok and host_ok,
         est_decode_tokens_per_s=None if not seconds else 1 / seconds,
+        host_read_bytes_per_token=weights.cpu_read_bytes,
     )
+
+
+def _gpu_fits(candidate: RunEstimate, machine: Machine) -> bool:
+    gpu = candidate.devices[0]
+    return gpu.total_needed_bytes + machine.margin_bytes <= gpu.free_bytes
+
+
+def _faster(a: RunEstimate, b: RunEstimate) -> RunEstimate:
+    """The plan that decodes faster (bandwidth bound). Without the GPU's bandwidth, the one
+    that reads fewer weight bytes from system RAM per token (RAM is the slow side); ``a``
+    on a tie."""
+    if a.est_decode_tokens_per_s is None or b.est_decode_tokens_per_s is None:
+        return b if b.host_read_bytes_per_token < a.host_read_bytes_per_token else a
+    return b if b.est_decode_tokens_per_s > a.est_decode_tokens_per_s else a
 
 
 def plan_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
     """The request with the largest ``-ngl`` that fits (the user's ``ngl`` is kept as given).
-    If nothing fits, the CPU-only estimate (``fits`` False when even that does not)."""
-    if request.ngl is not None or machine.gpu_name is None:
+    For a MoE model that does not fit whole, also every layer on the GPU with the experts of
+    the first N blocks on the CPU (``--n-cpu-moe N``, the smallest N that fits); the faster
+    of the two wins. If nothing fits, the CPU-only estimate (``fits`` False when even that
+    does not)."""
+    if machine.gpu_name is None or (request.ngl is not None and request.n_cpu_moe is not None):
         return estimate_run(spec, request, machine)
+    by_layers = _largest_ngl(spec, replace(request, n_cpu_moe=request.n_cpu_moe or 0), machine) if request.ngl is None else estimate_run(spec, replace(request, n_cpu_moe=0), machine)
+    if request.n_cpu_moe is not None or not spec.n_expert or by_layers.layers_offloaded == by_layers.layers_total:
+        return by_layers
+    all_layers = replace(request, ngl=spec.n_layer + 1)
+    low, high, by_experts = 1, spec.n_layer, None
+    while low <= high:  # fewer blocks with experts on the CPU means more GPU memory
+        middle = (low + high) // 2
+        candidate = estimate_run(spec, replace(all_layers, n_cpu_moe=middle), machine)
+        if _gpu_fits(candidate, machine):
+            by_experts, high = candidate, middle - 1
+        else:
+            low = middle + 1
+    return by_layers if by_experts is None else _faster(by_layers, by_experts)
+
+
+def _largest_ngl(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
     best = estimate_run(spec, replace(request, ngl=0), machine)
     low, high = 1, spec.n_layer + 1
     while low <= high:  # memory grows with -ngl on the GPU: binary search the largest that fits
         middle = (low + high) // 2
         candidate = estimate_run(spec, replace(request, ngl=middle), machine)
-        gpu_fits = candidate.devices[0].total_needed_bytes + machine.margin_bytes <= candidate.devices[0].free_bytes
-        if gpu_fits:
+        if _gpu_fits(candidate, machine):
             best, low = candidate, middle + 1
         else:
             high = middle - 1

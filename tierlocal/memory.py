@@ -18,12 +18,13 @@ src/llama-kv-cache-iswa.cpp:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .errors import UsageError
-from .model import ModelSpec
+from .model import ModelSpec, PlacedTensor
 
 __all__ = [
     "ContextParams",
@@ -158,6 +159,10 @@ def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
     return tuple(il >= start for il in range(spec.n_layer + 1))
 
 
+#: llama.cpp's LLM_FFN_EXPS_REGEX: the expert tensors --n-cpu-moe keeps on the CPU.
+EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+
+
 @dataclass(frozen=True)
 class WeightsSplit:
     """Model weights per side of a partial offload, in bytes.
@@ -165,33 +170,44 @@ class WeightsSplit:
     ``cpu_bytes`` sums the tensors kept on the CPU; ``cpu_mapped_bytes`` is what llama.cpp
     reports as CPU_Mapped with mmap: the span of each file from its first to its last CPU
     tensor (offloaded tensors inside that span stay mapped, though they are not resident).
+    ``gpu_read_bytes`` / ``cpu_read_bytes`` are the bytes each side reads per generated token
+    (expert tensors count n_expert_used / n_expert of their size).
     """
 
     gpu_bytes: int
     cpu_bytes: int
     cpu_mapped_bytes: int
+    gpu_read_bytes: int = 0
+    cpu_read_bytes: int = 0
 
 
-def weights_split(spec: ModelSpec, ngl: int, *, max_tensor_bytes: int | None = None) -> WeightsSplit:
-    """Where ``-ngl ngl`` puts the weights.
+def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> WeightsSplit:
+    """Where ``-ngl ngl --n-cpu-moe n_cpu_moe`` puts the weights.
 
     Offloaded blocks, and with the output layer its tensors, go to the GPU; the token
     embedding always stays on the CPU. A tied output is the token embedding duplicated onto
-    the output layer's device. A tensor larger than the device can bind (``max_tensor_bytes``,
-    e.g. Vulkan's maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as
-    llama.cpp falls back when the device does not support the operation. CPU repack copies
-    are not counted yet.
+    the output layer's device. ``--n-cpu-moe N`` keeps the expert tensors of blocks 0..N-1 on
+    the CPU. A tensor larger than the device can bind (``max_tensor_bytes``, e.g. Vulkan's
+    maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as llama.cpp falls
+    back when the device does not support the operation. CPU repack copies are not counted yet.
     """
     on_gpu = gpu_layers(spec, ngl)
+    expert_share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
 
     def fits_device(n_bytes: int) -> bool:
         return max_tensor_bytes is None or n_bytes <= max_tensor_bytes
 
+    def read_per_token(tensor: PlacedTensor) -> float:
+        return tensor.n_bytes * (expert_share if EXPERT_TENSOR.search(tensor.name) else 1.0)
+
     gpu = 0
+    gpu_read = 0.0
     cpu_tensors = []
     for tensor in spec.tensors:
-        if tensor.layer >= 0 and on_gpu[tensor.layer] and fits_device(tensor.n_bytes):
+        kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and EXPERT_TENSOR.search(tensor.name) is not None
+        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and fits_device(tensor.n_bytes):
             gpu += tensor.n_bytes
+            gpu_read += read_per_token(tensor)
         else:
             cpu_tensors.append(tensor)
     if spec.tied_output and on_gpu[spec.n_layer] and fits_device(spec.token_embd_bytes):
@@ -200,7 +216,9 @@ def weights_split(spec: ModelSpec, ngl: int, *, max_tensor_bytes: int | None = N
     for shard in {tensor.shard for tensor in cpu_tensors}:
         in_shard = [tensor for tensor in cpu_tensors if tensor.shard == shard]
         mapped += max(t.offset + t.n_bytes for t in in_shard) - min(t.offset for t in in_shard)
-    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped)
+    # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
+    cpu_read = sum(read_per_token(t) for t in cpu_tensors if t.layer >= 0)
+    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped, round(gpu_read), round(cpu_read))
 
 
 def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
