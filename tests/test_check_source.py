@@ -76,3 +76,46 @@ def test_frontier_and_unknown_sources() -> None:
     assert result.stderr.splitlines()[0] == "error: 'no-such-model' is neither a catalog model nor a GGUF path"
     result = run_cli("check", "kimi-k3", "--ctx", "max")
     assert result.returncode == 2 and "need a GGUF SOURCE" in result.stderr
+
+
+def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
+    """A sparse Llama-3-8B header on a 16 GB card: 128k tokens of f16 KV (16 GiB) cannot stay
+    on the GPU; the plan says how much slower the spilled layers make it, and that q8_0 K/V
+    changes the answer."""
+    from sparse_models import LLAMA3_8B, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "llama3.gguf", LLAMA3_8B)
+    result = run_cli("check", str(path), "--ctx", "131072", "--gpu", "RTX 4060 Ti", "--json", env={"PATH": "/usr/bin:/bin"})
+    plan = json.loads(result.stdout)
+    assert 0 < plan["layers_offloaded"] < plan["layers_total"]
+    speed = plan["speed"]
+    assert speed["gpu_bandwidth_bytes_per_s"] == 288e9
+    assert speed["all_on_gpu_tokens_per_s"] == pytest.approx(288e9 / (speed["gpu_read_bytes_per_token"] + speed["host_read_bytes_per_token"]), abs=0.1)
+    expected = 1 / (speed["gpu_read_bytes_per_token"] / 288e9 + speed["host_read_bytes_per_token"] / speed["host_bandwidth_bytes_per_s"])
+    assert plan["est_decode_tokens_per_s"] == pytest.approx(expected, abs=0.1)
+    assert plan["est_decode_tokens_per_s"] < speed["all_on_gpu_tokens_per_s"] / 2
+    suggestion = plan["suggestion"]
+    assert suggestion["cache_type_k"] == "q8_0" and suggestion["layers_offloaded"] > plan["layers_offloaded"]
+    human = run_cli("check", str(path), "--ctx", "131072", "--gpu", "RTX 4060 Ti", env={"PATH": "/usr/bin:/bin"}).stdout
+    assert "layers run from system RAM" in human and "Suggestion: -ctk q8_0 -ctv q8_0 -fa on" in human
+
+
+def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    path = tmp_path / "mla.gguf"
+    writer = GGUFWriter(path, "deepseek2")
+    writer.add_block_count(2)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_uint32("deepseek2.attention.kv_lora_rank", 512)
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = run_cli("check", str(path))
+    assert result.returncode == 2
+    assert "latent (MLA) or recurrent cache (attention.kv_lora_rank)" in result.stderr.splitlines()[0]

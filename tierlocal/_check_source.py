@@ -3,7 +3,8 @@ machine (or the one ``--gpu`` describes), as a table or the documented JSON obje
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 from rich.table import Table
@@ -13,7 +14,7 @@ from .errors import UsageError
 from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
 from .gguf import GGUFHeader, summarize
 from .hardware import Hardware
-from .model import model_spec
+from .model import ModelSpec, model_spec
 from .units import format_bytes
 
 __all__ = ["SourceCheck", "check_source", "source_check_json", "render_source_check", "parse_ctx", "parse_parallel"]
@@ -31,6 +32,8 @@ class SourceCheck:
     reason: str | None
     command: list[str]
     ollama: dict[str, object]
+    speed: dict[str, object]
+    suggestion: dict[str, object] | None
 
 
 def parse_ctx(text: str) -> int | None:
@@ -94,6 +97,48 @@ def _ollama(estimate: RunEstimate) -> dict[str, object]:
     return settings
 
 
+def _speed(estimate: RunEstimate, machine: Machine) -> dict[str, object]:
+    """Decode speed by memory bandwidth, the GPU part and the part spilled to RAM apart."""
+    gpu_read, host_read = estimate.gpu_read_bytes_per_token, estimate.host_read_bytes_per_token
+    speed: dict[str, object] = {
+        "gpu_read_bytes_per_token": gpu_read,
+        "host_read_bytes_per_token": host_read,
+        "gpu_bandwidth_bytes_per_s": machine.gpu_bandwidth,
+        "host_bandwidth_bytes_per_s": machine.host_bandwidth,
+        "host_bandwidth_assumed": True,
+        "all_on_gpu_tokens_per_s": None,
+    }
+    if machine.gpu_bandwidth and machine.gpu_name is not None:
+        speed["all_on_gpu_tokens_per_s"] = round(machine.gpu_bandwidth / max(gpu_read + host_read, 1), 1)
+    return speed
+
+
+def _cache_suggestion(spec: ModelSpec, estimate: RunEstimate, machine: Machine, plan: Callable[[RunRequest], RunEstimate | None]) -> dict[str, object] | None:
+    """q8_0 K and V (which need flash attention) when they change the answer: more layers on
+    the GPU, a fit where f16 does not, or a longer context."""
+    request = estimate.request
+    if request.cache_type_k != "f16" or request.cache_type_v != "f16":
+        return None
+    quantised = plan(replace(request, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn=True, ngl=None, n_cpu_moe=None))
+    if quantised is None:
+        return None
+    better = (
+        quantised.fits and not estimate.fits
+        or quantised.layers_offloaded > estimate.layers_offloaded
+        or quantised.params.n_ctx_padded > estimate.params.n_ctx_padded
+    )
+    if not better:
+        return None
+    return {
+        "cache_type_k": "q8_0",
+        "cache_type_v": "q8_0",
+        "flash_attn": "on",
+        "ctx": quantised.params.n_ctx_padded,
+        "layers_offloaded": quantised.layers_offloaded,
+        "fits": quantised.fits,
+    }
+
+
 def check_source(
     source: str,
     headers: list[GGUFHeader],
@@ -106,16 +151,24 @@ def check_source(
     """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``."""
     spec = model_spec(headers)
     summary = summarize(headers)
-    reason = None
     if parallel == "max":
-        estimate = max_parallel(spec, RunRequest(**{**request.__dict__, "ctx": ctx or 4096, "parallel": 1}), machine)
-        reason = None if estimate else "not even one slot fits"
+        base, reason = replace(request, ctx=ctx or 4096, parallel=1), "not even one slot fits"
+
+        def plan(r: RunRequest) -> RunEstimate | None:
+            return max_parallel(spec, r, machine)
     elif ctx is None:
-        estimate = max_context(spec, RunRequest(**{**request.__dict__, "parallel": parallel}), machine)
-        reason = None if estimate else "not even 256 tokens of context fit"
+        base, reason = replace(request, parallel=parallel), "not even 256 tokens of context fit"
+
+        def plan(r: RunRequest) -> RunEstimate | None:
+            return max_context(spec, r, machine)
     else:
-        estimate = plan_run(spec, RunRequest(**{**request.__dict__, "ctx": ctx, "parallel": parallel}), machine)
-        reason = None if estimate.fits else "it needs more memory than the machine has free"
+        base, reason = replace(request, ctx=ctx, parallel=parallel), "it needs more memory than the machine has free"
+
+        def plan(r: RunRequest) -> RunEstimate | None:
+            return plan_run(spec, r, machine)
+    estimate = plan(base)
+    if estimate is not None and estimate.fits:
+        reason = None
     model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
     return SourceCheck(
         source=source,
@@ -126,6 +179,8 @@ def check_source(
         reason=reason,
         command=_command(model_path, estimate) if estimate else [],
         ollama=_ollama(estimate) if estimate else {},
+        speed=_speed(estimate, machine) if estimate else {},
+        suggestion=_cache_suggestion(spec, estimate, machine, plan) if estimate else None,
     )
 
 
@@ -170,8 +225,10 @@ def source_check_json(check: SourceCheck) -> dict[str, object]:
     payload["layers_offloaded"] = estimate.layers_offloaded
     payload["layers_total"] = estimate.layers_total
     payload["est_decode_tokens_per_s"] = None if estimate.est_decode_tokens_per_s is None else round(estimate.est_decode_tokens_per_s, 1)
+    payload["speed"] = check.speed
     payload["command"] = check.command
     payload["ollama"] = check.ollama
+    payload["suggestion"] = check.suggestion
     return payload
 
 
@@ -200,6 +257,16 @@ def render_source_check(check: SourceCheck) -> None:
     speed = f"~{estimate.est_decode_tokens_per_s:,.1f} tok/s (memory-bandwidth bound)" if estimate.est_decode_tokens_per_s else "speed unknown"
     verdict = "fits" if estimate.fits else f"does not fit: {check.reason}"
     console.print(f"Verdict: {verdict}; {speed}.")
+    spilled = estimate.layers_total - estimate.layers_offloaded
+    all_on_gpu = check.speed.get("all_on_gpu_tokens_per_s")
+    if spilled and estimate.layers_offloaded and estimate.est_decode_tokens_per_s and all_on_gpu:
+        console.print(f"[bold]{spilled} layers run from system RAM[/bold]: expect ~{estimate.est_decode_tokens_per_s:,.1f} tok/s instead of ~{all_on_gpu:,.0f} with every layer on the GPU.")
+    if check.suggestion:
+        hint = check.suggestion
+        console.print(
+            f"Suggestion: -ctk q8_0 -ctv q8_0 -fa on gives {hint['layers_offloaded']}/{estimate.layers_total} layers on the GPU "
+            f"at {hint['ctx']:,} tokens{'' if hint['fits'] else ' (still does not fit)'}."
+        )
     console.print("Command: " + " ".join(check.command))
     ollama = check.ollama
     env = " ".join(f"{k}={v}" for k, v in ollama["env"].items())  # type: ignore[union-attr]

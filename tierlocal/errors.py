@@ -7,6 +7,7 @@ The tree::
     ├── HeaderError                a GGUF header that is truncated, corrupt or hostile
     ├── SourceError                a file, URL or hub repo that cannot be read
     ├── HardwareError              a GPU override that names nothing we know
+    ├── UnsupportedModelError      a model whose memory rules the estimator does not know yet
     └── CatalogError               recipes/ data that is missing or malformed
 
 The CLI catches ``TierlocalError`` in one place, prints ``error: <message>`` and
@@ -23,6 +24,7 @@ __all__ = [
     "SourceError",
     "HardwareError",
     "CatalogError",
+    "UnsupportedModelError",
 ]
 
 
@@ -70,6 +72,12 @@ class SourceError(TierlocalError):
 
 class HardwareError(TierlocalError):
     """A ``--gpu`` override that does not name a known GPU or a size."""
+
+    exit_code = 2
+
+
+class UnsupportedModelError(TierlocalError):
+    """A model whose cache design (MLA, recurrent, hybrid) the estimator does not model yet."""
 
     exit_code = 2
 

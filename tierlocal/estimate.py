@@ -92,6 +92,7 @@ class RunEstimate:
     fits: bool
     est_decode_tokens_per_s: float | None
     host_read_bytes_per_token: int = 0
+    gpu_read_bytes_per_token: int = 0
 
 
 def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
@@ -147,6 +148,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         fits=gpu_ok and host_ok,
         est_decode_tokens_per_s=None if not seconds else 1 / seconds,
         host_read_bytes_per_token=weights.cpu_read_bytes,
+        gpu_read_bytes_per_token=weights.gpu_read_bytes,
     )
 
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import HeaderError
+from .errors import HeaderError, UnsupportedModelError
 from .gguf.parse import GGUFHeader
 from .gguf.summary import merge_split
 
@@ -33,6 +33,9 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 }
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+#: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
+#: or linear-attention state, and hybrids of them.
+_UNMODELLED_CACHE_KEYS = ("attention.kv_lora_rank", "ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,12 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise HeaderError(source, 0, "general.architecture is missing")
+    unmodelled = sorted({key.split(".", 1)[1] for key in metadata if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS)})
+    if unmodelled:
+        raise UnsupportedModelError(
+            f"{source}: {arch} keeps a latent (MLA) or recurrent cache ({', '.join(unmodelled[:3])}) that the estimator does not model yet",
+            hint="tierlocal inspect shows its header; measure with llama-server (-lv 4 prints every buffer)",
+        )
     try:
         n_layer = _int(metadata, f"{arch}.block_count")
         n_embd = _int(metadata, f"{arch}.embedding_length")
