@@ -3,7 +3,7 @@
 Runs the prepared Vulkan build of llama-server (Mesa's software device with
 GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np, -ngl and
 cache types on the real Gemma 3 model and on sparse GGUFs of real architectures
-(tests/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B), parses the buffer sizes it
+(tests/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite), parses the buffer sizes it
 reports in its load log, and prints them beside tierlocal's estimate and, where Go is
 available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
 with the error of each against llama.cpp.
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "asset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import prepare  # noqa: E402
 from engines import LLVMPIPE_MAX_TENSOR_BYTES  # noqa: E402
-from sparse_models import LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
+from sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
 
 from tierlocal.gguf import read_headers  # noqa: E402
 from tierlocal.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
@@ -61,6 +61,7 @@ MATRIX = [
     ("qwen3-8b", 8192, None, "f16", 5),
     ("qwen3-30b-a3b", 16384, 1, "f16", 3),
 ]
+# DeepSeek-V2-Lite (MLA) runs on the CPU build only: llvmpipe compiles its shaders for minutes.
 
 
 # The compute buffer on the CPU build (where its formula is calibrated): (model, -c, -ub, -fa)
@@ -73,6 +74,8 @@ COMPUTE_MATRIX = [
     ("qwen3-8b", 16384, 512, "on"),
     ("qwen3-30b-a3b", 4096, 512, "on"),
     ("qwen3-30b-a3b", 16384, 128, "off"),
+    ("deepseek-v2-lite", 4096, 512, "on"),
+    ("deepseek-v2-lite", 16384, 128, "off"),
 ]
 
 
@@ -160,7 +163,7 @@ def main() -> None:
     binary = Path(assets["llama_server_vulkan"])
     sparse_dir = Path(tempfile.mkdtemp(prefix="tierlocal-bench-"))
     models = {"gemma-3-270m": Path(assets["gemma_gguf"])}
-    for key, arch in (("llama-3-8b", LLAMA3_8B), ("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B)):
+    for key, arch in (("llama-3-8b", LLAMA3_8B), ("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B), ("deepseek-v2-lite", DEEPSEEK_V2_LITE)):
         models[key] = write_sparse_gguf(sparse_dir / f"{key}.gguf", arch)
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}
     peer = _peer_binary()

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-_LOAD_TIMEOUT_S = 180
+_LOAD_TIMEOUT_S = 600
 #: Mesa 22.3.6 llvmpipe's maxStorageBufferRange (vulkaninfo): llama.cpp's Vulkan backend
 #: keeps any weight larger than this on the CPU.
 LLVMPIPE_MAX_TENSOR_BYTES = 134_217_728

@@ -36,17 +36,48 @@ class SparseArch:
     weight_type: GGMLQuantizationType = Q.Q4_K
     output_type: GGMLQuantizationType = Q.Q6_K
     extra: dict[str, int | float] = field(default_factory=dict)
+    #: MLA attention (DeepSeek-V2): (kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+    mla: tuple[int, int, int, int] | None = None
+    n_expert_shared: int = 0
+    dense_lead: int = 0
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
 QWEN3_8B = SparseArch("qwen3-8b-q4k", "qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 40960, qk_norm=True)
 QWEN3_30B_A3B = SparseArch("qwen3-30b-a3b-q4k", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, qk_norm=True, experts=(128, 8, 768))
+# DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
+# the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
+DEEPSEEK_V2_LITE = SparseArch(
+    "deepseek-v2-lite-q4k", "deepseek2", 27, 2048, 16, 1, 192, 10944, 102400, 163840,
+    experts=(64, 6, 1408), mla=(512, 128, 64, 128), n_expert_shared=2, dense_lead=1,
+)  # fmt: skip
 
 
 def _bytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
     block, size = GGML_QUANT_SIZES[qtype]
     elements = int(np.prod(shape))
     return elements // block * size
+
+
+def _block_quant(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> GGMLQuantizationType:
+    """``qtype`` if the row is whole blocks of it, else Q8_0 (32-element blocks)."""
+    return qtype if shape[0] % GGML_QUANT_SIZES[qtype][0] == 0 else Q.Q8_0
+
+
+def _mla_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    assert spec.mla is not None
+    kv_lora, nope, rope, v_dim = spec.mla
+    shapes = [
+        (blk + "attn_norm.weight", (spec.n_embd,)),
+        (blk + "attn_q.weight", (spec.n_embd, spec.n_head * (nope + rope))),
+        (blk + "attn_kv_a_mqa.weight", (spec.n_embd, kv_lora + rope)),
+        (blk + "attn_kv_a_norm.weight", (kv_lora,)),
+        (blk + "attn_k_b.weight", (nope, kv_lora, spec.n_head)),
+        (blk + "attn_v_b.weight", (kv_lora, v_dim, spec.n_head)),
+        (blk + "attn_output.weight", (spec.n_head * v_dim, spec.n_embd)),
+        (blk + "ffn_norm.weight", (spec.n_embd,)),
+    ]
+    return [(name, shape, Q.F32 if len(shape) == 1 else _block_quant(spec.weight_type, shape)) for name, shape in shapes]
 
 
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
@@ -56,6 +87,24 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     for il in range(spec.n_layer):
         blk = f"blk.{il}."
+        if spec.mla:
+            tensors += _mla_block(spec, blk)
+            if il < spec.dense_lead:
+                tensors += [(blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w), (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w), (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), _block_quant(w, (spec.n_ff,)))]
+                continue
+            assert spec.experts is not None
+            n_expert, _, n_ff_exp = spec.experts
+            shared = n_ff_exp * spec.n_expert_shared
+            tensors += [
+                (blk + "ffn_gate_inp.weight", (spec.n_embd, n_expert), f32),
+                (blk + "ffn_gate_exps.weight", (spec.n_embd, n_ff_exp, n_expert), w),
+                (blk + "ffn_up_exps.weight", (spec.n_embd, n_ff_exp, n_expert), w),
+                (blk + "ffn_down_exps.weight", (n_ff_exp, spec.n_embd, n_expert), _block_quant(w, (n_ff_exp,))),
+                (blk + "ffn_gate_shexp.weight", (spec.n_embd, shared), w),
+                (blk + "ffn_up_shexp.weight", (spec.n_embd, shared), w),
+                (blk + "ffn_down_shexp.weight", (shared, spec.n_embd), _block_quant(w, (shared,))),
+            ]
+            continue
         tensors += [
             (blk + "attn_norm.weight", (spec.n_embd,), f32),
             (blk + "attn_q.weight", (spec.n_embd, q_dim), w),
@@ -97,8 +146,20 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
     writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
-    writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
-    writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+    if spec.mla:
+        kv_lora, nope, rope, v_dim = spec.mla
+        writer.add_uint32(f"{a}.attention.key_length", kv_lora + rope)  # the cached latent + rope part
+        writer.add_uint32(f"{a}.attention.value_length", kv_lora)
+        writer.add_uint32(f"{a}.attention.key_length_mla", nope + rope)
+        writer.add_uint32(f"{a}.attention.value_length_mla", v_dim)
+        writer.add_uint32(f"{a}.attention.kv_lora_rank", kv_lora)
+        writer.add_uint32(f"{a}.rope.dimension_count", rope)
+        writer.add_uint32(f"{a}.expert_shared_count", spec.n_expert_shared)
+        writer.add_uint32(f"{a}.leading_dense_block_count", spec.dense_lead)
+        writer.add_float32(f"{a}.expert_weights_scale", 1.0)
+    else:
+        writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+        writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
     if spec.experts:
@@ -136,6 +197,6 @@ if __name__ == "__main__":  # write them for a look: python tests/sparse_models.
     import sys
 
     directory = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-    for model in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B):
+    for model in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, DEEPSEEK_V2_LITE):
         out = write_sparse_gguf(directory / f"{model.name}.gguf", model)
         print(out, os.stat(out).st_size, "bytes,", os.stat(out).st_blocks * 512, "on disk")

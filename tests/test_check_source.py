@@ -104,13 +104,13 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
     import numpy as np
     from gguf import GGUFWriter
 
-    path = tmp_path / "mla.gguf"
-    writer = GGUFWriter(path, "deepseek2")
+    path = tmp_path / "hybrid.gguf"
+    writer = GGUFWriter(path, "lfm2")
     writer.add_block_count(2)
     writer.add_context_length(4096)
     writer.add_embedding_length(64)
     writer.add_head_count(4)
-    writer.add_uint32("deepseek2.attention.kv_lora_rank", 512)
+    writer.add_uint32("lfm2.shortconv.l_cache", 3)
     writer.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -118,4 +118,4 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
     writer.close()
     result = run_cli("check", str(path))
     assert result.returncode == 2
-    assert "latent (MLA) or recurrent cache (attention.kv_lora_rank)" in result.stderr.splitlines()[0]
+    assert "recurrent or linear-attention state (shortconv.l_cache)" in result.stderr.splitlines()[0]

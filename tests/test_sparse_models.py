@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparse_models import LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, SparseArch, write_sparse_gguf
+from sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, SparseArch, write_sparse_gguf
 from tierlocal.gguf import read_headers, summarize
 
 
@@ -19,6 +19,8 @@ from tierlocal.gguf import read_headers, summarize
         (LLAMA3_8B, 8_030_261_248),
         (QWEN3_8B, 8_190_735_360),
         (QWEN3_30B_A3B, 30_532_122_624),
+        # DeepSeek-V2-Lite is published as "15.7B"; llama.cpp's loader checks every shape.
+        (DEEPSEEK_V2_LITE, 15_706_484_224),
     ],
 )
 def test_sparse_header_is_the_published_architecture(tmp_path: Path, arch: SparseArch, published_params: int) -> None:

@@ -10,7 +10,8 @@ src/llama-kv-cache-iswa.cpp:
 - Sliding-window layers keep pad(min(n_ctx_seq, n_swa × (unified ? n_seq_max : 1) + n_ubatch), 256)
   cells per stream (all n_ctx_seq with ``--swa-full``).
 - A layer's K and V take head size × KV heads elements per cell in the cache type
-  (f16 2 bytes; q8_0 34 per 32; q4_0 18 per 32).
+  (f16 2 bytes; q8_0 34 per 32; q4_0 18 per 32). MLA models (DeepSeek-V2 style GGUFs with
+  key_length_mla) cache only K: the latent plus its rope part (kv_lora_rank + rope dims).
 - ``-ngl N`` offloads the last N of the n_layer + 1 layers, the output layer first:
   layers il ≥ max(n_layer + 1 − N, 0) go to the GPU. A layer's KV lives with the layer
   (all on the CPU with ``--no-kv-offload``).
@@ -137,8 +138,8 @@ class KvCache:
 
 
 def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
-    """Bytes of the K and V cache per layer for ``params`` (attention layers; recurrent state
-    and latent (MLA) caches are not covered yet)."""
+    """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers; recurrent
+    state is not covered yet)."""
     cells_full = params.n_ctx_seq
     window = spec.n_swa * (params.n_seq_max if params.kv_unified else 1) + params.n_ubatch
     cells_swa = cells_full if params.swa_full else _pad(min(cells_full, window))
@@ -148,7 +149,8 @@ def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
             layers.append(0)
             continue
         cells = cells_swa if spec.is_swa[il] else cells_full
-        per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + cache_type_bytes(params.cache_type_v, spec.n_embd_v_gqa(il))
+        v_elements = spec.n_embd_v_gqa(il)
+        per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(params.cache_type_v, v_elements) if v_elements else 0)
         layers.append(per_cell * cells * params.n_stream)
     return KvCache(cells_full, cells_swa, params.n_stream, tuple(layers))
 
@@ -240,29 +242,33 @@ def _mask_cells(spec: ModelSpec, params: ContextParams) -> list[int]:
 
 def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bool = True) -> int:
     """The compute buffer of the backend that runs the layers (bytes). An approximation
-    calibrated on llama.cpp's CPU backend; see docs in the module for the measured fit.
+    calibrated on llama.cpp's CPU backend.
 
-    With flash attention (llama-server's ``-fa auto`` enables it on the CPU), the peak is the
-    feed-forward step: n_ubatch × 4 B × (3·n_ff + 3·n_embd + q_dim) for dense models,
-    n_ubatch × 4 B × (6·n_expert_used·n_ff_exp + 2·n_embd + q_dim) for MoE, plus an f16 mask
-    of n_kv × n_ubatch per cache (full and sliding-window). Without flash attention the
-    attention scores dominate: n_kv × n_ubatch × (4·n_head + 4) plus the f32 masks and
-    n_ubatch × 4 B × (3.5·n_embd + 2·q_dim).
-    Measured on the CPU build over Gemma 3 270M and sparse Llama-3-8B, Qwen3-8B and
-    Qwen3-30B-A3B, n_ubatch 128/512, context 4k/16k: within 0.2% with flash attention, within
-    3% without (bench/estimate_accuracy.py). GPU backends differ by a few percent (Vulkan:
-    +4% on Llama-3-8B); CUDA is not calibrated yet.
+    With flash attention (llama-server's ``-fa auto`` enables it on the CPU) the peak is the
+    feed-forward step, n_ubatch × 4 B × floats per token, plus an f16 mask of n_kv × n_ubatch
+    per cache (full and sliding-window). Floats per token: dense 3·n_ff + 3·n_embd + A;
+    MoE 3·n_used·n_ff_exp + n_used·n_embd + 3·n_embd + A, where A = heads × value head size.
+    Without flash attention the attention scores dominate: n_kv × n_ubatch × (4·n_head + 4)
+    plus f32 masks plus n_ubatch × 4 B × (3.5·n_embd + 2·q_dim, + 2·n_head·kv_lora_rank for MLA).
+
+    Measured on the CPU build (bench/estimate_accuracy.py) over Gemma 3 270M and sparse
+    Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V2-Lite, n_ubatch 128/512, 4k/16k context:
+    with flash attention within 0.2% (DeepSeek-V2-Lite +0.6%); without it within 3%, except
+    MLA at long context (−10%). GPU backends differ by a few percent (Vulkan +4% on
+    Llama-3-8B); CUDA is not calibrated yet.
     """
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
     masks = _mask_cells(spec, params)
+    attn_out = spec.attn_out_dim or spec.q_dim
     if spec.n_expert and spec.n_expert_used and spec.n_ff_exp:
-        ffn_floats = 6 * spec.n_expert_used * spec.n_ff_exp + 2 * spec.n_embd + spec.q_dim
+        ffn_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd + 3 * spec.n_embd + attn_out
     else:
-        ffn_floats = 3 * spec.n_ff + 3 * spec.n_embd + spec.q_dim
+        ffn_floats = 3 * spec.n_ff + 3 * spec.n_embd + attn_out
     if flash_attn:
         return n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 2 for cells in masks)
+    rest = 3.5 * spec.n_embd + 2 * spec.q_dim + (2 * max(spec.n_head) * spec.kv_lora_rank if spec.mla else 0)
     scores = max(masks) * n_tokens * 4 * max(spec.n_head)
-    attention = scores + sum(cells * n_tokens * 4 for cells in masks) + round(n_tokens * 4 * (3.5 * spec.n_embd + 2 * spec.q_dim))
+    attention = scores + sum(cells * n_tokens * 4 for cells in masks) + round(n_tokens * 4 * rest)
     feed_forward = n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 4 for cells in masks)
     return max(attention, feed_forward)
 

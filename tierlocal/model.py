@@ -35,7 +35,7 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
-_UNMODELLED_CACHE_KEYS = ("attention.kv_lora_rank", "ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention")
+_UNMODELLED_CACHE_KEYS = ("ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention", "kda.")
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,17 @@ class ModelSpec:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    #: MLA (DeepSeek-V2 style): the cache holds one compressed latent per token as K, no V.
+    mla: bool = False
+    kv_lora_rank: int = 0
+    head_k_mla: int = 0
+    #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
+    attn_out_dim: int = 0
 
     @property
     def q_dim(self) -> int:
-        """Query elements per token (largest layer): heads × key head size."""
-        return max(self.n_head) * self.head_k
+        """Query elements per token (largest layer): heads × key head size (MLA's own for MLA)."""
+        return max(self.n_head) * (self.head_k_mla or self.head_k)
 
     @property
     def layer_bytes(self) -> tuple[int, ...]:
@@ -105,8 +111,8 @@ class ModelSpec:
         return self.head_k * self.n_head_kv[il]
 
     def n_embd_v_gqa(self, il: int) -> int:
-        """V elements per token in layer ``il``."""
-        return self.head_v * self.n_head_kv[il]
+        """V elements per token in layer ``il`` (none for MLA: V is read from the latent)."""
+        return 0 if self.mla else self.head_v * self.n_head_kv[il]
 
 
 def _per_layer(value: object, n_layer: int, key: str, source: str) -> tuple[int, ...]:
@@ -171,7 +177,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     unmodelled = sorted({key.split(".", 1)[1] for key in metadata if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS)})
     if unmodelled:
         raise UnsupportedModelError(
-            f"{source}: {arch} keeps a latent (MLA) or recurrent cache ({', '.join(unmodelled[:3])}) that the estimator does not model yet",
+            f"{source}: {arch} keeps a recurrent or linear-attention state ({', '.join(unmodelled[:3])}) that the estimator does not model yet",
             hint="tierlocal inspect shows its header; measure with llama-server (-lv 4 prints every buffer)",
         )
     try:
@@ -208,4 +214,8 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_expert=int(metadata.get(f"{arch}.expert_count", 0) or 0),  # type: ignore[call-overload]
         n_expert_used=int(metadata.get(f"{arch}.expert_used_count", 0) or 0),  # type: ignore[call-overload]
         n_ff_exp=int(metadata.get(f"{arch}.expert_feed_forward_length", 0) or 0),  # type: ignore[call-overload]
+        mla=f"{arch}.attention.kv_lora_rank" in metadata and f"{arch}.attention.key_length_mla" in metadata,
+        kv_lora_rank=int(metadata.get(f"{arch}.attention.kv_lora_rank", 0) or 0),  # type: ignore[call-overload]
+        head_k_mla=int(metadata.get(f"{arch}.attention.key_length_mla", 0) or 0),  # type: ignore[call-overload]
+        attn_out_dim=max(n_head) * int(metadata.get(f"{arch}.attention.value_length_mla", head_v) or 0),  # type: ignore[call-overload]
     )
