@@ -102,20 +102,11 @@ def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
 
 def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
     import numpy as np
-    from gguf import GGUFWriter
 
-    path = tmp_path / "hybrid.gguf"
-    writer = GGUFWriter(path, "lfm2")
-    writer.add_block_count(2)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(64)
-    writer.add_head_count(4)
-    writer.add_uint32("lfm2.shortconv.l_cache", 3)
-    writer.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    from small_gguf import write_small_gguf
+
+    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4, "{arch}.shortconv.l_cache": 3}
+    path = write_small_gguf(tmp_path / "hybrid.gguf", "lfm2", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     result = run_cli("check", str(path))
     assert result.returncode == 2
     assert "recurrent or linear-attention state (shortconv.l_cache)" in result.stderr.splitlines()[0]

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from small_gguf import write_small_gguf
 from tierlocal.errors import HeaderError
 from tierlocal.gguf import parse_header
 
@@ -82,19 +82,9 @@ def gemma_header(gemma: Path) -> _Sample:
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory: pytest.TempPathFactory) -> _Sample:
-    path = tmp_path_factory.mktemp("fuzz") / "small.gguf"
-    writer = GGUFWriter(path, "qwen3")
-    writer.add_block_count(2)
-    writer.add_context_length(40960)
-    writer.add_array("qwen3.attention.head_count_kv", [8, 0])
-    writer.add_token_list([f"t{i}" for i in range(64)])
-    writer.add_tensor("blk.0.attn_q.weight", np.ones((4, 32), dtype=np.float16))
-    writer.add_tensor("blk.1.ffn_up.weight", np.ones((2, 32), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    data = path.read_bytes()
+    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 40960, "{arch}.attention.head_count_kv": [8, 0]}
+    tensors = {"blk.0.attn_q.weight": np.ones((4, 32), dtype=np.float16), "blk.1.ffn_up.weight": np.ones((2, 32), dtype=np.float32)}
+    data = write_small_gguf(tmp_path_factory.mktemp("fuzz") / "small.gguf", "qwen3", metadata, tensors, tokens=64).read_bytes()
     return _Sample(data, len(data))
 
 

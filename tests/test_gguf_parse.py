@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from small_gguf import write_small_gguf
 
 from tierlocal.errors import HeaderError
 from tierlocal.gguf import ArraySummary, HeaderLimits, parse_header, read_headers, summarize
@@ -79,30 +81,18 @@ def test_gemma_summary_states_the_published_facts(gemma: Path) -> None:
     assert sum(share.n_bytes for share in summary.quant_mix) == summary.tensor_bytes
 
 
-def _write_model(path: Path, *, arch: str = "llama", kv_heads: object = 4, tensors: int = 3) -> None:
-    writer = GGUFWriter(path, arch)
-    writer.add_block_count(2)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(64)
-    writer.add_head_count(8)
-    if isinstance(kv_heads, list):
-        writer.add_array(f"{arch}.attention.head_count_kv", kv_heads)
-    else:
-        writer.add_head_count_kv(int(kv_heads))  # type: ignore[arg-type]
-    writer.add_token_list([f"tok{i}" for i in range(5000)])
-    writer.add_string("general.name", "test model ✓")
-    for index in range(tensors):
-        writer.add_tensor(f"blk.{index}.attn_q.weight", np.ones((64, 32), dtype=np.float32))
-    writer.add_tensor("token_embd.weight", np.zeros((10, 64), dtype=np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def test_writer_made_model_round_trips(tmp_path: Path) -> None:
-    path = tmp_path / "m.gguf"
-    _write_model(path, kv_heads=[0, 2])
+    metadata = {
+        "{arch}.block_count": 2,
+        "{arch}.context_length": 4096,
+        "{arch}.embedding_length": 64,
+        "{arch}.attention.head_count": 8,
+        "{arch}.attention.head_count_kv": [0, 2],
+        "general.name": "test model ✓",
+    }
+    tensors = {f"blk.{index}.attn_q.weight": np.ones((64, 32), dtype=np.float32) for index in range(3)}
+    tensors["token_embd.weight"] = np.zeros((10, 64), dtype=np.float16)
+    path = write_small_gguf(tmp_path / "m.gguf", "llama", metadata, tensors, tokens=5000)
     header = parse_header(CountingReader(path))
     summary = summarize([header])
     assert summary.head_count_kv == [0, 2]  # per-layer arrays are kept (LFM2-style zeros included)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
 
 from conftest import run_cli
 from servers import HubRepo, fake_hub
+from small_gguf import write_small_gguf
 
 _GIB = 1024**3
 K3_PARAMS = 2_779_900_000_000
@@ -129,18 +129,8 @@ def test_catalog_model_with_published_attention() -> None:
 
 
 def test_plan_a_gguf_header(tmp_path: Path, gemma: Path) -> None:
-    path = tmp_path / "gqa.gguf"
-    writer = GGUFWriter(path, "llama")
-    writer.add_block_count(2)
-    writer.add_embedding_length(64)
-    writer.add_head_count(8)
-    writer.add_head_count_kv(4)
-    writer.add_context_length(4096)
-    writer.add_tensor("blk.0.attn_q.weight", np.ones((64, 64), dtype=np.float16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    metadata = {"{arch}.block_count": 2, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 8, "{arch}.attention.head_count_kv": 4, "{arch}.context_length": 4096}
+    path = write_small_gguf(tmp_path / "gqa.gguf", "llama", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     payload = _plan(str(path))
     assert payload["model"]["params"] == 64 * 64
     assert payload["model"]["precision"] == "bf16"  # an F16 file
