@@ -3,7 +3,7 @@
 Runs the prepared Vulkan build of llama-server (Mesa's software device with
 GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np, -ngl and
 cache types on the real Gemma 3 model and on sparse GGUFs of real architectures
-(tests/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite), parses the buffer sizes it
+(tests/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite, LFM2-1.2B), parses the buffer sizes it
 reports in its load log, and prints them beside tierlocal's estimate and, where Go is
 available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
 with the error of each against llama.cpp.
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "asset
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import prepare  # noqa: E402
 from engines import LLVMPIPE_MAX_TENSOR_BYTES  # noqa: E402
-from sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
+from sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
 
 from tierlocal.gguf import read_headers  # noqa: E402
 from tierlocal.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
@@ -43,7 +43,7 @@ from tierlocal.model import model_spec  # noqa: E402
 MIB = 1024 * 1024
 LINES = {
     "weights": re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB"),
-    "kv": re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB"),
+    "kv": re.compile(r"(?:llama_kv_cache:\s+(\S+) KV|llama_memory_recurrent:\s+(\S+) RS) buffer size =\s+([\d.]+) MiB"),
     "output": re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s+([\d.]+) MiB"),
     "compute": re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB"),
 }
@@ -60,6 +60,7 @@ MATRIX = [
     ("llama-3-8b", 8192, 2, "q8_0", 9),
     ("qwen3-8b", 8192, None, "f16", 5),
     ("qwen3-30b-a3b", 16384, 1, "f16", 3),
+    ("lfm2-1.2b", 8192, 2, "f16", 9),
 ]
 # DeepSeek-V2-Lite (MLA) runs on the CPU build only: llvmpipe compiles its shaders for minutes.
 
@@ -76,6 +77,7 @@ COMPUTE_MATRIX = [
     ("qwen3-30b-a3b", 16384, 128, "off"),
     ("deepseek-v2-lite", 4096, 512, "on"),
     ("deepseek-v2-lite", 16384, 128, "off"),
+    ("lfm2-1.2b", 8192, 512, "on"),
 ]
 
 
@@ -146,9 +148,11 @@ def _peer_estimate(peer: Path, model: Path, ctx: int, parallel: int | None, cach
 
 
 def _by_device(pattern: re.Pattern[str], log: str) -> dict[str, float]:
+    """Sum the MiB per device; the last group is the size, the first non-empty one the device."""
     sizes: dict[str, float] = defaultdict(float)
-    for device, mib in pattern.findall(log):
-        sizes[device] += float(mib)
+    for groups in pattern.findall(log):
+        *devices, mib = groups
+        sizes[next(device for device in devices if device)] += float(mib)
     return dict(sizes)
 
 
@@ -163,7 +167,7 @@ def main() -> None:
     binary = Path(assets["llama_server_vulkan"])
     sparse_dir = Path(tempfile.mkdtemp(prefix="tierlocal-bench-"))
     models = {"gemma-3-270m": Path(assets["gemma_gguf"])}
-    for key, arch in (("llama-3-8b", LLAMA3_8B), ("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B), ("deepseek-v2-lite", DEEPSEEK_V2_LITE)):
+    for key, arch in (("llama-3-8b", LLAMA3_8B), ("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B), ("deepseek-v2-lite", DEEPSEEK_V2_LITE), ("lfm2-1.2b", LFM2_1_2B)):
         models[key] = write_sparse_gguf(sparse_dir / f"{key}.gguf", arch)
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}
     peer = _peer_binary()

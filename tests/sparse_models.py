@@ -40,11 +40,20 @@ class SparseArch:
     mla: tuple[int, int, int, int] | None = None
     n_expert_shared: int = 0
     dense_lead: int = 0
+    #: LFM2-style hybrid: the blocks with attention (the rest are short-convolution blocks)
+    #: and the convolution's cache length.
+    attention_layers: tuple[int, ...] | None = None
+    conv_l_cache: int = 0
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
 QWEN3_8B = SparseArch("qwen3-8b-q4k", "qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 40960, qk_norm=True)
 QWEN3_30B_A3B = SparseArch("qwen3-30b-a3b-q4k", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, qk_norm=True, experts=(128, 8, 768))
+# LFM2-1.2B: 10 short-convolution blocks with a fixed-size recurrent state, 6 attention blocks.
+LFM2_1_2B = SparseArch(
+    "lfm2-1.2b-q4k", "lfm2", 16, 2048, 32, 8, 64, 8192, 65536, 128000,
+    tied_output=True, qk_norm=True, attention_layers=(2, 5, 8, 10, 12, 14), conv_l_cache=3,
+)  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
 DEEPSEEK_V2_LITE = SparseArch(
@@ -87,6 +96,18 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     for il in range(spec.n_layer):
         blk = f"blk.{il}."
+        if spec.attention_layers is not None and il not in spec.attention_layers:
+            tensors += [
+                (blk + "attn_norm.weight", (spec.n_embd,), f32),
+                (blk + "shortconv.conv.weight", (spec.conv_l_cache, spec.n_embd), f32),
+                (blk + "shortconv.in_proj.weight", (spec.n_embd, 3 * spec.n_embd), w),
+                (blk + "shortconv.out_proj.weight", (spec.n_embd, spec.n_embd), w),
+                (blk + "ffn_norm.weight", (spec.n_embd,), f32),
+                (blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w),
+                (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
+                (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
+            ]
+            continue
         if spec.mla:
             tensors += _mla_block(spec, blk)
             if il < spec.dense_lead:
@@ -129,7 +150,7 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
                 (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
                 (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
             ]
-    tensors.append(("output_norm.weight", (spec.n_embd,), f32))
+    tensors.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", (spec.n_embd,), f32))
     if not spec.tied_output:
         tensors.append(("output.weight", (spec.n_embd, spec.n_vocab), spec.output_type))
     return tensors
@@ -145,7 +166,11 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
     writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    if spec.attention_layers is not None:
+        writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if il in spec.attention_layers else 0 for il in range(spec.n_layer)])
+        writer.add_uint32(f"{a}.shortconv.l_cache", spec.conv_l_cache)
+    else:
+        writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
     if spec.mla:
         kv_lora, nope, rope, v_dim = spec.mla
         writer.add_uint32(f"{a}.attention.key_length", kv_lora + rope)  # the cached latent + rope part
@@ -197,6 +222,6 @@ if __name__ == "__main__":  # write them for a look: python tests/sparse_models.
     import sys
 
     directory = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-    for model in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, DEEPSEEK_V2_LITE):
+    for model in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, DEEPSEEK_V2_LITE, LFM2_1_2B):
         out = write_sparse_gguf(directory / f"{model.name}.gguf", model)
         print(out, os.stat(out).st_size, "bytes,", os.stat(out).st_blocks * 512, "on disk")

@@ -105,8 +105,8 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
 
     from small_gguf import write_small_gguf
 
-    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4, "{arch}.shortconv.l_cache": 3}
-    path = write_small_gguf(tmp_path / "hybrid.gguf", "lfm2", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
+    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4, "{arch}.ssm.state_size": 16}
+    path = write_small_gguf(tmp_path / "hybrid.gguf", "nemotron_h", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     result = run_cli("check", str(path))
     assert result.returncode == 2
-    assert "recurrent or linear-attention state (shortconv.l_cache)" in result.stderr.splitlines()[0]
+    assert "recurrent or linear-attention state (ssm.state_size)" in result.stderr.splitlines()[0]

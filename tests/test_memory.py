@@ -169,3 +169,30 @@ def test_mla_latent_cache_matches_llama_server(assets: Assets, tmp_path: Path) -
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights.cpu_mapped_bytes / _MIB, abs=0.006)
     assert _buffers(_COMPUTE_LINE, log)["CPU"] == pytest.approx(compute_buffer_bytes(spec, params) / _MIB, rel=0.006)
+
+
+_RS_LINE = re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s+([\d.]+) MiB")
+
+
+def test_hybrid_recurrent_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """LFM2-1.2B: 6 attention blocks with a KV cache and 10 short-convolution blocks whose
+    state is n_embd × (l_cache − 1) float32 values per sequence, whatever the context."""
+    from sparse_models import LFM2_1_2B, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "lfm2.gguf", LFM2_1_2B)
+    spec = model_spec(read_headers(str(path)))
+    assert sum(spec.is_recurrent) == 10 and spec.n_embd_r == 2048 * 2
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent) if recurrent)
+    assert state == 10 * 2048 * 2 * 4 * 2
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    # The compute formula errs high here (+6.4%): the safe side.
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07

@@ -12,6 +12,8 @@ src/llama-kv-cache-iswa.cpp:
 - A layer's K and V take head size × KV heads elements per cell in the cache type
   (f16 2 bytes; q8_0 34 per 32; q4_0 18 per 32). MLA models (DeepSeek-V2 style GGUFs with
   key_length_mla) cache only K: the latent plus its rope part (kv_lora_rank + rope dims).
+- Recurrent layers of hybrids keep (n_embd_r + n_embd_s) float32 values per sequence
+  (max(1, n_seq_max) cells), independent of the context.
 - ``-ngl N`` offloads the last N of the n_layer + 1 layers, the output layer first:
   layers il ≥ max(n_layer + 1 − N, 0) go to the GPU. A layer's KV lives with the layer
   (all on the CPU with ``--no-kv-offload``).
@@ -138,13 +140,17 @@ class KvCache:
 
 
 def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
-    """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers; recurrent
-    state is not covered yet)."""
+    """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers), and of
+    the fixed-size recurrent state for recurrent layers (LFM2's short convolutions)."""
     cells_full = params.n_ctx_seq
     window = spec.n_swa * (params.n_seq_max if params.kv_unified else 1) + params.n_ubatch
     cells_swa = cells_full if params.swa_full else _pad(min(cells_full, window))
     layers = []
     for il in range(spec.n_layer):
+        if spec.is_recurrent and spec.is_recurrent[il]:
+            # Recurrent state: (n_embd_r + n_embd_s) float32 values per sequence, whatever the context.
+            layers.append((spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max))
+            continue
         if spec.n_head_kv[il] == 0:
             layers.append(0)
             continue

@@ -36,6 +36,9 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
 _UNMODELLED_CACHE_KEYS = ("ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention", "kda.")
+#: Hybrids whose recurrent state is modelled: LFM2's short-convolution blocks (no KV heads)
+#: keep n_embd × (l_cache − 1) float32 values per sequence.
+_SHORTCONV_ARCHS = ("lfm2", "lfm2moe")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class ModelSpec:
     mla: bool = False
     kv_lora_rank: int = 0
     head_k_mla: int = 0
+    #: Recurrent blocks (fixed-size state instead of KV) and their state sizes in float32 values.
+    is_recurrent: tuple[bool, ...] = ()
+    n_embd_r: int = 0
+    n_embd_s: int = 0
     #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
     attn_out_dim: int = 0
 
@@ -156,6 +163,17 @@ def _place(headers: Sequence[GGUFHeader], n_layer: int) -> tuple[PlacedTensor, .
     return tuple(placed)
 
 
+def _recurrent_facts(metadata: Mapping[str, object], arch: str, n_layer: int, n_embd: int, n_head_kv: tuple[int, ...]) -> dict[str, object]:
+    if arch not in _SHORTCONV_ARCHS:
+        return {"is_recurrent": (False,) * n_layer}
+    l_cache = metadata.get(f"{arch}.shortconv.l_cache", 0)
+    return {
+        "is_recurrent": tuple(heads == 0 for heads in n_head_kv),
+        "n_embd_r": n_embd * max(int(l_cache) - 1, 0) if isinstance(l_cache, int) else 0,
+        "n_embd_s": 0,
+    }
+
+
 def _int(metadata: Mapping[str, object], key: str, default: int | None = None) -> int:
     value = metadata.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
@@ -174,7 +192,13 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise HeaderError(source, 0, "general.architecture is missing")
-    unmodelled = sorted({key.split(".", 1)[1] for key in metadata if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS)})
+    unmodelled = sorted(
+        {
+            key.split(".", 1)[1]
+            for key in metadata
+            if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS) and not (arch in _SHORTCONV_ARCHS and ".shortconv." in key)
+        }
+    )
     if unmodelled:
         raise UnsupportedModelError(
             f"{source}: {arch} keeps a recurrent or linear-attention state ({', '.join(unmodelled[:3])}) that the estimator does not model yet",
@@ -217,5 +241,6 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         mla=f"{arch}.attention.kv_lora_rank" in metadata and f"{arch}.attention.key_length_mla" in metadata,
         kv_lora_rank=int(metadata.get(f"{arch}.attention.kv_lora_rank", 0) or 0),  # type: ignore[call-overload]
         head_k_mla=int(metadata.get(f"{arch}.attention.key_length_mla", 0) or 0),  # type: ignore[call-overload]
+        **_recurrent_facts(metadata, arch, n_layer, n_embd, n_head_kv),
         attn_out_dim=max(n_head) * int(metadata.get(f"{arch}.attention.value_length_mla", head_v) or 0),  # type: ignore[call-overload]
     )
