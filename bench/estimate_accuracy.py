@@ -37,7 +37,8 @@ from engines import LLVMPIPE_MAX_TENSOR_BYTES  # noqa: E402
 from sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
 
 from tierlocal.gguf import read_headers  # noqa: E402
-from tierlocal.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
+from tierlocal.estimate import Machine, RunRequest, estimate_run  # noqa: E402
+from tierlocal.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
 from tierlocal.model import model_spec  # noqa: E402
 
 MIB = 1024 * 1024
@@ -112,6 +113,11 @@ def _load_log(binary: Path, model: Path, ctx: int, parallel: int | None, cache_t
 
 
 PEER_SOURCE = Path(__file__).resolve().parent / "gguf_parser_peer"
+# llama.cpp's own per-device totals, printed at exit: "| - Vulkan0 (...) | total = free + ( self = model + context + compute) + ..."
+BREAKDOWN_DEVICE = re.compile(r"common_memory_breakdown_print: \|\s+- (\S+) \(.*?\|\s+\d+ =\s+\d+ \+ \(\s*(\d+) =")
+BREAKDOWN_HOST = re.compile(r"common_memory_breakdown_print: \|\s+- Host\s+\|\s+(\d+) =")
+#: A machine that holds llvmpipe's device as the GPU, for the planner's own per-device totals.
+LLVMPIPE = Machine("Vulkan0", "vulkan", 2048 * MIB, 2048 * MIB, None, 24 * 1024 * MIB, 20 * 1024 * MIB, 40 * 10**9, 0, 0, LLVMPIPE_MAX_TENSOR_BYTES)
 
 
 def _peer_binary() -> Path | None:
@@ -156,6 +162,10 @@ def _by_device(pattern: re.Pattern[str], log: str) -> dict[str, float]:
     return dict(sizes)
 
 
+def predicted_host_kv(kv: object, on_gpu: tuple[bool, ...]) -> int:
+    return sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu) if not offloaded)  # type: ignore[attr-defined]
+
+
 def _error(value: float, real: float) -> float:
     if real:
         return (value - real) / real
@@ -189,6 +199,18 @@ def main() -> None:
         log = _load_log(binary, model, ctx, parallel, cache_type, ngl)
         actual = {(component, device): mib for component, pattern in LINES.items() for device, mib in _by_device(pattern, log).items()}
         actual[("output", "host")] = sum(mib for (component, _), mib in list(actual.items()) if component == "output")
+        # Per-device totals as llama.cpp prints them (integer MiB): the estimator's own plan
+        # for the GPU (weights + KV + compute, with its partial-offload allowance) and the host
+        # (mapped weights + KV/state + host compute; the logits buffer is not in the breakdown).
+        flash = True  # -fa auto turns flash attention on for every model here; q8_0/q4_0 run with -fa on
+        planned = estimate_run(spec, RunRequest(ctx=ctx, parallel=parallel, ngl=ngl, n_cpu_moe=0, cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=flash), LLVMPIPE)
+        gpu_device = planned.devices[0]
+        predicted[("total", "Vulkan0")] = (gpu_device.weights_bytes + gpu_device.kv_bytes + gpu_device.compute_bytes) / MIB
+        predicted[("total", "Host")] = (weights.cpu_mapped_bytes + predicted_host_kv(kv, on_gpu) + host_compute_bytes(spec, params, flash_attn=flash)) / MIB
+        for device, self_mib in BREAKDOWN_DEVICE.findall(log):
+            actual[("total", device)] = float(self_mib)
+        for self_mib in BREAKDOWN_HOST.findall(log):
+            actual[("total", "Host")] = float(self_mib)
         case = f"{model_key} -c {ctx} -np {parallel or 'auto'} -ctk/-ctv {cache_type} -ngl {ngl}"
         for (component, device), value in sorted(predicted.items()):
             real = actual.get((component, device), 0.0)
@@ -231,8 +253,13 @@ def main() -> None:
         theirs = "-" if row["gguf_parser_mib"] is None else f"{row['gguf_parser_mib']:.2f}"
         theirs_error = "n/a" if row["gguf_parser_error"] is None else f"{row['gguf_parser_error']:+.1%}"
         print(f"{row['case']:58} {row['component']:9} {row['device']:12} {row['actual_mib']:>10.2f} {ours:>10} {ours_error:>8} {theirs:>11} {theirs_error:>9}")
-    estimated = [row for row in rows if row["error"] is not None]
+    estimated = [row for row in rows if row["error"] is not None and row["component"] != "total"]
     worst = max(abs(row["error"]) for row in estimated)
+    totals = [row for row in rows if row["component"] == "total" and row["error"] is not None]
+    for device in ("Vulkan0", "Host"):
+        errors = sorted(row["error"] for row in totals if row["device"] == device and row["actual_mib"] > 0)
+        if errors:
+            print(f"per-device total, {device}: {len(errors)} loads, error {errors[0]:+.1%} … {errors[-1]:+.1%} (llama.cpp's integer-MiB breakdown)")
     print(f"\n{len(estimated)} estimated components over {len(MATRIX) + len(COMPUTE_MATRIX)} loads; tierlocal's worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)")
     compared = [row for row in rows if row["gguf_parser_error"] is not None and row["actual_mib"] > 0]
     if compared:
