@@ -196,6 +196,9 @@ def check(
       tierlocal check kimi-k3
     """
     hardware = _machine(gpus)
+    if len(hardware.gpus) > 1 and not as_json:
+        largest = max(hardware.gpus, key=lambda device: device.free_bytes)
+        click.echo(f"note: planning for one GPU ({largest.name}); tierlocal does not split a model across {len(hardware.gpus)} GPUs yet", err=True)
     if source is not None and not find_model(source):
         _check_one_source(source, hardware, ctx, parallel, RunRequest(ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch), as_json)
         return
