@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import httpx2
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "assets"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import prepare  # noqa: E402
-from engines import LLVMPIPE_MAX_TENSOR_BYTES  # noqa: E402
+from engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port  # noqa: E402
 from sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
 
 from tierlocal.gguf import read_headers  # noqa: E402
@@ -82,14 +81,8 @@ COMPUTE_MATRIX = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _load_log(binary: Path, model: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int, extra: tuple[str, ...] = ()) -> str:
-    port = _free_port()
+    port = free_port()
     argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), "-t", "2", "-lv", "4", "--no-warmup"]
     argv += [] if parallel is None else ["-np", str(parallel)]
     argv += ["-ngl", str(ngl), "-ctk", cache_type, "-ctv", cache_type]

@@ -14,7 +14,7 @@ from .errors import UsageError
 from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
 from .gguf import GGUFHeader, summarize
 from .hardware import Hardware
-from .model import ModelSpec, model_spec
+from .model import model_spec
 from .units import format_bytes
 
 __all__ = ["SourceCheck", "check_source", "source_check_json", "render_source_check", "parse_ctx", "parse_parallel"]
@@ -113,7 +113,7 @@ def _speed(estimate: RunEstimate, machine: Machine) -> dict[str, object]:
     return speed
 
 
-def _cache_suggestion(spec: ModelSpec, estimate: RunEstimate, machine: Machine, plan: Callable[[RunRequest], RunEstimate | None]) -> dict[str, object] | None:
+def _cache_suggestion(estimate: RunEstimate, plan: Callable[[RunRequest], RunEstimate | None]) -> dict[str, object] | None:
     """q8_0 K and V (which need flash attention) when they change the answer: more layers on
     the GPU, a fit where f16 does not, or a longer context."""
     request = estimate.request
@@ -180,7 +180,7 @@ def check_source(
         command=_command(model_path, estimate) if estimate else [],
         ollama=_ollama(estimate) if estimate else {},
         speed=_speed(estimate, machine) if estimate else {},
-        suggestion=_cache_suggestion(spec, estimate, machine, plan) if estimate else None,
+        suggestion=_cache_suggestion(estimate, plan) if estimate else None,
     )
 
 

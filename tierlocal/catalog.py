@@ -161,7 +161,8 @@ def _load(name: str) -> dict[str, object]:
         raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall tierlocal or fix the file") from None
 
 
-def _normalise(name: str) -> str:
+def normalise_gpu_name(name: str) -> str:
+    """Lower case, dashes and underscores as spaces, single spaces: ``RTX-4090`` → ``rtx 4090``."""
     return " ".join(name.lower().replace("-", " ").replace("_", " ").split())
 
 
@@ -227,9 +228,9 @@ def load_rental_defaults() -> RentalDefaults:
 
 def find_gpu(name: str) -> GpuSpec | None:
     """The GPU whose name or alias matches ``name`` (case, spaces and dashes ignored)."""
-    wanted = _normalise(name)
+    wanted = normalise_gpu_name(name)
     for spec in load_gpus():
-        if wanted == _normalise(spec.name) or wanted in {_normalise(alias) for alias in spec.aliases}:
+        if wanted == normalise_gpu_name(spec.name) or wanted in {normalise_gpu_name(alias) for alias in spec.aliases}:
             return spec
     return None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from . import constants
-from .catalog import GpuSpec, find_gpu, load_gpus
+from .catalog import GpuSpec, find_gpu, load_gpus, normalise_gpu_name
 from .engines.llama_server import find_llama_server, list_devices
 from .errors import HardwareError, UsageError
 from .units import parse_bytes
@@ -92,11 +92,11 @@ def _bandwidth_for(description: str) -> int | None:
 
 def _spec_for_description(description: str) -> GpuSpec | None:
     """The recipes GPU whose longest name or alias appears in a driver's device name."""
-    text = " " + " ".join(re.split(r"[\s_\-]+", description.lower())) + " "
+    text = f" {normalise_gpu_name(description)} "
     best: tuple[int, GpuSpec] | None = None
     for spec in load_gpus():
         for alias in (spec.name, *spec.aliases):
-            needle = " " + " ".join(re.split(r"[\s_\-]+", alias.lower())) + " "
+            needle = f" {normalise_gpu_name(alias)} "
             if needle in text and (best is None or len(needle) > best[0]):
                 best = (len(needle), spec)
     return best[1] if best else None

@@ -139,12 +139,17 @@ class KvCache:
         return sum(self.layer_bytes)
 
 
+def _cache_cells(spec: ModelSpec, params: ContextParams) -> tuple[int, int]:
+    """Cells per stream of the full cache and of the sliding-window cache."""
+    cells_full = params.n_ctx_seq
+    window = spec.n_swa * (params.n_seq_max if params.kv_unified else 1) + params.n_ubatch
+    return cells_full, cells_full if params.swa_full else _pad(min(cells_full, window))
+
+
 def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
     """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers), and of
     the fixed-size recurrent state for recurrent layers (LFM2's short convolutions)."""
-    cells_full = params.n_ctx_seq
-    window = spec.n_swa * (params.n_seq_max if params.kv_unified else 1) + params.n_ubatch
-    cells_swa = cells_full if params.swa_full else _pad(min(cells_full, window))
+    cells_full, cells_swa = _cache_cells(spec, params)
     layers = []
     for il in range(spec.n_layer):
         if spec.is_recurrent and spec.is_recurrent[il]:
@@ -237,13 +242,8 @@ def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
 
 def _mask_cells(spec: ModelSpec, params: ContextParams) -> list[int]:
     """KV cells each attention mask spans: the full cache, and the SWA cache if any."""
-    kv = kv_cache(spec, params)
-    cells = []
-    if not all(spec.is_swa):
-        cells.append(kv.cells_full)
-    if any(spec.is_swa):
-        cells.append(kv.cells_swa)
-    return cells
+    cells_full, cells_swa = _cache_cells(spec, params)
+    return ([cells_full] if not all(spec.is_swa) else []) + ([cells_swa] if any(spec.is_swa) else [])
 
 
 def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bool = True) -> int:
