@@ -5,7 +5,6 @@ reads fewer bytes from RAM per token."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -79,6 +78,6 @@ def test_moe_keeps_attention_on_the_gpu_and_experts_on_the_cpu(qwen3_moe: ModelS
     assert unknown.request.n_cpu_moe == n_cpu_moe
 
 
-def test_user_given_n_cpu_moe_is_kept(qwen3_moe: ModelSpec, tmp_path: Path) -> None:
+def test_user_given_n_cpu_moe_is_kept(qwen3_moe: ModelSpec) -> None:
     plan = plan_run(qwen3_moe, RunRequest(ctx=4096, ngl=99, n_cpu_moe=46), _machine(8))
     assert (plan.request.ngl, plan.request.n_cpu_moe) == (99, 46)

@@ -4,7 +4,6 @@ stand-in through the real huggingface_hub client; split models read as one."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -171,4 +170,3 @@ def test_token_never_appears_in_errors(served_dir: Path) -> None:
         result = run_cli("inspect", "hf://acme/private-gemma/gemma.gguf", "--json", env={"HF_ENDPOINT": endpoint, "HF_TOKEN": token, "TIERLOCAL_DEBUG": "1"})
     assert result.returncode == 2
     assert token not in result.stdout + result.stderr
-    assert os.environ.get("HF_TOKEN") is None
