@@ -11,7 +11,7 @@ with the error of each against llama.cpp.
     .venv/bin/python bench/estimate_accuracy.py [--json]
 
 Needs the test assets (bash tests/run.sh, or python tests/assets/prepare.py). Components not
-estimated yet (the compute buffer) are printed as actual only.
+estimated (the CPU build's compute buffer beside Vulkan loads) are printed as actual only.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ LINES = {
     "output": re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s+([\d.]+) MiB"),
     "compute": re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB"),
 }
-# (model, -c, -np (None = auto), cache type, -ngl)
-MATRIX = [
+# (model, -c, -np (None = auto), cache type, -ngl[, --n-cpu-moe])
+MATRIX: list[tuple] = [
     ("gemma-3-270m", 2048, 1, "f16", 0),
     ("gemma-3-270m", 4096, 1, "f16", 5),
     ("gemma-3-270m", 4096, 2, "f16", 10),
@@ -61,6 +61,7 @@ MATRIX = [
     ("qwen3-8b", 8192, None, "f16", 5),
     ("qwen3-30b-a3b", 16384, 1, "f16", 3),
     ("lfm2-1.2b", 8192, 2, "f16", 9),
+    ("qwen3-30b-a3b", 4096, 1, "f16", 99, 46),
 ]
 # DeepSeek-V2-Lite (MLA) runs on the CPU build only: llvmpipe compiles its shaders for minutes.
 
@@ -175,12 +176,13 @@ def main() -> None:
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}
     peer = _peer_binary()
     rows = []
-    for model_key, ctx, parallel, cache_type, ngl in MATRIX:
+    for model_key, ctx, parallel, cache_type, ngl, *moe in MATRIX:
+        n_cpu_moe = moe[0] if moe else 0
         model, spec = models[model_key], specs[model_key]
         params = server_context(spec, ctx=ctx, parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type)
         kv = kv_cache(spec, params)
         on_gpu = gpu_layers(spec, ngl)
-        weights = weights_split(spec, ngl, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
+        weights = weights_split(spec, ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
         predicted = {
             ("weights", "Vulkan0"): weights.gpu_bytes / MIB,
             ("weights", "CPU_Mapped"): weights.cpu_mapped_bytes / MIB,
@@ -188,23 +190,27 @@ def main() -> None:
             ("kv", "CPU"): sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g) / MIB,
             ("output", "host"): output_buffer_bytes(spec, params) / MIB,
         }
-        peer_figures = _peer_estimate(peer, model, ctx, parallel, cache_type, ngl) if peer else {}
-        log = _load_log(binary, model, ctx, parallel, cache_type, ngl)
+        # gguf-parser-go takes no --n-cpu-moe: it is compared on the other cases.
+        peer_figures = _peer_estimate(peer, model, ctx, parallel, cache_type, ngl) if peer and not n_cpu_moe else {}
+        moe_args = ("--n-cpu-moe", str(n_cpu_moe), "-fa", "auto") if n_cpu_moe else ()
+        log = _load_log(binary, model, ctx, parallel, cache_type, ngl, moe_args)
         actual = {(component, device): mib for component, pattern in LINES.items() for device, mib in _by_device(pattern, log).items()}
         actual[("output", "host")] = sum(mib for (component, _), mib in list(actual.items()) if component == "output")
         # Per-device totals as llama.cpp prints them (integer MiB): the estimator's own plan
         # for the GPU (weights + KV + compute, with its partial-offload allowance) and the host
         # (mapped weights + KV/state + host compute; the logits buffer is not in the breakdown).
         flash = True  # -fa auto turns flash attention on for every model here; q8_0/q4_0 run with -fa on
-        planned = estimate_run(spec, RunRequest(ctx=ctx, parallel=parallel, ngl=ngl, n_cpu_moe=0, cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=flash), LLVMPIPE)
+        planned = estimate_run(spec, RunRequest(ctx=ctx, parallel=parallel, ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=flash), LLVMPIPE)
         gpu_device = planned.devices[0]
         predicted[("total", "Vulkan0")] = (gpu_device.weights_bytes + gpu_device.kv_bytes + gpu_device.compute_bytes) / MIB
+        predicted[("compute", "Vulkan0")] = gpu_device.compute_bytes / MIB
+        predicted[("compute", "Vulkan_Host")] = host_compute_bytes(spec, params, flash_attn=flash) / MIB
         predicted[("total", "Host")] = (weights.cpu_mapped_bytes + predicted_host_kv(kv, on_gpu) + host_compute_bytes(spec, params, flash_attn=flash)) / MIB
         for device, self_mib in BREAKDOWN_DEVICE.findall(log):
             actual[("total", device)] = float(self_mib)
         for self_mib in BREAKDOWN_HOST.findall(log):
             actual[("total", "Host")] = float(self_mib)
-        case = f"{model_key} -c {ctx} -np {parallel or 'auto'} -ctk/-ctv {cache_type} -ngl {ngl}"
+        case = f"{model_key} -c {ctx} -np {parallel or 'auto'} -ctk/-ctv {cache_type} -ngl {ngl}" + (f" --n-cpu-moe {n_cpu_moe}" if n_cpu_moe else "")
         for (component, device), value in sorted(predicted.items()):
             real = actual.get((component, device), 0.0)
             error = _error(value, real)
@@ -222,11 +228,8 @@ def main() -> None:
                 }
             )
         for (component, device), real in sorted(actual.items()):
-            if component == "compute":
+            if component == "compute" and (component, device) not in predicted:
                 rows.append({"case": case, "component": component, "device": device, "predicted_mib": None, "actual_mib": real, "error": None, "gguf_parser_mib": None, "gguf_parser_error": None})
-    if "--json" in sys.argv[1:]:
-        print(json.dumps(rows, indent=2))
-        return
     cpu_binary = Path(assets["llama_server_cpu"])
     for model_key, ctx, n_ubatch, flash_attn in COMPUTE_MATRIX:
         spec = specs[model_key]
@@ -239,6 +242,9 @@ def main() -> None:
     for path in sparse_dir.iterdir():
         path.unlink()
     sparse_dir.rmdir()
+    if "--json" in sys.argv[1:]:
+        print(json.dumps(rows, indent=2))
+        return
     print(f"{'case':58} {'component':9} {'device':12} {'llama.cpp':>10} {'tierlocal':>10} {'error':>8} {'gguf-parser':>11} {'error':>9}")
     for row in rows:
         ours = "-" if row["predicted_mib"] is None else f"{row['predicted_mib']:.2f}"
@@ -263,7 +269,7 @@ def main() -> None:
             "  (it has no -np auto: given 4 slots; it knows no device binding limit, so the output matrix it places on\n"
             "   the GPU stays on the CPU here on llvmpipe — part of its partial-offload weight error is that device limit)"
         )
-    print("Compute buffers: estimated for the CPU backend (calibrated formula); on the Vulkan device they are shown, not yet estimated.")
+    print("Compute buffers: calibrated formulas (tierlocal/memory.py): the CPU backend's, and on the Vulkan device the partial-offload rule.")
 
 
 if __name__ == "__main__":

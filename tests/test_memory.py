@@ -13,7 +13,15 @@ import pytest
 from conftest import Assets
 from engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
 from tierlocal.gguf import read_headers
-from tierlocal.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, server_context, weights_split
+from tierlocal.memory import (
+    compute_buffer_bytes,
+    gpu_layers,
+    kv_cache,
+    output_buffer_bytes,
+    partial_offload_compute_bytes,
+    server_context,
+    weights_split,
+)
 from tierlocal.model import model_spec
 
 _MIB = 1024 * 1024
@@ -72,6 +80,12 @@ def test_kv_and_weights_match_llama_server(assets: Assets, tmp_path: Path, ctx: 
     assert actual_model["CPU_Mapped"] == pytest.approx(weights.cpu_mapped_bytes / _MIB, abs=0.006)
     assert f"offloaded {min(ngl, spec.n_layer + 1)}/{spec.n_layer + 1} layers to GPU" in log
     assert sum(_buffers(_OUTPUT_LINE, log).values()) == pytest.approx(output_buffer_bytes(spec, params) / _MIB, abs=0.006)
+    # The device's compute buffer: the calibrated approximation, within 15% (see memory.py;
+    # the per-device totals it feeds are within 5%, bench/estimate_accuracy.py).
+    compute = compute_buffer_bytes(spec, params)
+    if ngl <= spec.n_layer:
+        compute = partial_offload_compute_bytes(spec, params, compute, on_gpu)
+    assert _buffers(_COMPUTE_LINE, log)["Vulkan0"] == pytest.approx(compute / _MIB, rel=0.15), log[-2000:]
 
 
 def test_sparse_llama3_8b_kv_and_layers_match_llama_server(assets: Assets, tmp_path: Path) -> None:
@@ -146,6 +160,11 @@ def test_moe_expert_offload_matches_llama_server(assets: Assets, tmp_path: Path)
     assert "offloaded 49/49 layers to GPU" in log
     assert _buffers(_MODEL_LINE, log)["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)
     assert _buffers(_KV_LINE, log)["Vulkan0"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)
+    # The device also runs the CPU-held experts' big batches: one expert tensor is copied in.
+    params = server_context(spec, ctx=4096, parallel=1)
+    compute = partial_offload_compute_bytes(spec, params, compute_buffer_bytes(spec, params), gpu_layers(spec, 99), 46)
+    assert compute > max(compute_buffer_bytes(spec, params), max(t.n_bytes for t in spec.tensors if "_exps" in t.name))
+    assert _buffers(_COMPUTE_LINE, log)["Vulkan0"] == pytest.approx(compute / _MIB, rel=0.15), log[-2000:]
 
 
 def test_mla_latent_cache_matches_llama_server(assets: Assets, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from .memory import (
     compute_buffer_bytes,
     gpu_layers,
     host_compute_bytes,
+    partial_offload_compute_bytes,
     kv_cache,
     output_buffer_bytes,
     server_context,
@@ -114,11 +115,8 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     devices = []
     if machine.gpu_name is not None:
         gpu_compute = compute
-        if (0 < offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
-            # Partial offload: the GPU also runs CPU layers' big operations, copying one
-            # layer's KV and its largest weight in (not calibrated on CUDA yet; errs high).
-            cpu_weights = [t.n_bytes for t in spec.tensors if t.layer >= 0 and (not on_gpu[t.layer] or t.layer < n_cpu_moe)]
-            gpu_compute += max(kv.layer_bytes, default=0) + max(cpu_weights, default=0)
+        if (offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
+            gpu_compute = partial_offload_compute_bytes(spec, params, compute, on_gpu, n_cpu_moe)
         devices.append(
             DeviceUsage(
                 machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes,
