@@ -10,7 +10,9 @@ import hashlib
 import json
 import os
 import re
+import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,7 +56,18 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
         pass
 
-    def _send_file(self, path: Path, *, head: bool, accept_ranges: bool = True, extra: dict[str, str] | None = None) -> None:
+    def _send_file(
+        self,
+        path: Path,
+        *,
+        head: bool,
+        accept_ranges: bool = True,
+        extra: dict[str, str] | None = None,
+        stop_after: int | None = None,
+        chunk_delay_s: float = 0.0,
+    ) -> None:
+        """Send ``path`` (honouring Range); ``stop_after`` drops the connection once that many
+        body bytes are out; ``chunk_delay_s`` sleeps between 64 KiB chunks (a slow link)."""
         size = path.stat().st_size
         start, end = 0, size - 1
         status = 200
@@ -85,8 +98,15 @@ class _Handler(BaseHTTPRequestHandler):
         with path.open("rb") as handle:
             handle.seek(start)
             remaining = end - start + 1
+            sent = 0
             while remaining > 0:
-                chunk = handle.read(min(_CHUNK, remaining))
+                if stop_after is not None and sent >= stop_after:
+                    # A dropped connection: no more bytes, no clean end of the body.
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                chunk = handle.read(min(_CHUNK, remaining, (stop_after - sent) if stop_after is not None else _CHUNK))
                 if not chunk:
                     break
                 try:
@@ -94,7 +114,10 @@ class _Handler(BaseHTTPRequestHandler):
                 except (BrokenPipeError, ConnectionResetError):
                     break
                 self.state.add_sent(self.path, len(chunk))
+                sent += len(chunk)
                 remaining -= len(chunk)
+                if chunk_delay_s:
+                    time.sleep(chunk_delay_s)
 
     def _send_json(self, status: int, payload: object, extra: dict[str, str] | None = None) -> None:
         body = json.dumps(payload).encode()
@@ -157,17 +180,26 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 @dataclass
 class HubRepo:
-    """A model repo: files on disk; ``private`` repos need ``token``."""
+    """A model repo: files on disk; ``private`` repos need ``token``.
+
+    ``declared_sha256`` replaces the LFS sha256 the hub states for a file (a corrupt upload,
+    or a huge sparse file not worth hashing); ``drop_after`` makes the CDN drop the
+    connection after that many bytes of a file, on the first request for it only;
+    ``chunk_delay_s`` slows the CDN down (seconds per 64 KiB)."""
 
     repo_id: str
     directory: Path
     private: bool = False
     token: str | None = None
+    declared_sha256: dict[str, str] = field(default_factory=dict)
+    drop_after: dict[str, int] = field(default_factory=dict)
+    chunk_delay_s: float = 0.0
 
 
 class _HubHandler(_Handler):
     repos: dict[str, HubRepo]
     sha_cache: dict[Path, str]
+    dropped: set[tuple[str, str]]
 
     def do_HEAD(self) -> None:
         self._route(head=True)
@@ -175,7 +207,10 @@ class _HubHandler(_Handler):
     def do_GET(self) -> None:
         self._route(head=False)
 
-    def _sha256(self, path: Path) -> str:
+    def _sha256(self, repo: HubRepo, path: Path) -> str:
+        declared = repo.declared_sha256.get(str(path.relative_to(repo.directory)))
+        if declared is not None:
+            return declared
         if path not in self.sha_cache:
             digest = hashlib.sha256()
             with path.open("rb") as handle:
@@ -197,7 +232,12 @@ class _HubHandler(_Handler):
             if file_path is None or not file_path.is_file():
                 self._send_json(404, {"error": "not found"})
                 return
-            self._send_file(file_path, head=head)
+            relative = cdn["file"]
+            with self.state.lock:
+                first = (repo.repo_id, relative) not in self.dropped
+                self.dropped.add((repo.repo_id, relative))
+            stop_after = repo.drop_after.get(relative) if first and not head else None
+            self._send_file(file_path, head=head, stop_after=stop_after, chunk_delay_s=repo.chunk_delay_s)
             return
         resolve = re.match(r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$", path)
         info = re.match(r"^/api/models/(?P<owner>[^/]+)/(?P<repo>[^/]+)(?:/revision/(?P<rev>[^/]+))?$", path)
@@ -214,11 +254,19 @@ class _HubHandler(_Handler):
             self._send_json(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
             return
         if info:
-            siblings = [
-                {"rfilename": str(p.relative_to(repo.directory)), "size": p.stat().st_size}
-                for p in sorted(repo.directory.rglob("*"))
-                if p.is_file()
-            ]
+            # With ?blobs=true the hub adds each file's size, blob id and LFS metadata.
+            blobs = "blobs=true" in urlsplit(self.path).query
+            siblings = []
+            for p in sorted(repo.directory.rglob("*")):
+                if not p.is_file():
+                    continue
+                sibling: dict[str, object] = {"rfilename": str(p.relative_to(repo.directory))}
+                if blobs:
+                    size = p.stat().st_size
+                    sibling.update({"blobId": hashlib.sha1(str(p).encode()).hexdigest(), "size": size})
+                    if p.suffix == ".gguf":
+                        sibling["lfs"] = {"sha256": self._sha256(repo, p), "size": size, "pointerSize": 134}
+                siblings.append(sibling)
             self._send_json(200, {"id": repo.repo_id, "sha": COMMIT, "private": repo.private, "siblings": siblings})
             return
         file_path = repo.directory / match["file"]
@@ -226,7 +274,7 @@ class _HubHandler(_Handler):
             self._send_json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT})
             return
         size = file_path.stat().st_size
-        sha = self._sha256(file_path)
+        sha = self._sha256(repo, file_path)
         if file_path.suffix == ".gguf":
             # LFS file: the hub answers with a redirect to its CDN (another host) and carries
             # the file's metadata on that redirect.
@@ -248,6 +296,6 @@ class _HubHandler(_Handler):
 def fake_hub(repos: list[HubRepo]) -> Iterator[tuple[str, ServerState]]:
     """A hub on loopback; point ``HF_ENDPOINT`` at the URL it yields."""
     state = ServerState()
-    handler = type("Handler", (_HubHandler,), {"repos": {r.repo_id: r for r in repos}, "sha_cache": {}, "state": state})
+    handler = type("Handler", (_HubHandler,), {"repos": {r.repo_id: r for r in repos}, "sha_cache": {}, "dropped": set(), "state": state})
     with _serve(handler) as url:
         yield url, state

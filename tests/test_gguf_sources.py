@@ -84,8 +84,8 @@ def test_private_repo_without_token_says_so(served_dir: Path) -> None:
         result = run_cli("inspect", "hf://acme/private-gemma/gemma.gguf", env={"HF_ENDPOINT": endpoint})
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "error: hf://acme/private-gemma/gemma.gguf: repository not found, or private",
-        "hint: check OWNER/REPO; for a private repo set HF_TOKEN",
+        "error: hf://acme/private-gemma/gemma.gguf: repository not found, or private and no valid token was sent (HTTP 401)",
+        "hint: check OWNER/REPO; for a private repo set HF_TOKEN or run `hf auth login`",
     ]
 
 

@@ -70,6 +70,7 @@ class ModelEntry:
     fixed_state_bytes: int
     frontier: bool
     ollama: str | None
+    gguf_repo: str | None
     licence: str
     facts_date: str
     note: str
@@ -267,6 +268,7 @@ def load_models() -> tuple[ModelEntry, ...]:
                         fixed_state_bytes=int(family.get("fixed_state_bytes", 0)),
                         frontier=bool(family.get("frontier", False)),
                         ollama=family.get("ollama", {}).get(quant),
+                        gguf_repo=family.get("gguf_repo"),
                         licence=family["licence"],
                         facts_date=family["facts_date"],
                         note=family.get("note", ""),
@@ -297,6 +299,7 @@ def _frontier_entry(model: FrontierModel) -> ModelEntry:
         fixed_state_bytes=0,
         frontier=True,
         ollama=None,
+        gguf_repo=None,
         licence=model.licence,
         facts_date=model.facts_date,
         note=model.no_support,

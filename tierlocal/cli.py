@@ -16,21 +16,10 @@ from .errors import TierlocalError, UsageError
 from .estimate import RunRequest
 from .fit import CatalogFit, Recommendation, recommend
 from .gguf import read_headers, summarize
-from .hardware import Hardware, detect, with_gpu_override
+from .hardware import Hardware
+from ._cli_common import DEFAULT_CTX as _DEFAULT_CTX, DEFAULT_MIN_TOKENS_PER_S as _DEFAULT_MIN_TOKENS_PER_S, gpu_option as _gpu_option, machine as _machine
 
 __all__ = ["cli", "main"]
-
-_DEFAULT_CTX = 8192
-_DEFAULT_MIN_TOKENS_PER_S = 5.0
-
-_gpu_option = click.option(
-    "--gpu",
-    "gpus",
-    multiple=True,
-    metavar="NAME|SIZE",
-    help="Plan for this GPU instead of detecting: a size (24GiB), a name from recipes/gpus.toml (\"RTX 4090\"), or N× either (2xH100). Repeatable.",
-)
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tierlocal")
@@ -61,10 +50,6 @@ def inspect(source: str, as_json: bool) -> None:
         print_json(summary.to_json())
     else:
         render_summary(summary)
-
-
-def _machine(gpus: Sequence[str]) -> Hardware:
-    return with_gpu_override(detect(), gpus)
 
 
 @cli.command()
@@ -106,6 +91,8 @@ def _fit_json(fit: CatalogFit | None) -> dict[str, object] | None:
         "fits": fit.fits,
         "est_decode_tokens_per_s": None if fit.est_decode_tokens_per_s is None else round(fit.est_decode_tokens_per_s, 1),
         "ollama_tag": entry.ollama,
+        "gguf_repo": entry.gguf_repo,
+        "pull": f"hf://{entry.gguf_repo} --quant {entry.quant}" if entry.gguf_repo else None,
     }
 
 
@@ -258,8 +245,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _register_commands() -> None:
     from ._plan_cli import plan
+    from ._pull_cli import pull
 
     cli.add_command(plan)
+    cli.add_command(pull)
 
 
 _register_commands()

@@ -16,12 +16,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx2
-from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url
-from huggingface_hub.utils import build_hf_headers
-from huggingface_hub import errors as hf_errors
+from huggingface_hub import get_session
 
 from .. import constants
 from ..errors import SourceError, UsageError
+from ..hub import locate_file
 from .parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
 
 __all__ = ["SourceSpec", "parse_source", "shard_names", "read_headers", "LocalFileReader", "HttpRangeReader"]
@@ -187,31 +186,8 @@ def _redact_url(url: str) -> str:
 def _hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client) -> HttpRangeReader:
     assert spec.repo_id is not None
     name = f"hf://{spec.repo_id}/{filename}" + (f"@{spec.revision}" if spec.revision else "")
-    url = hf_hub_url(spec.repo_id, filename, revision=spec.revision)
-    try:
-        # token=None: huggingface_hub's own rules (HF_TOKEN, then the stored login).
-        metadata = get_hf_file_metadata(url, token=None)
-    except hf_errors.GatedRepoError:
-        raise SourceError(name, "the repo is gated", hint="accept its licence on the hub, then set HF_TOKEN") from None
-    except hf_errors.RepositoryNotFoundError:
-        raise SourceError(
-            name,
-            "repository not found, or private",
-            hint="check OWNER/REPO; for a private repo set HF_TOKEN",
-        ) from None
-    except hf_errors.RevisionNotFoundError:
-        raise SourceError(name, f"revision {spec.revision!r} not found", hint="check the @REVISION (branch, tag or commit)") from None
-    except hf_errors.EntryNotFoundError:
-        raise SourceError(name, "file not found in the repo", hint="check the file name; `tierlocal pull hf://OWNER/REPO` lists what it has") from None
-    except hf_errors.HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else 0
-        raise _http_status_error(name, status) from None
-    except httpx2.HTTPError as exc:
-        raise SourceError(name, f"cannot reach the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
-    # The hub's own host gets the token; a redirect target (a CDN with a signed URL) does not.
-    same_host = urlsplit(metadata.location).netloc == urlsplit(url).netloc
-    headers = build_hf_headers(token=None) if same_host else {}
-    return HttpRangeReader(metadata.location, client, name=name, headers=headers)
+    location = locate_file(spec.repo_id, filename, spec.revision)
+    return HttpRangeReader(location.url, client, name=name, headers=location.headers)
 
 
 @contextmanager
