@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import httpx2
@@ -36,7 +37,7 @@ from engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port  # noqa: E402
 from sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
 
 from tierlocal.gguf import read_headers  # noqa: E402
-from tierlocal.estimate import Machine, RunRequest, estimate_run  # noqa: E402
+from tierlocal.estimate import Machine, RunRequest, estimate_run, plan_run  # noqa: E402
 from tierlocal.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
 from tierlocal.model import model_spec  # noqa: E402
 
@@ -112,6 +113,44 @@ BREAKDOWN_DEVICE = re.compile(r"common_memory_breakdown_print: \|\s+- (\S+) \(.*
 BREAKDOWN_HOST = re.compile(r"common_memory_breakdown_print: \|\s+- Host\s+\|\s+(\d+) =")
 #: A machine that holds llvmpipe's device as the GPU, for the planner's own per-device totals.
 LLVMPIPE = Machine("Vulkan0", "vulkan", 2048 * MIB, 2048 * MIB, None, 24 * 1024 * MIB, 20 * 1024 * MIB, 40 * 10**9, 0, 0, LLVMPIPE_MAX_TENSOR_BYTES)
+
+
+#: The same device with a 5% margin (the estimator's stated accuracy) and no allowance for the
+#: runtime: the planner packs it as full as it dares, so an underestimate would show as a
+#: failed allocation or a device total over 2048 MiB.
+LLVMPIPE_PLANNED = replace(LLVMPIPE, margin_bytes=2048 * MIB // 20)
+# Planned loads: (model, -c, -np, cache type): the planner chooses -ngl (and --n-cpu-moe).
+PLANNED = [
+    ("gemma-3-270m", 32768, 1, "f16"),
+    ("llama-3-8b", 8192, 2, "q8_0"),
+    ("qwen3-8b", 8192, 1, "f16"),
+    ("qwen3-30b-a3b", 16384, 1, "f16"),
+    ("lfm2-1.2b", 8192, 2, "f16"),
+]
+
+
+def _planned_loads(binary: Path, models: dict[str, Path], specs: dict[str, object]) -> list[dict[str, object]]:
+    """Load each PLANNED case with the -ngl / --n-cpu-moe the planner chose for llvmpipe."""
+    results = []
+    for model_key, ctx, parallel, cache_type in PLANNED:
+        request = RunRequest(ctx=ctx, parallel=parallel, ngl=None, n_cpu_moe=None, cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=True)
+        planned = plan_run(specs[model_key], request, LLVMPIPE_PLANNED)  # type: ignore[arg-type]
+        ngl, n_cpu_moe = planned.request.ngl or 0, planned.request.n_cpu_moe or 0
+        extra = ("--fit", "off", "-fa", "on") + (("--n-cpu-moe", str(n_cpu_moe)) if n_cpu_moe else ())
+        log = _load_log(binary, models[model_key], ctx, parallel, cache_type, ngl, extra)
+        offloaded = re.search(r"offloaded (\d+)/(\d+) layers to GPU", log)
+        device_total = {device: int(mib) for device, mib in BREAKDOWN_DEVICE.findall(log)}.get("Vulkan0")
+        results.append(
+            {
+                "case": f"{model_key} -c {ctx} -np {parallel} -ctk/-ctv {cache_type}",
+                "planned": f"-ngl {ngl}" + (f" --n-cpu-moe {n_cpu_moe}" if n_cpu_moe else ""),
+                "predicted_gpu_mib": round(planned.devices[0].total_needed_bytes / MIB),
+                "offloaded": f"{offloaded.group(1)}/{offloaded.group(2)}" if offloaded else "none",
+                "vulkan0_total_mib": device_total,
+                "loaded": "failed to allocate" not in log and "model loaded" in log,
+            }
+        )
+    return results
 
 
 def _peer_binary() -> Path | None:
@@ -239,11 +278,12 @@ def main() -> None:
         real = _by_device(LINES["compute"], log).get("CPU", 0.0)
         case = f"{model_key} -c {ctx} -ub {n_ubatch} -fa {flash_attn} (CPU build)"
         rows.append({"case": case, "component": "compute", "device": "CPU", "predicted_mib": round(predicted, 2), "actual_mib": real, "error": _error(predicted, real), "gguf_parser_mib": None, "gguf_parser_error": None})
+    planned_loads = _planned_loads(binary, models, specs)
     for path in sparse_dir.iterdir():
         path.unlink()
     sparse_dir.rmdir()
     if "--json" in sys.argv[1:]:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"components": rows, "planned_loads": planned_loads}, indent=2))
         return
     print(f"{'case':58} {'component':9} {'device':12} {'llama.cpp':>10} {'tierlocal':>10} {'error':>8} {'gguf-parser':>11} {'error':>9}")
     for row in rows:
@@ -269,6 +309,10 @@ def main() -> None:
             "  (it has no -np auto: given 4 slots; it knows no device binding limit, so the output matrix it places on\n"
             "   the GPU stays on the CPU here on llvmpipe — part of its partial-offload weight error is that device limit)"
         )
+    print("\nPlanned -ngl on llvmpipe (2048 MiB, 5% margin, --fit off); Vulkan0 totals in MiB:")
+    print(f"  {'case':44} {'plan':24} {'predicted':>9} {'llama.cpp':>9} {'offloaded':>9} loaded")
+    for load in planned_loads:
+        print(f"  {load['case']:44} {load['planned']:24} {load['predicted_gpu_mib']:>9} {load['vulkan0_total_mib'] or '-':>9} {load['offloaded']:>9} {'yes' if load['loaded'] else 'NO'}")
     print("Compute buffers: calibrated formulas (tierlocal/memory.py): the CPU backend's, and on the Vulkan device the partial-offload rule.")
 
 

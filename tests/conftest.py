@@ -29,6 +29,7 @@ class Assets:
     gemma_sha256: str
     ollama: Path
     ollama_version: str
+    registry: Path
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +51,7 @@ def assets() -> Assets:
         gemma_sha256=data["gemma_sha256"],
         ollama=Path(data["ollama"]),
         ollama_version=data["ollama_version"],
+        registry=Path(data["registry"]),
     )
 
 

@@ -255,3 +255,45 @@ def test_no_source_pulls_what_check_recommends(repo_dir: Path, tmp_path: Path) -
     assert said[0].startswith(f"pulling {best['model']} {best['quant']}: recommended for ")
     assert said[1].startswith(f"hf://{best['gguf_repo']}: {name} (")
     assert (tmp_path / "m" / name).is_file()
+
+
+def test_progress_bar_on_a_terminal_only(repo_dir: Path, tmp_path: Path) -> None:
+    """On a TTY stderr shows rich's bar (bytes, rate, ETA); piped (above) it stays quiet."""
+    import pty
+
+    size = (repo_dir / FILE).stat().st_size
+    with fake_hub([HubRepo(REPO, repo_dir, chunk_delay_s=0.001)]) as (endpoint, _):
+        primary, secondary = pty.openpty()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tierlocal", "pull", f"hf://{REPO}", "--quant", "Q4_K_M", "--dir", str(tmp_path / "m")],
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            env={**os.environ, **_env(endpoint, tmp_path), "TERM": "xterm-256color", "COLUMNS": "120"},
+            cwd=REPO_ROOT,
+        )
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(primary)
+        stdout, _ = process.communicate(timeout=60)
+    screen = b"".join(chunks).decode(errors="replace")
+    assert process.returncode == 0, screen[-2000:]
+    assert "downloading" in screen
+    assert f"{size / 1e6:.1f}/{size / 1e6:.1f} MB" in screen  # rich's DownloadColumn, decimal units
+    assert "MB/s" in screen
+    assert stdout.decode().startswith(str(tmp_path / "m" / FILE))
+
+
+def test_piped_json_run_writes_nothing_to_stderr(repo_dir: Path, tmp_path: Path) -> None:
+    with fake_hub([HubRepo(REPO, repo_dir)]) as (endpoint, _):
+        result = run_cli("pull", f"hf://{REPO}", "--quant", "Q8_0", "--dir", str(tmp_path / "m"), "--json", env=_env(endpoint, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert [Path(f["path"]).name for f in json.loads(result.stdout)["files"]] == ["gemma-3-270m-Q8_0.gguf"]

@@ -8,6 +8,7 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import httpx
 import ollama
 
 from .catalog import load_models
@@ -65,7 +66,7 @@ def pull_ollama(tag: str, *, insecure: bool = False, host: str | None = None, pr
                 if progress is not None:
                     progress(OllamaProgress(update.status or "", sum(done for done, _ in layers.values()), sum(total for _, total in layers.values())))
             listed = {model.model: model for model in client.list().models}
-        except ConnectionError:
+        except (ConnectionError, httpx.ConnectError):
             raise SourceError(
                 f"ollama://{tag}", f"no Ollama server answers at {base_url}", hint="start one with `ollama serve`, or set OLLAMA_HOST to where it runs"
             ) from None

