@@ -70,6 +70,7 @@ def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
         host_bandwidth=host.assumed_ram_bandwidth_bytes_per_s,
         gpu_overhead_bytes=host.gpu_runtime_overhead_bytes if gpu else 0,
         margin_bytes=host.fit_margin_bytes,
+        max_tensor_bytes=gpu.max_tensor_bytes if gpu else None,
     )
 
 

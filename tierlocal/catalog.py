@@ -43,6 +43,15 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
+class DeviceLimit:
+    """A device whose largest bindable buffer is small: tensors above ``max_buffer_bytes``
+    stay on the CPU. ``match`` is a substring of the driver's device name."""
+
+    match: str
+    max_buffer_bytes: int
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One model (one quantisation) from recipes/models.toml.
 
@@ -165,6 +174,15 @@ def _load(name: str) -> dict[str, object]:
 def normalise_gpu_name(name: str) -> str:
     """Lower case, dashes and underscores as spaces, single spaces: ``RTX-4090`` → ``rtx 4090``."""
     return " ".join(name.lower().replace("-", " ").replace("_", " ").split())
+
+
+def load_device_limits() -> tuple[DeviceLimit, ...]:
+    """The [[device_limit]] entries of recipes/gpus.toml."""
+    data = _load("gpus.toml")
+    try:
+        return tuple(DeviceLimit(str(entry["match"]), int(entry["max_buffer_mib"]) * 1024 * 1024) for entry in data.get("device_limit", []))  # type: ignore[attr-defined]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/gpus.toml: a device_limit lacks {exc}", hint="fix the entry") from None
 
 
 @cache

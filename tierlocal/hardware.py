@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from . import constants
-from .catalog import GpuSpec, find_gpu, load_gpus, normalise_gpu_name
+from .catalog import GpuSpec, find_gpu, load_device_limits, load_gpus, normalise_gpu_name
 from .engines.llama_server import find_llama_server, list_devices
 from .errors import HardwareError, UsageError
 from .units import parse_bytes
@@ -52,6 +52,8 @@ class Device:
     free_bytes: int
     bandwidth_bytes_per_s: int | None = None
     source: str = ""
+    #: The largest tensor the device binds (bytes); None: no known limit.
+    max_tensor_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,11 @@ ProbeFn = Callable[[], tuple[list[Device], Probe]]
 def _bandwidth_for(description: str) -> int | None:
     spec = _spec_for_description(description)
     return spec.bandwidth_bytes_per_s if spec else None
+
+
+def _max_buffer_for(description: str) -> int | None:
+    limits = [limit.max_buffer_bytes for limit in load_device_limits() if limit.match.lower() in description.lower()]
+    return min(limits) if limits else None
 
 
 def _spec_for_description(description: str) -> GpuSpec | None:
@@ -181,6 +188,7 @@ def probe_llama_server(binary: Path | None = None) -> tuple[list[Device], Probe]
             device.free_bytes,
             _bandwidth_for(device.description),
             f"llama-server:{device.name}",
+            _max_buffer_for(device.description),
         )
         for device in engine_devices
     ]
@@ -283,4 +291,10 @@ def with_gpu_override(hardware: Hardware, values: Sequence[str]) -> Hardware:
     """``hardware`` with its GPUs replaced by the ``--gpu`` values (host RAM and disk kept)."""
     if not values:
         return hardware
-    return replace(hardware, gpus=tuple(parse_gpu_override(values)), overridden=True)
+    devices = parse_gpu_override(values)
+    # "--gpu 24GiB" on a machine with a GPU means "this GPU, with that much memory": the
+    # detected device's binding limit still holds.
+    limits = [device.max_tensor_bytes for device in hardware.gpus if device.max_tensor_bytes]
+    if limits:
+        devices = [replace(device, max_tensor_bytes=min(limits)) if device.backend == "override" else device for device in devices]
+    return replace(hardware, gpus=tuple(devices), overridden=True)
