@@ -59,7 +59,7 @@ def test_cpu_build_has_no_offload_line_and_counts_recurrent_state() -> None:
 @pytest.mark.parametrize(
     ("name", "kinds"),
     [
-        ("fail-unknown-arch", ["unknown_architecture", "load_failed"]),
+        ("fail-unknown-arch", ["unknown_architecture", "model_error", "load_failed"]),
         ("fail-vcache-needs-fa", ["vcache_needs_flash_attn", "load_failed"]),
         ("fail-alloc-cpu", ["alloc_failed", "load_failed"]),
         ("crash-vulkan-kv-too-large", ["crashed"]),

@@ -246,9 +246,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _register_commands() -> None:
     from ._plan_cli import plan
     from ._pull_cli import pull
+    from ._serve_cli import serve, status
 
     cli.add_command(plan)
     cli.add_command(pull)
+    cli.add_command(serve)
+    cli.add_command(status)
 
 
 _register_commands()

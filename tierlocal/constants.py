@@ -60,3 +60,25 @@ def llama_server_override() -> str | None:
 def search_path() -> str:
     """``$PATH`` for finding engine binaries."""
     return os.environ.get("PATH", "")
+
+
+def notify_socket() -> str | None:
+    """systemd's ``$NOTIFY_SOCKET`` (set for Type=notify units), if any."""
+    return os.environ.get("NOTIFY_SOCKET") or None
+
+
+def credentials_dir() -> Path | None:
+    """systemd's ``$CREDENTIALS_DIRECTORY`` (LoadCredential=), if any."""
+    value = os.environ.get("CREDENTIALS_DIRECTORY")
+    return Path(value) if value else None
+
+
+def child_environment() -> dict[str, str]:
+    """The environment for an engine child: ours without systemd's notify socket (the child
+    must not claim readiness for us)."""
+    return {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}
+
+
+def run_dir() -> Path:
+    """Where running servers leave their state for ``tierlocal status``."""
+    return home_dir() / "run"

@@ -41,6 +41,7 @@ _FAILURES = [
     ("vcache_needs_flash_attn", re.compile(r"V cache quantization requires flash_attn|quantized V cache requires flash_attn")),
     ("context_exceeded", re.compile(r"Context size has been exceeded|exceeds the available context size")),
     ("crashed", re.compile(r"GGML_ASSERT|GGML_ABORT|pre-allocated tensor .* cannot run|Segmentation fault|terminate called")),
+    ("model_error", re.compile(r"error loading model: ")),
     ("load_failed", re.compile(r"exiting due to model loading error|failed to load model")),
 ]
 
@@ -69,7 +70,7 @@ class BufferSizes:
 @dataclass(frozen=True)
 class LoadFailure:
     """A known failure: ``kind`` (unknown_architecture, alloc_failed, vcache_needs_flash_attn,
-    context_exceeded, crashed, load_failed) and the line that said so."""
+    context_exceeded, crashed, model_error, load_failed) and the line that said so."""
 
     kind: str
     line: str

@@ -1,0 +1,191 @@
+"""`tierlocal serve` and `tierlocal status` with the real llama-server (CPU and Vulkan builds)
+and the Gemma model, driven as a user would: a subprocess, signals, the real openai client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import REPO_ROOT, Assets, run_cli
+from engines import free_port
+
+pytestmark = pytest.mark.engines
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is not running either.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@contextmanager
+def serving(assets: Assets, home: Path, *args: str, vulkan: bool = False) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
+    """Run `tierlocal serve --json`, yield the process and its ready object; stop it after."""
+    binary = assets.llama_server_vulkan if vulkan else assets.llama_server_cpu
+    env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--threads", "2", "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    try:
+        text = ""
+        assert process.stdout is not None
+        for line in process.stdout:
+            text += line
+            if line.startswith("}"):
+                break
+        if not text:
+            pytest.fail(f"serve printed nothing; stderr:\n{process.communicate(timeout=30)[1][-3000:]}")
+        yield process, json.loads(text)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        process.communicate()
+
+
+def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_path: Path) -> None:
+    port = free_port()
+    # 1650 MiB minus tierlocal's 512 MiB runtime allowance and 1 GiB margin leaves ~114 MiB:
+    # fewer layers than the model has.
+    with serving(assets, tmp_path, "--gpu", "1650MiB", "--ctx", "4096", "--parallel", "2", "--port", str(port), vulkan=True) as (process, ready):
+        plan, actual, delta = ready["plan"], ready["actual"], ready["delta"]
+        assert 0 < plan["layers_offloaded"] < plan["layers_total"]
+        log = Path(ready["log"]).read_text()
+        assert f"offloaded {plan['layers_offloaded']}/{plan['layers_total']} layers to GPU" in log
+        assert actual["layers_offloaded"] == plan["layers_offloaded"]
+        assert ready["argv"][ready["argv"].index("-ngl") + 1] == str(plan["layers_offloaded"])
+        assert (actual["parallel"], actual["n_ctx_per_slot"]) == (2, 2048)
+        assert delta["verified"] is True, delta
+        gpu = next(d for d in delta["devices"] if d["name"] == "Vulkan0")
+        assert abs(gpu["error"]) <= 0.05
+        # Two requests at once, both answered: one per slot.
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda prompt: client.completions.create(model="gemma", prompt=prompt, max_tokens=4, temperature=0), ["One", "Two"]))
+        client.close()
+        assert all(reply.choices[0].text and reply.usage and reply.usage.completion_tokens == 4 for reply in replies)
+        status = run_cli("status", "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["actual"] == actual
+        engine_pid = ready["engine_pid"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    assert _wait_gone(engine_pid)
+    assert not (tmp_path / "run" / f"serve-{port}.json").exists()
+    gone = run_cli("status", env={"TIERLOCAL_HOME": str(tmp_path)})
+    assert gone.returncode == 1 and gone.stderr.startswith("error: no tierlocal serve is running")
+
+
+def test_full_offload_on_the_device(assets: Assets, tmp_path: Path) -> None:
+    with serving(assets, tmp_path, "--ctx", "8192", "--port", str(free_port()), vulkan=True) as (_, ready):
+        assert ready["plan"]["layers_offloaded"] == ready["plan"]["layers_total"] == 19
+        assert "offloaded 19/19 layers to GPU" in Path(ready["log"]).read_text()
+        assert ready["delta"]["verified"] is True
+
+
+def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
+    result = run_cli(
+        "serve", str(assets.gemma_gguf), "--ctx", "16000000", "--port", str(free_port()),
+        env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "does not fit this machine as asked" in result.stderr and "nothing was started" in result.stderr
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
+
+
+def test_killed_engine_is_reported(assets: Assets, tmp_path: Path) -> None:
+    with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port())) as (process, ready):
+        os.kill(ready["engine_pid"], signal.SIGKILL)
+        code = process.wait(30)
+        stderr = process.stderr.read() if process.stderr else ""
+    assert code == 1
+    assert "error: llama-server stopped unexpectedly (signal 9)" in stderr
+
+
+def test_kill_9_of_tierlocal_leaves_no_engine(assets: Assets, tmp_path: Path) -> None:
+    with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port())) as (process, ready):
+        process.kill()
+        process.wait(10)
+        assert _wait_gone(ready["engine_pid"], 15), "llama-server outlived tierlocal"
+
+
+def test_engine_that_dies_while_loading_is_reported_with_its_log(assets: Assets, tmp_path: Path) -> None:
+    # The same model with one tensor renamed in its header: tierlocal plans it (sizes are all
+    # there), llama.cpp refuses to load it (a tensor it needs is missing).
+    broken = tmp_path / "renamed-tensor.gguf"
+    data = bytearray(assets.gemma_gguf.read_bytes())
+    at = data.find(b"blk.0.attn_q.weight", 0, 16 * 1024 * 1024)
+    assert at > 0
+    data[at : at + 19] = b"blk.0.attn_x.weight"
+    broken.write_bytes(bytes(data))
+    result = run_cli(
+        "serve", str(broken), "--ctx", "2048", "--port", str(free_port()),
+        env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
+    assert error.startswith("error: llama-server exited with 1 while loading: ")
+    assert "blk.0.attn_q.weight" in error  # llama.cpp's own words about the missing tensor
+    assert f"hint: see {tmp_path / 'run'}" in result.stderr
+
+
+def test_other_addresses_need_a_key_by_file(assets: Assets, tmp_path: Path) -> None:
+    env = {"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    refused = run_cli("serve", str(assets.gemma_gguf), "--host", "0.0.0.0", "--port", str(free_port()), env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[0] == "error: refusing to bind 0.0.0.0 without an API key: anyone who can reach it could use the model"
+    key = "tl-test-key-0123456789"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o644)
+    loose = run_cli("serve", str(assets.gemma_gguf), "--host", "0.0.0.0", "--api-key-file", str(key_file), "--port", str(free_port()), env=env)
+    assert loose.returncode == 2 and "is readable by others (mode 644)" in loose.stderr
+    key_file.chmod(0o600)
+    port = free_port()
+    with serving(assets, tmp_path, "--host", "0.0.0.0", "--api-key-file", str(key_file), "--ctx", "2048", "--port", str(port)) as (_, ready):
+        cmdline = Path(f"/proc/{ready['engine_pid']}/cmdline").read_bytes().split(b"\0")
+        assert b"--api-key-file" in cmdline and key.encode() not in b" ".join(cmdline)
+        assert key not in json.dumps(ready)
+        for api_key, ok in (("wrong", False), (key, True)):
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key, max_retries=0)
+            try:
+                reply = client.completions.create(model="gemma", prompt="Hi", max_tokens=2)
+                assert ok and reply.choices
+            except openai.AuthenticationError:
+                assert not ok
+            finally:
+                client.close()
