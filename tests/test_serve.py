@@ -45,10 +45,10 @@ def _wait_gone(pid: int, timeout_s: float = 20) -> bool:
 
 
 @contextmanager
-def serving(assets: Assets, home: Path, *args: str, vulkan: bool = False) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
+def serving(assets: Assets, home: Path, *args: str, vulkan: bool = False, extra_env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
     """Run `tierlocal serve --json`, yield the process and its ready object; stop it after."""
     binary = assets.llama_server_vulkan if vulkan else assets.llama_server_cpu
-    env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary)}
+    env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary), **(extra_env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--threads", "2", "--json", *args],
         stdout=subprocess.PIPE,
@@ -189,3 +189,25 @@ def test_other_addresses_need_a_key_by_file(assets: Assets, tmp_path: Path) -> N
                 assert not ok
             finally:
                 client.close()
+
+
+def test_systemd_notify_protocol_on_a_real_socket(assets: Assets, tmp_path: Path) -> None:
+    """READY=1 (with a STATUS) only once the load is verified, STOPPING=1 on SIGTERM, and the
+    engine child never sees NOTIFY_SOCKET (it must not claim readiness for us)."""
+    import socket
+
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(address)
+        listener.settimeout(60)
+        with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port()), extra_env={"NOTIFY_SOCKET": address}) as (process, ready):
+            messages = []
+            while not any("READY=1" in message for message in messages):
+                messages.append(listener.recv(4096).decode())
+            ready_message = next(message for message in messages if "READY=1" in message)
+            assert f"STATUS=serving {assets.gemma_gguf.name} on {ready['url']}" in ready_message
+            environ = Path(f"/proc/{ready['engine_pid']}/environ").read_bytes().split(b"\0")
+            assert not any(entry.startswith(b"NOTIFY_SOCKET=") for entry in environ)
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(30) == 0
+            assert listener.recv(4096).decode() == "STOPPING=1"

@@ -247,11 +247,13 @@ def _register_commands() -> None:
     from ._plan_cli import plan
     from ._pull_cli import pull
     from ._serve_cli import serve, status
+    from ._service_cli import service
 
     cli.add_command(plan)
     cli.add_command(pull)
     cli.add_command(serve)
     cli.add_command(status)
+    cli.add_command(service)
 
 
 _register_commands()

@@ -1,0 +1,86 @@
+"""`tierlocal service install serve`: the rendered unit passes systemd's own offline checks,
+and the command it starts really serves (run here the way systemd would: its credential
+directory, its notify socket)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from conftest import REPO_ROOT, Assets, run_cli
+from engines import free_port
+
+pytestmark = pytest.mark.engines
+
+KEY = "tl-service-key-9876543210"
+
+
+def _install(assets: Assets, tmp_path: Path, *extra: str) -> tuple[Path, str]:
+    key_file = tmp_path / "key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    port = free_port()
+    result = run_cli(
+        "service", "install", "serve", str(assets.gemma_gguf), "--llama-server", str(assets.llama_server_cpu),
+        "--ctx", "2048", "--host", "0.0.0.0", "--port", str(port), "--api-key-file", str(key_file), "--dir", str(tmp_path / "units"), *extra,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "units" / "tierlocal-serve.service", str(port)
+
+
+def test_unit_passes_systemd_analyze(assets: Assets, tmp_path: Path) -> None:
+    unit, _ = _install(assets, tmp_path)
+    text = unit.read_text()
+    verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, check=False)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    security = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True, check=False)
+    score = re.search(r"Overall exposure level for tierlocal-serve.service: ([\d.]+)", security.stdout)
+    assert score is not None, security.stdout[-2000:]
+    assert float(score.group(1)) <= 3.0  # "OK" on systemd's scale (0 safest … 10 exposed)
+    for line in ("Type=notify", "KillMode=mixed", "Restart=on-failure", "ProtectSystem=strict", "NoNewPrivileges=yes", "DevicePolicy=closed"):
+        assert line in text.splitlines()
+    assert not any(line.startswith("PrivateDevices") for line in text.splitlines())  # it would hide the GPU
+    assert f"LoadCredential=api-key:{tmp_path / 'key'}" in text
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
+    assert "--api-key" not in exec_start and KEY not in text
+    # --dry-run prints exactly what install writes.
+    dry = run_cli("service", "install", "serve", str(assets.gemma_gguf), *shlex.split(exec_start)[3:], "--api-key-file", str(tmp_path / "key"), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout == text
+
+
+def test_the_units_command_serves_with_the_credential_and_notifies(assets: Assets, tmp_path: Path) -> None:
+    unit, port = _install(assets, tmp_path)
+    exec_start = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=")
+    argv = shlex.split(exec_start.replace("%%", "%").replace("$$", "$"))
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    shutil.copy(tmp_path / "key", credentials / "api-key")
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(address)
+        listener.settimeout(90)
+        env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
+        process = subprocess.Popen([*argv, "--threads", "2"], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            while "READY=1" not in listener.recv(4096).decode():
+                pass
+            url = f"http://127.0.0.1:{port}/v1/models"
+            assert httpx2.get(url, timeout=10).status_code in (200, 401)  # model listing may be open
+            denied = httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
+            allowed = httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+            assert (denied.status_code, allowed.status_code) == (401, 200)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr[-2000:]
+    assert KEY not in stderr

@@ -1,0 +1,78 @@
+"""systemd units for tierlocal, rendered from the templates in systemd/ (packed into the wheel
+as tierlocal/_systemd)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TierlocalError
+
+__all__ = ["ServeUnit", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
+
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def templates_dir() -> Path:
+    """systemd/ beside the package in a source tree, or the copy packed inside the wheel."""
+    for candidate in (Path(__file__).parent / "_systemd", Path(__file__).parent.parent / "systemd"):
+        if candidate.is_dir():
+            return candidate
+    raise TierlocalError("the systemd/ templates are missing from this installation", hint="reinstall tierlocal")
+
+
+def systemd_quote(argument: str) -> str:
+    """One ExecStart argument: systemd expands % specifiers and $ variables and splits on
+    spaces, so those are escaped and anything unusual is double-quoted."""
+    escaped = argument.replace("%", "%%").replace("$", "$$")
+    if _SAFE.match(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def tierlocal_command() -> list[str]:
+    """How a unit starts this tierlocal: the console script beside this Python, else -m."""
+    script = Path(sys.executable).parent / "tierlocal"
+    if script.is_file() and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "tierlocal"]
+
+
+@dataclass(frozen=True)
+class ServeUnit:
+    """What `tierlocal-serve.service` runs: the serve arguments (absolute paths), the user,
+    and the key file to hand over as a systemd credential."""
+
+    serve_args: tuple[str, ...]
+    model: Path
+    user: str
+    api_key_file: Path | None
+
+
+def render_serve_unit(unit: ServeUnit) -> str:
+    """The unit text."""
+    template = (templates_dir() / "tierlocal-serve.service.in").read_text()
+    exec_start = " ".join(systemd_quote(part) for part in [*tierlocal_command(), "serve", *unit.serve_args])
+    credentials = f"LoadCredential=api-key:{unit.api_key_file}\n" if unit.api_key_file else ""
+    return template.format(
+        description=unit.model.name,
+        exec_start=exec_start,
+        user=unit.user,
+        environment="",
+        credentials=credentials,
+        model_dir=systemd_quote(str(unit.model.parent)),
+    )
+
+
+def write_unit(directory: Path, name: str, text: str) -> Path:
+    """Write ``directory/name`` atomically (never a half-written unit)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / name
+    temporary = directory / f".{name}.tmp"
+    temporary.write_text(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, target)
+    return target
