@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from . import constants
-from ._cli_common import gpu_option
+from ._cli_common import serve_options
 from ._render import print_json
 from .catalog import find_model
 from .errors import TierlocalError, UsageError
@@ -46,13 +46,7 @@ def _resolve_model(source: str, pull: bool) -> Path:
 @click.command()
 @click.argument("source")
 @click.option("--engine", type=click.Choice(["llama-server"]), default="llama-server", show_default=True, help="The engine to run (Ollama: a later release).")
-@click.option("--llama-server", "llama_server", metavar="PATH", help="The llama-server binary (default: $TIERLOCAL_LLAMA_SERVER, PATH, tierlocal's engine dir).")
-@click.option("--ctx", default="8192", show_default=True, help="Context tokens in all, or 'max' for the largest that fits.")
-@click.option("--parallel", default="1", show_default=True, help="Slots (each gets ctx/parallel), 'auto' (4 sharing one KV) or 'max'.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; anything but loopback needs --api-key-file.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
-@gpu_option
-@click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), help="Keys clients must send (one per line, mode 0600); passed to llama-server by file, never on its command line.")
+@serve_options
 @click.option("--pull", is_flag=True, help="Download an hf:// or catalog model first if it is not in the hub cache.")
 @click.option("--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model).")
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")

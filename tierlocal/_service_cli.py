@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ._cli_common import gpu_option
+from ._cli_common import serve_options
 from .engines.llama_server import find_llama_server
 from .errors import UsageError
 from .serve import check_exposure
@@ -24,13 +24,7 @@ def service() -> None:
 @service.command("install")
 @click.argument("what", type=click.Choice(["serve"]))
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--llama-server", "llama_server", metavar="PATH", help="The llama-server binary (resolved now: a service has no PATH of yours).")
-@click.option("--ctx", default="8192", show_default=True)
-@click.option("--parallel", default="1", show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
-@gpu_option
-@click.option("--api-key-file", type=click.Path(dir_okay=False, path_type=Path), help="Handed to the service as the systemd credential api-key (LoadCredential=).")
+@serve_options
 @click.option("--user", default="tierlocal", show_default=True, help="The account the service runs as.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
