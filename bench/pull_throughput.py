@@ -1,7 +1,7 @@
 """tierlocal's resumable downloader against huggingface_hub's own, side by side, in one run.
 
 Both fetch the Gemma file (253 MB) from the same Hub stand-in on loopback (tests/servers.py:
-listing, resolve with a redirect to a CDN host, Range), three times each, alternating, into
+listing, resolve with a redirect to a CDN host, Range), five times each, alternating, into
 fresh directories; prints the median seconds and MB/s of each and the ratio. Loopback takes
 the network out, so this measures the client's own cost (writing, hashing, verifying).
 
@@ -29,7 +29,7 @@ from servers import HubRepo, fake_hub  # noqa: E402
 
 REPO = "bench/gemma-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"
-ROUNDS = 3
+ROUNDS = 5
 
 HF_SNIPPET = """
 import sys, time

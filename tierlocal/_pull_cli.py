@@ -17,7 +17,6 @@ from .catalog import ModelEntry, find_model, load_gpus, load_host_defaults, load
 from .download import DownloadedFile, partial_paths
 from .errors import TierlocalError, UsageError
 from .fit import recommend
-from .ollama_pull import OllamaProgress, pull_ollama
 from .pull import DEFAULT_KEEP_FREE_BYTES, PlannedFile, PullPlan, check_disk, parse_hf_pull, plan_hf_pull, run_pull
 from .units import format_bytes, parse_bytes
 
@@ -144,6 +143,8 @@ def _run_with_progress(plan: PullPlan, interactive: bool) -> list[DownloadedFile
 
 
 def _pull_ollama(tag: str, insecure: bool, interactive: bool, as_json: bool) -> None:
+    from .ollama_pull import OllamaProgress, pull_ollama  # the ollama client is a slow import
+
     if not tag:
         raise UsageError("ollama:// needs a tag", hint="e.g. tierlocal pull ollama://qwen3:8b")
     if interactive:

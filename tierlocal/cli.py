@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -21,7 +22,30 @@ from ._cli_common import DEFAULT_CTX as _DEFAULT_CTX, DEFAULT_MIN_TOKENS_PER_S a
 
 __all__ = ["cli", "main"]
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Commands that live in their own modules are imported when used, not at every start
+    (huggingface_hub, ollama and gguf cost a second of imports together)."""
+
+    lazy = {
+        "plan": "tierlocal._plan_cli:plan",
+        "pull": "tierlocal._pull_cli:pull",
+        "serve": "tierlocal._serve_cli:serve",
+        "status": "tierlocal._serve_cli:status",
+        "service": "tierlocal._service_cli:service",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module_name, _, attribute = self.lazy[cmd_name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module_name), attribute)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tierlocal")
 def cli() -> None:
     """What fits on one GPU, and how to serve it.
@@ -241,19 +265,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         if exc.hint:
             click.echo(f"hint: {exc.hint}", err=True)
         sys.exit(exc.exit_code)
-
-
-def _register_commands() -> None:
-    from ._plan_cli import plan
-    from ._pull_cli import pull
-    from ._serve_cli import serve, status
-    from ._service_cli import service
-
-    cli.add_command(plan)
-    cli.add_command(pull)
-    cli.add_command(serve)
-    cli.add_command(status)
-    cli.add_command(service)
-
-
-_register_commands()
