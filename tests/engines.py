@@ -59,3 +59,17 @@ def llama_server_argv(binary: Path, model: Path, port: int, *extra: str, ctx: in
     ``parallel=None`` leaves -np at llama-server's auto default."""
     slots = [] if parallel is None else ["-np", str(parallel)]
     return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), *slots, "-t", "2", "-lv", "4", *extra]
+
+
+def process_gone(pid: int, timeout_s: float = 20) -> bool:
+    """Whether ``pid`` has exited (a zombie counts as exited) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False

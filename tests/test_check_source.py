@@ -53,7 +53,11 @@ def test_user_settings_are_honoured_not_replanned(assets: Assets) -> None:
     assert plan["request"]["ngl"] == 7 and plan["layers_offloaded"] == 7
     assert plan["request"]["parallel"] == 2 and plan["request"]["ctx_per_slot"] == 2048
     assert plan["command"][plan["command"].index("-ctk") + 1] == "q8_0"
-    assert plan["ollama"] == {"num_gpu": 7, "num_ctx": 2048, "env": {"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_FLASH_ATTENTION": "1", "OLLAMA_KV_CACHE_TYPE": "q8_0"}}
+    assert plan["ollama"] == {
+        "num_gpu": 7,
+        "num_ctx": 2048,
+        "env": {"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_CONTEXT_LENGTH": "2048", "OLLAMA_MAX_QUEUE": "8", "OLLAMA_FLASH_ATTENTION": "1", "OLLAMA_KV_CACHE_TYPE": "q8_0"},
+    }
 
 
 def test_cpu_only_machine_plans_everything_on_the_host(assets: Assets) -> None:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -18,30 +17,9 @@ import openai
 import pytest
 
 from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port
+from engines import free_port, process_gone
 
 pytestmark = pytest.mark.engines
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is not running either.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int, timeout_s: float = 20) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @contextmanager
@@ -104,7 +82,7 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
         engine_pid = ready["engine_pid"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
-    assert _wait_gone(engine_pid)
+    assert process_gone(engine_pid)
     assert not (tmp_path / "run" / f"serve-{port}.json").exists()
     gone = run_cli("status", env={"TIERLOCAL_HOME": str(tmp_path)})
     assert gone.returncode == 1 and gone.stderr.startswith("error: no tierlocal serve is running")
@@ -140,7 +118,7 @@ def test_kill_9_of_tierlocal_leaves_no_engine(assets: Assets, tmp_path: Path) ->
     with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port())) as (process, ready):
         process.kill()
         process.wait(10)
-        assert _wait_gone(ready["engine_pid"], 15), "llama-server outlived tierlocal"
+        assert process_gone(ready["engine_pid"], 15), "llama-server outlived tierlocal"
 
 
 def test_engine_that_dies_while_loading_is_reported_with_its_log(assets: Assets, tmp_path: Path) -> None:

@@ -89,7 +89,13 @@ def _command(model_path: str, estimate: RunEstimate) -> list[str]:
 
 def _ollama(estimate: RunEstimate) -> dict[str, object]:
     params, request = estimate.params, estimate.request
-    env = {"OLLAMA_NUM_PARALLEL": str(params.n_seq_max), "OLLAMA_FLASH_ATTENTION": "1" if request.flash_attn else "0"}
+    env = {
+        "OLLAMA_NUM_PARALLEL": str(params.n_seq_max),
+        "OLLAMA_CONTEXT_LENGTH": str(params.n_ctx_seq),
+        # Waiting requests beyond this get 503 at once (Ollama's default, 512, queues for minutes).
+        "OLLAMA_MAX_QUEUE": str(max(8, 4 * params.n_seq_max)),
+        "OLLAMA_FLASH_ATTENTION": "1" if request.flash_attn else "0",
+    }
     if request.cache_type_k != "f16":
         env["OLLAMA_KV_CACHE_TYPE"] = request.cache_type_k
     settings: dict[str, object] = {"num_gpu": request.ngl, "num_ctx": params.n_ctx_seq, "env": env}

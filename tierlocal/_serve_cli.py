@@ -45,7 +45,8 @@ def _resolve_model(source: str, pull: bool) -> Path:
 
 @click.command()
 @click.argument("source")
-@click.option("--engine", type=click.Choice(["llama-server"]), default="llama-server", show_default=True, help="The engine to run (Ollama: a later release).")
+@click.option("--engine", type=click.Choice(["llama-server", "ollama"]), default="llama-server", show_default=True, help="The engine: llama-server, or Ollama (an Ollama at --host:--port is used as it is; else `ollama serve` is started with the plan's settings).")
+@click.option("--ollama", "ollama_binary", metavar="PATH", help="--engine ollama: the ollama binary to start when none is running (default: PATH).")
 @serve_options
 @click.option("--pull", is_flag=True, help="Download an hf:// or catalog model first if it is not in the hub cache.")
 @click.option("--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model).")
@@ -54,6 +55,7 @@ def _resolve_model(source: str, pull: bool) -> Path:
 def serve(
     source: str,
     engine: str,
+    ollama_binary: str | None,
     llama_server: str | None,
     ctx: str,
     parallel: str,
@@ -76,9 +78,12 @@ def serve(
       tierlocal serve qwen3-8b --pull --ctx max
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
     """
-    del engine  # one engine today; the option is the contract
+    model = _resolve_model(source, pull)
+    if engine == "ollama":
+        _serve_with_ollama(model, ollama_binary, ctx, parallel, host, port, gpus, as_json)
+        return
     options = ServeOptions(
-        model=_resolve_model(source, pull),
+        model=model,
         llama_server=llama_server,
         ctx=ctx,
         parallel=parallel,
@@ -101,6 +106,38 @@ def serve(
         _render_status(payload)
 
     code = serve_llama(options, say=say, on_ready=on_ready)
+    if code:
+        sys.exit(code)
+
+
+def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, parallel: str, host: str, port: int, gpus: tuple[str, ...], as_json: bool) -> None:
+    from .serve import stop_on_signals
+    from .serve_ollama import OllamaServeOptions, check_ollama_exposure, plan_for_ollama, serve_ollama
+
+    check_ollama_exposure(host)
+    if not model.is_file():
+        raise UsageError(f"{model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
+    if click.get_current_context().get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
+        port = 11434  # Ollama's own port unless one is given
+    check = plan_for_ollama(model, gpus, ctx, parallel)
+
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    def on_ready(payload: dict[str, object]) -> None:
+        if as_json:
+            print_json(payload)
+            sys.stdout.flush()
+            return
+        actual, delta = payload["actual"], payload["delta"]
+        assert isinstance(actual, dict) and isinstance(delta, dict)
+        click.echo(f"serving {actual['ollama_model']} through Ollama at {payload['url']}: context {actual['context_length']}, {actual['size_vram_bytes'] / 2**20:.0f} of {actual['size_bytes'] / 2**20:.0f} MiB in VRAM")
+        click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
+        for warning in delta["warnings"]:
+            click.echo(f"warning: {warning}", err=True)
+
+    with stop_on_signals() as stop:
+        code = serve_ollama(check, model, OllamaServeOptions(host, port, ollama_binary), stop=stop, say=say, on_ready=on_ready)
     if code:
         sys.exit(code)
 

@@ -15,7 +15,8 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from .sdnotify import notify
 from .supervise import EngineChild, start_child
 from .verify import Verification, verify_load
 
-__all__ = ["ServeOptions", "EngineFailed", "serve_llama", "check_exposure", "state_path", "actual_json"]
+__all__ = ["ServeOptions", "EngineFailed", "serve_llama", "check_exposure", "state_path", "actual_json", "stop_on_signals"]
 
 #: Seconds of load allowed at least, plus one per this many bytes of model file.
 LOAD_TIMEOUT_BASE_S = 120.0
@@ -180,26 +181,51 @@ def serve_llama(options: ServeOptions, *, say: Callable[[str], None], on_ready: 
     machine = machine_for(hardware, load_host_defaults())
     check = _plan(options, hardware, machine)
 
+    with stop_on_signals() as stop:
+        try:
+            return _serve_attempts(options, binary, flags, key_file, check, hardware, machine, stop, say, on_ready)
+        finally:
+            state_path(options.port).unlink(missing_ok=True)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while inside; the previous handlers come back after."""
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for attempt in (1, 2):
-            outcome = _run_once(options, binary, flags, key_file, check, machine, stop, say, on_ready)
-            if isinstance(outcome, int):
-                return outcome
-            # An allocation failure at load: plan again for the memory llama.cpp saw free.
-            if attempt == 2:
-                raise outcome
-            replanned = _replan_for_free_memory(options, hardware, machine, outcome)
-            if replanned is None:
-                raise outcome
-            check, machine, change = replanned
-            say(f"retrying once: {change}")
-        raise AssertionError("unreachable")
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        state_path(options.port).unlink(missing_ok=True)
+
+
+def _serve_attempts(
+    options: ServeOptions,
+    binary: Path,
+    flags: object,
+    key_file: Path | None,
+    check: SourceCheck,
+    hardware: Hardware,
+    machine: Machine,
+    stop: threading.Event,
+    say: Callable[[str], None],
+    on_ready: Callable[[dict[str, object]], None],
+) -> int:
+    """Run once; on an allocation failure at load, plan again for the memory llama.cpp saw
+    free and run once more."""
+    for attempt in (1, 2):
+        outcome = _run_once(options, binary, flags, key_file, check, machine, stop, say, on_ready)
+        if isinstance(outcome, int):
+            return outcome
+        if attempt == 2:
+            raise outcome
+        replanned = _replan_for_free_memory(options, hardware, machine, outcome)
+        if replanned is None:
+            raise outcome
+        check, machine, change = replanned
+        say(f"retrying once: {change}")
+    raise AssertionError("unreachable")
 
 
 class _AllocationFailed(EngineFailed):

@@ -1,0 +1,104 @@
+"""`tierlocal serve --engine ollama` with the real Ollama (v0.33, running our llama-server) and
+the Gemma model: the planned settings reach Ollama and the llama-server it starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import ollama
+import pytest
+
+from conftest import REPO_ROOT, Assets, run_cli
+from engines import free_port, process_gone, running
+
+pytestmark = pytest.mark.engines
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TIERLOCAL_HOME": str(tmp_path / "tl"),
+        "OLLAMA_MODELS": str(tmp_path / "models"),
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+def _start_serve(assets: Assets, tmp_path: Path, port: int, *args: str) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ollama", str(assets.ollama), "--port", str(port), "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(tmp_path),
+        cwd=REPO_ROOT,
+    )
+    assert process.stdout is not None
+    text = ""
+    for line in process.stdout:
+        text += line
+        if line.startswith("}"):
+            break
+    if not text:
+        process.kill()
+        pytest.fail(process.communicate()[1][-3000:])
+    return process, json.loads(text)
+
+
+def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:
+    port = free_port()
+    process, ready = _start_serve(assets, tmp_path, port, "--ctx", "4096", "--parallel", "2")
+    try:
+        actual, delta = ready["actual"], ready["delta"]
+        assert delta["verified"] is True, delta
+        # Ollama's num_ctx is per slot; it starts llama-server with -c num_ctx×parallel -np parallel.
+        assert actual["context_length"] == 2048
+        log = Path(ready["log"]).read_text()
+        assert "llama_context: n_ctx                 = 4096" in log and "llama_context: n_seq_max             = 2" in log
+        assert (actual["n_ctx"], actual["parallel"]) == (4096, 2)
+        assert actual["size_vram_bytes"] == 0  # CPU only here, as planned (num_gpu 0)
+        client = ollama.Client(host=f"http://127.0.0.1:{port}")
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda p: client.generate(model=actual["ollama_model"], prompt=p, options={"num_predict": 3, "temperature": 0}), ["One", "Two"]))
+        (loaded,) = client.ps().models
+        client.close()
+        assert all(reply.done and reply.eval_count == 3 for reply in replies)
+        assert loaded.context_length == 2048  # still the planned context: no reload with defaults
+        engine_pid = ready["engine_pid"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+    assert process_gone(engine_pid)
+
+
+def test_a_running_ollama_is_used_as_it_is(assets: Assets, tmp_path: Path) -> None:
+    port = free_port()
+    env = {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
+    with running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env):
+        process, ready = _start_serve(assets, tmp_path, port, "--ctx", "2048")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 0
+        assert f"using the Ollama already at http://127.0.0.1:{port}; its server settings are its own" in stderr
+        assert ready["engine_pid"] is None and ready["delta"]["verified"] is True
+        assert ready["actual"]["context_length"] == 2048
+        client = ollama.Client(host=f"http://127.0.0.1:{port}")
+        assert client.list().models  # the server we did not start is still there, with the model
+        client.close()
+
+
+def test_ollama_is_never_exposed(assets: Assets) -> None:
+    result = run_cli("serve", str(assets.gemma_gguf), "--engine", "ollama", "--host", "0.0.0.0")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: refusing to expose Ollama on 0.0.0.0: Ollama has no API keys",
+        "hint: bind 127.0.0.1 and put `tierlocal gateway` (or a reverse proxy with auth) in front",
+    ]
