@@ -189,3 +189,21 @@ def test_systemd_notify_protocol_on_a_real_socket(assets: Assets, tmp_path: Path
             process.send_signal(signal.SIGTERM)
             assert process.wait(30) == 0
             assert listener.recv(4096).decode() == "STOPPING=1"
+
+
+def test_a_recorded_load_corrects_the_next_estimate(assets: Assets, tmp_path: Path) -> None:
+    args = ("--gpu", "1650MiB", "--ctx", "4096", "--parallel", "2", "--port", str(free_port()))
+    with serving(assets, tmp_path, *args, vulkan=True) as (first_process, first):
+        first_process.send_signal(signal.SIGTERM)
+        first_process.wait(30)
+    assert first["estimate_correction_bytes"] == 0
+    first_gpu = next(d for d in first["delta"]["devices"] if d["name"] == "Vulkan0")
+    with serving(assets, tmp_path, *args, vulkan=True) as (second_process, second):
+        second_process.send_signal(signal.SIGTERM)
+        second_process.wait(30)
+        stderr = second_process.stderr.read() if second_process.stderr else ""
+    miss = first_gpu["actual_bytes"] - first_gpu["planned_bytes"]
+    assert second["estimate_correction_bytes"] == miss
+    assert f"correcting the GPU estimate by {miss / 2**20:+.1f} MiB: the median miss of 1 recorded load(s)" in stderr
+    second_gpu = next(d for d in second["delta"]["devices"] if d["name"] == "Vulkan0")
+    assert abs(second_gpu["actual_bytes"] - second_gpu["planned_bytes"]) <= abs(miss) // 10 + 1024 * 1024

@@ -60,6 +60,9 @@ class Machine:
     gpu_overhead_bytes: int
     margin_bytes: int
     max_tensor_bytes: int | None = None
+    #: Added to the GPU's compute buffer: what recorded loads of the same model with the same
+    #: engine showed the estimate to miss (bytes; 0 without a record).
+    gpu_compute_correction_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         gpu_compute = compute
         if (offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
             gpu_compute = partial_offload_compute_bytes(spec, params, compute, on_gpu, n_cpu_moe)
+        gpu_compute = max(0, gpu_compute + machine.gpu_compute_correction_bytes)
         devices.append(
             DeviceUsage(
                 machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes,

@@ -29,6 +29,7 @@ from .errors import TierlocalError, UsageError
 from .estimate import Machine, RunRequest, estimate_run
 from .gguf import read_headers
 from .hardware import Hardware, detect, with_gpu_override
+from .history import gpu_correction, history_path
 from .loadlog import LoadLogParser, LoadReport, is_host_buffer
 from .model import model_spec
 from .sdnotify import notify
@@ -179,11 +180,27 @@ def serve_llama(options: ServeOptions, *, say: Callable[[str], None], on_ready: 
     flags = read_engine_flags(binary)
     hardware = with_gpu_override(detect(llama_server=binary), options.gpus)
     machine = machine_for(hardware, load_host_defaults())
+    history_key: dict[str, object] = {
+        "model": str(options.model.resolve()),
+        "file_bytes": options.model.stat().st_size,
+        "engine": str(binary.resolve()),
+        "engine_version": flags.version,
+        "ctx": options.ctx,
+        "parallel": options.parallel,
+        "gpus": list(options.gpus),
+    }
+    correction = gpu_correction(history_key) if machine.gpu_name is not None else None
+    if correction is not None and correction.bytes:
+        machine = replace(machine, gpu_compute_correction_bytes=correction.bytes)
+        say(
+            f"correcting the GPU estimate by {correction.bytes / 2**20:+.1f} MiB: the median miss of {correction.loads} "
+            "recorded load(s) of this model with this engine"
+        )
     check = _plan(options, hardware, machine)
 
     with stop_on_signals() as stop:
         try:
-            return _serve_attempts(options, binary, flags, key_file, check, hardware, machine, stop, say, on_ready)
+            return _serve_attempts(options, binary, flags, key_file, check, hardware, machine, stop, say, on_ready, history_key)
         finally:
             state_path(options.port).unlink(missing_ok=True)
 
@@ -211,11 +228,12 @@ def _serve_attempts(
     stop: threading.Event,
     say: Callable[[str], None],
     on_ready: Callable[[dict[str, object]], None],
+    history_key: dict[str, object],
 ) -> int:
     """Run once; on an allocation failure at load, plan again for the memory llama.cpp saw
     free and run once more."""
     for attempt in (1, 2):
-        outcome = _run_once(options, binary, flags, key_file, check, machine, stop, say, on_ready)
+        outcome = _run_once(options, binary, flags, key_file, check, machine, stop, say, on_ready, history_key)
         if isinstance(outcome, int):
             return outcome
         if attempt == 2:
@@ -261,6 +279,7 @@ def _run_once(
     stop: threading.Event,
     say: Callable[[str], None],
     on_ready: Callable[[dict[str, object]], None],
+    history_key: dict[str, object],
 ) -> int | _AllocationFailed:
     assert check.estimate is not None
     argv = plan_argv(binary, flags, check.command, host=options.host, port=options.port, api_key_file=key_file, threads=options.threads)  # type: ignore[arg-type]
@@ -311,12 +330,15 @@ def _run_once(
         "plan": source_check_json(check),
         "actual": actual_json(report),
         "delta": _delta_json(verification),
+        "estimate_correction_bytes": machine.gpu_compute_correction_bytes,
     }
     state = state_path(options.port)
     temporary = state.with_suffix(".tmp")
     temporary.write_text(json.dumps(payload, indent=2))
     os.replace(temporary, state)
-    _record_load(payload)
+    gpu_delta = next((delta for delta in verification.devices if delta.name != "host"), None)
+    if gpu_delta is not None and verification.layers_actual == verification.layers_planned:
+        _record_load(history_key, payload, gpu_delta.planned_bytes, gpu_delta.actual_bytes, machine.gpu_compute_correction_bytes)
     notify("READY=1", f"STATUS=serving {options.model.name} on {url}" + ("" if verification.ok else " (plan not held: see tierlocal status)"))
     on_ready(payload)
     while not stop.is_set():
@@ -332,10 +354,16 @@ def _run_once(
     return 0
 
 
-def _record_load(payload: dict[str, object]) -> None:
-    """Append the verified load to the history (plan vs actual per model and engine build)."""
-    history = constants.home_dir() / "loads.jsonl"
-    history.parent.mkdir(parents=True, exist_ok=True)
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **{key: payload[key] for key in ("engine", "engine_version", "plan", "actual", "delta")}}
-    with history.open("a") as handle:
+def _record_load(key: dict[str, object], payload: dict[str, object], planned_gpu: int, actual_gpu: int, correction: int) -> None:
+    """Append the verified load to the history the next plan of the same model and engine
+    learns from (tierlocal/history.py)."""
+    path = history_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "key": key,
+        "gpu": {"planned_bytes": planned_gpu, "actual_bytes": actual_gpu, "correction_bytes": correction},
+        **{name: payload[name] for name in ("engine", "engine_version", "plan", "actual", "delta")},
+    }
+    with path.open("a") as handle:
         handle.write(json.dumps(record) + "\n")
