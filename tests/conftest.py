@@ -30,6 +30,7 @@ class Assets:
     ollama: Path
     ollama_version: str
     registry: Path
+    llama_cpp_source: Path
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +53,7 @@ def assets() -> Assets:
         ollama=Path(data["ollama"]),
         ollama_version=data["ollama_version"],
         registry=Path(data["registry"]),
+        llama_cpp_source=Path(data["llama_cpp_source"]),
     )
 
 

@@ -32,6 +32,7 @@ class _LazyGroup(click.Group):
         "serve": "tierlocal._serve_cli:serve",
         "status": "tierlocal._serve_cli:status",
         "service": "tierlocal._service_cli:service",
+        "engine": "tierlocal._engine_cli:engine",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -314,6 +314,7 @@ def prepare() -> dict[str, str]:
         "ollama": str(ollama / "bin" / "ollama"),
         "ollama_version": OLLAMA_VERSION,
         "registry": str(registry / "usr" / "bin" / "docker-registry"),
+        "llama_cpp_source": str(llama_src),
     }
     manifest_path().write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"all assets ready in {time.monotonic() - total_started:.1f} s; manifest {manifest_path()}")

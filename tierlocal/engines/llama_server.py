@@ -44,7 +44,8 @@ def find_llama_server(explicit: str | None = None) -> Path | None:
     engine_dir = constants.engine_dir()
     if engine_dir.is_dir():
         for path in sorted(engine_dir.glob("*/bin/llama-server")):
-            return path
+            if not path.parent.parent.name.startswith("."):  # a build in progress
+                return path
     return None
 
 

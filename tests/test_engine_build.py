@@ -1,0 +1,78 @@
+"""`tierlocal engine build` compiles a real llama-server (from the llama.cpp the tests pin),
+`engine list` finds it, and `serve` runs it with nothing else configured."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, Assets, run_cli
+from engines import free_port
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.mark.parametrize(("tools", "backend"), [(["nvcc", "glslc"], "cuda"), (["hipcc"], "rocm"), (["glslc"], "vulkan"), ([], "cpu")])
+def test_backend_follows_the_tools_on_path(tmp_path: Path, tools: list[str], backend: str) -> None:
+    for tool in tools:
+        stub = tmp_path / tool
+        stub.write_text("#!/bin/sh\nexit 0\n")
+        stub.chmod(0o755)
+    probe = "from tierlocal.engine_build import choose_backend; print(choose_backend())"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, "PATH": str(tmp_path)}, check=True)
+    assert result.stdout.strip() == backend
+
+
+def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Path) -> None:
+    env = {"TIERLOCAL_HOME": str(tmp_path / "home")}
+    built = run_cli("engine", "build", "--backend", "cpu", "--source", str(assets.llama_cpp_source), "--json", env=env, timeout=1800)
+    assert built.returncode == 0, built.stderr[-3000:]
+    result = json.loads(built.stdout)
+    binary = Path(result["binary"])
+    assert binary == tmp_path / "home" / "engines" / "llama.cpp-local-cpu" / "bin" / "llama-server"
+    assert result["backend"] == "cpu" and result["version"].startswith("0.")
+    assert [p.name for p in binary.parent.parent.parent.iterdir()] == ["llama.cpp-local-cpu"]  # no staging left
+    # With no llama-server on PATH and none configured, tierlocal finds and uses the built one.
+    bare = {**env, "PATH": "/usr/bin:/bin", "TIERLOCAL_LLAMA_SERVER": ""}
+    listed = run_cli("engine", "list", "--json", env=bare)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["selected"] == str(binary)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--threads", "2", "--port", str(free_port()), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **bare},
+        cwd=REPO_ROOT,
+    )
+    try:
+        assert process.stdout is not None
+        text = ""
+        for line in process.stdout:
+            text += line
+            if line.startswith("}"):
+                break
+        assert text, process.communicate()[1][-3000:]
+        ready = json.loads(text)
+        assert ready["argv"][0] == str(binary)
+        assert ready["delta"]["verified"] is True
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert process.returncode == 0
+
+
+def test_cpu_features_become_switches_without_native_or_amx() -> None:
+    from tierlocal.engine_build import cpu_feature_flags
+
+    cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2 avx512f avx512vbmi amx_int8 amx_tile\n"
+    flags = cpu_feature_flags(cpuinfo)
+    assert flags[0] == "-DGGML_NATIVE=OFF"
+    assert {"-DGGML_AVX2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512_BF16=OFF"} <= set(flags)
+    assert not any("AMX" in flag for flag in flags)
