@@ -11,13 +11,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx2
 import pytest
 
 from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port
+from engines import free_port, running
 
 pytestmark = pytest.mark.engines
 
@@ -84,3 +85,41 @@ def test_the_units_command_serves_with_the_credential_and_notifies(assets: Asset
             _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr[-2000:]
     assert KEY not in stderr
+
+
+def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """The drop-in passes systemd-analyze on top of Ollama's installer unit, and an Ollama
+    started with its Environment= lines runs the plan's -c and -np."""
+
+    units = tmp_path / "units"
+    result = run_cli("service", "install", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "4096", "--parallel", "2", "--dir", str(units))
+    assert result.returncode == 0, result.stderr
+    dropin = units / "ollama.service.d" / "tierlocal.conf"
+    text = dropin.read_text()
+    assert 'Environment="OLLAMA_NUM_PARALLEL=2"' in text and 'Environment="OLLAMA_CONTEXT_LENGTH=2048"' in text
+    # Ollama's installer unit (install.sh), pointing at the real binary.
+    (units / "ollama.service").write_text(
+        "[Unit]\nDescription=Ollama Service\nAfter=network-online.target\n\n"
+        f"[Service]\nExecStart={assets.ollama} serve\nUser=root\nGroup=root\nRestart=always\nRestartSec=3\n\n[Install]\nWantedBy=default.target\n"
+    )
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(units / "ollama.service")],
+        capture_output=True, text=True, check=False, env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"},
+    )  # fmt: skip
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    environment = dict(re.findall(r'^Environment="([A-Z_]+)=([^"]*)"$', text, re.MULTILINE))
+    port = free_port()
+    env = {**environment, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
+    with running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "4096", "--parallel", "2", "--port", str(port), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl")},
+        )  # fmt: skip
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("}"):
+                break
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+        log = (tmp_path / "ollama.log").read_text()
+    assert "llama_context: n_ctx                 = 4096" in log and "llama_context: n_seq_max             = 2" in log

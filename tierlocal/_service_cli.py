@@ -11,7 +11,7 @@ from ._cli_common import serve_options
 from .engines.llama_server import find_llama_server
 from .errors import UsageError
 from .serve import check_exposure
-from .service import ServeUnit, render_serve_unit, write_unit
+from .service import ServeUnit, render_ollama_dropin, render_serve_unit, write_unit
 
 __all__ = ["service"]
 
@@ -25,6 +25,7 @@ def service() -> None:
 @click.argument("what", type=click.Choice(["serve"]))
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @serve_options
+@click.option("--engine", type=click.Choice(["llama-server", "ollama"]), default="llama-server", show_default=True, help="ollama: write a drop-in for the installer's ollama.service instead of a unit.")
 @click.option("--user", default="tierlocal", show_default=True, help="The account the service runs as.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
@@ -38,6 +39,7 @@ def install(
     port: int,
     gpus: tuple[str, ...],
     api_key_file: Path | None,
+    engine: str,
     user: str,
     directory: Path,
     dry_run: bool,
@@ -49,6 +51,9 @@ def install(
     model = model.resolve()
     if not model.is_file():
         raise UsageError(f"{model}: no such model file", hint="pull it first: tierlocal pull …, then give its path")
+    if engine == "ollama":
+        _install_ollama_dropin(model, ctx, parallel, host, port, gpus, directory, dry_run)
+        return
     binary = find_llama_server(llama_server)
     if binary is None:
         raise UsageError("no llama-server binary found", hint="pass --llama-server PATH")
@@ -71,3 +76,21 @@ def install(
     except KeyError:
         click.echo(f"create the account first: useradd --system --home-dir /var/lib/tierlocal --shell /usr/sbin/nologin {user}", err=True)
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-serve", err=True)
+
+
+def _install_ollama_dropin(model: Path, ctx: str, parallel: str, host: str, port: int, gpus: tuple[str, ...], directory: Path, dry_run: bool) -> None:
+    """ollama.service.d/tierlocal.conf: the plan's server settings for the installer's unit,
+    which every Ollama install overwrites (so tierlocal never edits it)."""
+    from .serve_ollama import check_ollama_exposure, plan_for_ollama
+
+    check_ollama_exposure(host)
+    if click.get_current_context().get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
+        port = 11434  # Ollama's own port unless one is given
+    check = plan_for_ollama(model, gpus, ctx, parallel)
+    text = render_ollama_dropin(check, model, None if (host, port) == ("127.0.0.1", 11434) else f"{host}:{port}")
+    if dry_run:
+        click.echo(text, nl=False)
+        return
+    path = write_unit(directory / "ollama.service.d", "tierlocal.conf", text)
+    click.echo(f"wrote {path}")
+    click.echo("then: systemctl daemon-reload && systemctl restart ollama, and load the model with `tierlocal serve MODEL --engine ollama`", err=True)

@@ -8,10 +8,14 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import TierlocalError
 
-__all__ = ["ServeUnit", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
+if TYPE_CHECKING:
+    from ._check_source import SourceCheck
+
+__all__ = ["ServeUnit", "render_ollama_dropin", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -76,3 +80,20 @@ def write_unit(directory: Path, name: str, text: str) -> Path:
     os.chmod(temporary, 0o644)
     os.replace(temporary, target)
     return target
+
+
+def render_ollama_dropin(check: SourceCheck, model: Path, ollama_host: str | None) -> str:
+    """The drop-in text: one ``Environment=`` per planned Ollama server setting, and
+    ``OLLAMA_HOST`` when it is not Ollama's default."""
+    settings = check.ollama
+    env = dict(settings["env"])  # type: ignore[call-overload]
+    if ollama_host is not None:
+        env["OLLAMA_HOST"] = ollama_host
+    lines = [
+        f"# Written by `tierlocal service install serve {model.name} --engine ollama`: the plan's server",
+        f"# settings for {model}. num_ctx {settings['num_ctx']} and num_gpu {settings['num_gpu']} are set on the model",
+        "# itself by `tierlocal serve MODEL --engine ollama`. Delete this file to return to Ollama's defaults.",
+        "[Service]",
+        *(f'Environment="{key}={value}"' for key, value in env.items()),
+    ]
+    return "\n".join(lines) + "\n"
