@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -73,3 +74,16 @@ def process_gone(pid: int, timeout_s: float = 20) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def first_json_document(process: subprocess.Popen[str]) -> dict:  # type: ignore[type-arg]
+    """The first JSON object a still-running `tierlocal … --json` prints (indented, ending in a
+    line "}"); fails the test with its stderr when it prints none."""
+    assert process.stdout is not None
+    text = ""
+    for line in process.stdout:
+        text += line
+        if line.startswith("}"):
+            return json.loads(text)  # type: ignore[no-any-return]
+    process.kill()
+    pytest.fail(f"no JSON on stdout; stderr:\n{process.communicate()[1][-3000:]}")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port
+from engines import first_json_document, free_port
 
 pytestmark = pytest.mark.engines
 
@@ -52,14 +52,7 @@ def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Pa
         cwd=REPO_ROOT,
     )
     try:
-        assert process.stdout is not None
-        text = ""
-        for line in process.stdout:
-            text += line
-            if line.startswith("}"):
-                break
-        assert text, process.communicate()[1][-3000:]
-        ready = json.loads(text)
+        ready = first_json_document(process)
         assert ready["argv"][0] == str(binary)
         assert ready["delta"]["verified"] is True
     finally:

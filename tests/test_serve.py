@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port, process_gone
+from engines import first_json_document, free_port, process_gone
 
 pytestmark = pytest.mark.engines
 
@@ -36,15 +36,7 @@ def serving(assets: Assets, home: Path, *args: str, vulkan: bool = False, extra_
         cwd=REPO_ROOT,
     )
     try:
-        text = ""
-        assert process.stdout is not None
-        for line in process.stdout:
-            text += line
-            if line.startswith("}"):
-                break
-        if not text:
-            pytest.fail(f"serve printed nothing; stderr:\n{process.communicate(timeout=30)[1][-3000:]}")
-        yield process, json.loads(text)
+        yield process, first_json_document(process)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -3,7 +3,6 @@ the Gemma model: the planned settings reach Ollama and the llama-server it start
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ import ollama
 import pytest
 
 from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port, process_gone, running
+from engines import first_json_document, free_port, process_gone, running
 
 pytestmark = pytest.mark.engines
 
@@ -38,16 +37,7 @@ def _start_serve(assets: Assets, tmp_path: Path, port: int, *args: str) -> tuple
         env=_env(tmp_path),
         cwd=REPO_ROOT,
     )
-    assert process.stdout is not None
-    text = ""
-    for line in process.stdout:
-        text += line
-        if line.startswith("}"):
-            break
-    if not text:
-        process.kill()
-        pytest.fail(process.communicate()[1][-3000:])
-    return process, json.loads(text)
+    return process, first_json_document(process)
 
 
 def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:

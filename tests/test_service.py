@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port, running
+from engines import first_json_document, free_port, running
 
 pytestmark = pytest.mark.engines
 
@@ -115,10 +115,7 @@ def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Asse
             [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "4096", "--parallel", "2", "--port", str(port), "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl")},
         )  # fmt: skip
-        assert process.stdout is not None
-        for line in process.stdout:
-            if line.startswith("}"):
-                break
+        assert first_json_document(process)["delta"]["verified"] is True
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
         log = (tmp_path / "ollama.log").read_text()

@@ -10,7 +10,7 @@ import click
 
 from .hardware import Hardware, detect, with_gpu_override
 
-__all__ = ["DEFAULT_CTX", "DEFAULT_MIN_TOKENS_PER_S", "gpu_option", "machine", "serve_options"]
+__all__ = ["DEFAULT_CTX", "DEFAULT_MIN_TOKENS_PER_S", "gpu_option", "machine", "serve_options", "ollama_port"]
 
 #: Context tokens per slot the catalog recommendation plans for.
 DEFAULT_CTX = 8192
@@ -53,3 +53,15 @@ def serve_options(command: _F) -> _F:
     ):
         command = option(command)
     return command
+
+
+#: Ollama's own port.
+OLLAMA_DEFAULT_PORT = 11434
+
+
+def ollama_port(port: int) -> int:
+    """``--port`` for the Ollama engine: Ollama's own port unless the user gave one (the
+    option's default is llama-server's)."""
+    if click.get_current_context().get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
+        return OLLAMA_DEFAULT_PORT
+    return port

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from . import constants
-from ._cli_common import serve_options
+from ._cli_common import ollama_port, serve_options
 from ._render import print_json
 from .catalog import find_model
 from .errors import TierlocalError, UsageError
@@ -95,19 +96,27 @@ def serve(
         threads=threads,
     )
 
-    def say(message: str) -> None:
-        click.echo(message, err=True)
+    code = serve_llama(options, say=_say, on_ready=_on_ready(as_json, _render_status))
+    if code:
+        sys.exit(code)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _on_ready(as_json: bool, render: Callable[[dict[str, object]], None]) -> Callable[[dict[str, object]], None]:
+    """Once the engine is up: the JSON object on stdout (flushed: a supervisor may be reading
+    it while we keep running), or the human summary."""
 
     def on_ready(payload: dict[str, object]) -> None:
         if as_json:
             print_json(payload)
             sys.stdout.flush()
-            return
-        _render_status(payload)
+        else:
+            render(payload)
 
-    code = serve_llama(options, say=say, on_ready=on_ready)
-    if code:
-        sys.exit(code)
+    return on_ready
 
 
 def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, parallel: str, host: str, port: int, gpus: tuple[str, ...], as_json: bool) -> None:
@@ -117,18 +126,10 @@ def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, paralle
     check_ollama_exposure(host)
     if not model.is_file():
         raise UsageError(f"{model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
-    if click.get_current_context().get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
-        port = 11434  # Ollama's own port unless one is given
+    port = ollama_port(port)
     check = plan_for_ollama(model, gpus, ctx, parallel)
 
-    def say(message: str) -> None:
-        click.echo(message, err=True)
-
-    def on_ready(payload: dict[str, object]) -> None:
-        if as_json:
-            print_json(payload)
-            sys.stdout.flush()
-            return
+    def render(payload: dict[str, object]) -> None:
         actual, delta = payload["actual"], payload["delta"]
         assert isinstance(actual, dict) and isinstance(delta, dict)
         click.echo(f"serving {actual['ollama_model']} through Ollama at {payload['url']}: context {actual['context_length']}, {actual['size_vram_bytes'] / 2**20:.0f} of {actual['size_bytes'] / 2**20:.0f} MiB in VRAM")
@@ -137,7 +138,7 @@ def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, paralle
             click.echo(f"warning: {warning}", err=True)
 
     with stop_on_signals() as stop:
-        code = serve_ollama(check, model, OllamaServeOptions(host, port, ollama_binary), stop=stop, say=say, on_ready=on_ready)
+        code = serve_ollama(check, model, OllamaServeOptions(host, port, ollama_binary), stop=stop, say=_say, on_ready=_on_ready(as_json, render))
     if code:
         sys.exit(code)
 

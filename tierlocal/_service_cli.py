@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ._cli_common import serve_options
+from ._cli_common import OLLAMA_DEFAULT_PORT, ollama_port, serve_options
 from .engines.llama_server import find_llama_server
 from .errors import UsageError
 from .serve import check_exposure
@@ -84,10 +84,9 @@ def _install_ollama_dropin(model: Path, ctx: str, parallel: str, host: str, port
     from .serve_ollama import check_ollama_exposure, plan_for_ollama
 
     check_ollama_exposure(host)
-    if click.get_current_context().get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
-        port = 11434  # Ollama's own port unless one is given
+    port = ollama_port(port)
     check = plan_for_ollama(model, gpus, ctx, parallel)
-    text = render_ollama_dropin(check, model, None if (host, port) == ("127.0.0.1", 11434) else f"{host}:{port}")
+    text = render_ollama_dropin(check, model, None if (host, port) == ("127.0.0.1", OLLAMA_DEFAULT_PORT) else f"{host}:{port}")
     if dry_run:
         click.echo(text, nl=False)
         return
