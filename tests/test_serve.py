@@ -199,3 +199,20 @@ def test_a_recorded_load_corrects_the_next_estimate(assets: Assets, tmp_path: Pa
     assert f"correcting the GPU estimate by {miss / 2**20:+.1f} MiB: the median miss of 1 recorded load(s)" in stderr
     second_gpu = next(d for d in second["delta"]["devices"] if d["name"] == "Vulkan0")
     assert abs(second_gpu["actual_bytes"] - second_gpu["planned_bytes"]) <= abs(miss) // 10 + 1024 * 1024
+
+
+def test_allocation_failure_is_planned_again_once(assets: Assets, tmp_path: Path) -> None:
+    """The device refuses any buffer over 60 MB (llama.cpp's GGML_VK_FORCE_MAX_BUFFER_SIZE), so
+    the planned all-layers load fails on its 65 MiB weights buffer; tierlocal plans again for
+    what the device can have held and the second load works."""
+    args = ("--ctx", "4096", "--port", str(free_port()))
+    with serving(assets, tmp_path, *args, vulkan=True, extra_env={"GGML_VK_FORCE_MAX_BUFFER_SIZE": "60000000"}) as (process, ready):
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        stderr = process.stderr.read() if process.stderr else ""
+    retry = next(line for line in stderr.splitlines() if line.startswith("retrying once: "))
+    assert retry.startswith("retrying once: llama.cpp could not allocate 65 MiB on the GPU; planned again for ")
+    assert retry.endswith(f"-ngl {ready['plan']['layers_offloaded']} instead of 19")
+    assert 0 < ready["plan"]["layers_offloaded"] < 19
+    assert ready["actual"]["layers_offloaded"] == ready["plan"]["layers_offloaded"]
+    assert ready["delta"]["verified"] is True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import signal
 import stat
 import threading
@@ -238,7 +239,7 @@ def _serve_attempts(
             return outcome
         if attempt == 2:
             raise outcome
-        replanned = _replan_for_free_memory(options, hardware, machine, outcome)
+        replanned = _replan_for_free_memory(options, hardware, machine, check, outcome)
         if replanned is None:
             raise outcome
         check, machine, change = replanned
@@ -252,20 +253,34 @@ class _AllocationFailed(EngineFailed):
         self.report = report
 
 
-def _replan_for_free_memory(options: ServeOptions, hardware: Hardware, machine: Machine, failed: _AllocationFailed) -> tuple[SourceCheck, Machine, str] | None:
-    free = dict(failed.report.devices)
-    if machine.gpu_name is None or not free:
+def _replan_for_free_memory(
+    options: ServeOptions, hardware: Hardware, machine: Machine, planned: SourceCheck, failed: _AllocationFailed
+) -> tuple[SourceCheck, Machine, str] | None:
+    """A plan for the memory the device really had: the least of what llama.cpp saw free as
+    it started, and what the plan put on the GPU less the buffer the device refused (it held
+    at most that much), plus our margin and runtime allowance."""
+    assert planned.estimate is not None
+    if machine.gpu_name is None:
         return None
-    seen_free = min(free.values())
-    if seen_free >= machine.gpu_free_bytes:
-        seen_free = int(machine.gpu_free_bytes * 0.8)  # it failed anyway: ask for a fifth less
-    smaller = replace(machine, gpu_free_bytes=seen_free)
+    gpu = planned.estimate.devices[0]
+    refused = failed.report.failure("alloc_failed")
+    refused_bytes = int(match.group(1)) if refused and (match := re.search(r"buffer of size (\d+)", refused.line)) else 0
+    held_at_most = max(0, gpu.weights_bytes + gpu.kv_bytes + gpu.compute_bytes - refused_bytes)
+    candidates = [machine.gpu_free_bytes, held_at_most + machine.margin_bytes + machine.gpu_overhead_bytes, *failed.report.devices.values()]
+    free = min(candidates)
+    if free >= machine.gpu_free_bytes:
+        return None
+    smaller = replace(machine, gpu_free_bytes=free)
     try:
         check = _plan(options, hardware, smaller)
     except TierlocalError:
         return None
     assert check.estimate is not None
-    change = f"planned for {seen_free / 2**20:.0f} MiB free on the GPU instead of {machine.gpu_free_bytes / 2**20:.0f} MiB: -ngl {check.estimate.request.ngl}"
+    change = (
+        f"llama.cpp could not allocate {refused_bytes / 2**20:.0f} MiB on the GPU; planned again for "
+        f"{free / 2**20:.0f} MiB free instead of {machine.gpu_free_bytes / 2**20:.0f} MiB: -ngl {check.estimate.request.ngl} "
+        f"instead of {planned.estimate.request.ngl}"
+    )
     return check, smaller, change
 
 
