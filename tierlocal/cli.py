@@ -33,6 +33,8 @@ class _LazyGroup(click.Group):
         "status": "tierlocal._serve_cli:status",
         "service": "tierlocal._service_cli:service",
         "engine": "tierlocal._engine_cli:engine",
+        "gateway": "tierlocal._gateway_cli:gateway",
+        "usage": "tierlocal._gateway_cli:usage",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -1,0 +1,153 @@
+"""The gateway's configuration contract and its SQLite state: keys stored hashed, budgets that
+concurrent processes cannot overrun, usage totals. (The HTTP server is a later step.)"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from tierlocal.errors import UsageError
+from tierlocal.gateway.config import load_config, parse_config
+from tierlocal.gateway.store import GatewayStore, UsageRecord
+
+# The issue's configuration contract, as written (state_dir moved into the test's directory).
+CONTRACT = """
+[server]
+host = "127.0.0.1"
+port = 8088
+state_dir = "{state_dir}"          # SQLite and logs live here
+
+[[routes]]
+model = "qwen3-14b"                       # the id clients send
+targets = [
+  {{ url = "http://127.0.0.1:8080/v1", model = "qwen3-14b" }},                          # local llama-server
+  {{ url = "https://api.moonshot.ai/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }},  # fallback
+]
+
+[[routes]]
+model = "kimi-k3"
+targets = [ {{ url = "https://api.moonshot.ai/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }} ]
+
+[prices."kimi-k3"]                        # USD per million tokens
+input_cache_hit = 0.30
+input_cache_miss = 3.00
+output = 15.00
+
+[[users]]
+name = "alice"
+requests_per_minute = 60
+budget_usd = 5.00
+budget_period = "month"
+"""
+
+
+def _contract(tmp_path: Path) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(CONTRACT.format(state_dir=tmp_path / "state"))
+    return path
+
+
+def test_the_contract_example_loads(tmp_path: Path) -> None:
+    config = load_config(_contract(tmp_path))
+    route = config.route("qwen3-14b")
+    assert route is not None and [t.url for t in route.targets] == ["http://127.0.0.1:8080/v1", "https://api.moonshot.ai/v1"]
+    assert [t.hosted for t in route.targets] == [False, True]
+    assert route.targets[1].api_key_env == "MOONSHOT_API_KEY"
+    assert config.prices["kimi-k3"].output == 15.0
+    alice = config.user("alice")
+    assert alice is not None and (alice.requests_per_minute, alice.budget_usd, alice.budget_period) == (60, 5.0, "month")
+    assert config.server.state_dir == tmp_path / "state"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (('model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" } ]', 'model = "kimi-k3", api_key = "sk-secret" } ]'), "routes[1].targets[0].api_key: keys never go in the config file"),
+        (('budget_period = "month"', 'budget_period = "fortnight"'), "users[0].budget_period: 'fortnight' is not a period"),
+        (('url = "http://127.0.0.1:8080/v1"', 'url = "127.0.0.1:8080"'), "routes[0].targets[0].url: '127.0.0.1:8080' is not an http(s) URL"),
+        (('requests_per_minute = 60', 'requests_per_minute = -1'), "users[0].requests_per_minute: must be a whole number above 0, not -1"),
+    ],
+)
+def test_bad_config_is_one_precise_error(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+    path = _contract(tmp_path)
+    text = path.read_text()
+    assert text.count(edit[0]) == 1, edit[0]
+    path.write_text(text.replace(edit[0], edit[1]))
+    with pytest.raises(UsageError) as error:
+        load_config(path)
+    assert str(error.value) == f"{path}: {message}"
+    assert "sk-secret" not in str(error.value) + (error.value.hint or "")
+
+
+def test_keys_are_shown_once_and_stored_hashed(tmp_path: Path) -> None:
+    config = _contract(tmp_path)
+    added = run_cli("gateway", "keys", "add", "alice", "--config", str(config), "--json")
+    assert added.returncode == 0, added.stderr
+    key = json.loads(added.stdout)["key"]
+    assert json.loads(added.stdout)["user"] == "alice" and key.startswith("tlk-") and len(key) > 40
+    stored = b"".join(path.read_bytes() for path in (tmp_path / "state").iterdir())
+    assert key.encode() not in stored and key[10:].encode() not in stored
+    store = GatewayStore(tmp_path / "state")
+    assert store.authenticate(key) == "alice"
+    assert store.authenticate(key + "x") is None
+    store.close()
+    listed = run_cli("gateway", "keys", "list", "--config", str(config), "--json")
+    assert key not in listed.stdout and json.loads(listed.stdout)[0]["prefix"] == key[:10]
+    stranger = run_cli("gateway", "keys", "add", "mallory", "--config", str(config))
+    assert stranger.returncode == 2 and "no [[users]] entry named 'mallory'" in stranger.stderr
+    assert run_cli("gateway", "keys", "revoke", "alice", "--config", str(config)).returncode == 0
+    store = GatewayStore(tmp_path / "state")
+    assert store.authenticate(key) is None
+    store.close()
+
+
+def _reserve_many(state_dir: str, count: int, results: "multiprocessing.Queue[int]") -> None:
+    store = GatewayStore(Path(state_dir))
+    granted = sum(store.reserve("alice", 0.01, 0.20, "month") is not None for _ in range(count))
+    store.close()
+    results.put(granted)
+
+
+def test_concurrent_processes_cannot_overrun_a_budget(tmp_path: Path) -> None:
+    """Ten processes race for 0.01 USD reservations, 10 each, against 0.20 USD: exactly 20 win."""
+    context = multiprocessing.get_context("spawn")
+    results: multiprocessing.Queue[int] = context.Queue()
+    workers = [context.Process(target=_reserve_many, args=(str(tmp_path), 10, results)) for _ in range(10)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert sum(results.get(timeout=5) for _ in workers) == 20
+    store = GatewayStore(tmp_path)
+    assert store.spent("alice", "month") == pytest.approx(0.20)
+    store.close()
+
+
+def test_settling_replaces_the_hold_and_usage_totals_add_up(tmp_path: Path) -> None:
+    config = _contract(tmp_path)
+    store = GatewayStore(tmp_path / "state")
+    held = store.reserve("alice", 1.00, 5.00, "month")
+    assert held is not None and store.spent("alice", "month") == pytest.approx(1.00)
+    store.settle(held, UsageRecord("alice", "kimi-k3", "kimi-k3", "https://api.moonshot.ai/v1", 200, 1000, 400, 200, 0.0051, 120.0))
+    store.settle(None, UsageRecord("alice", "qwen3-14b", "qwen3-14b", "http://127.0.0.1:8080/v1", 200, 50, 0, 10, 0.0, 30.0))
+    assert store.spent("alice", "month") == pytest.approx(0.0051)
+    store.close()
+    result = run_cli("usage", "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    totals = json.loads(result.stdout)
+    assert totals["users"]["alice"] == {"requests": 2, "prompt_tokens": 1050, "cached_tokens": 400, "completion_tokens": 210, "cost_usd": 0.0051}
+    assert totals["models"]["kimi-k3"]["cost_usd"] == 0.0051 and totals["models"]["qwen3-14b"]["requests"] == 1
+
+
+def test_default_config_routes_kimi_to_the_hosted_api() -> None:
+    config = parse_config({}, "(test)")
+    assert config.routes == ()
+    from tierlocal.gateway.config import default_config
+
+    default = default_config()
+    route = default.route("kimi-k3")
+    assert route is not None and route.targets[0].url == "https://api.moonshot.ai/v1" and route.targets[0].api_key_env == "MOONSHOT_API_KEY"

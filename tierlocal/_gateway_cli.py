@@ -1,0 +1,109 @@
+"""The ``tierlocal gateway keys …`` and ``tierlocal usage`` commands."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from ._render import print_json
+from .errors import UsageError
+from .gateway.config import GatewayConfig, default_config, load_config
+from .gateway.store import GatewayStore, period_start
+
+__all__ = ["gateway", "usage"]
+
+_config_option = click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration).")
+
+
+def _config(path: Path | None) -> GatewayConfig:
+    return load_config(path) if path is not None else default_config()
+
+
+@click.group()
+def gateway() -> None:
+    """The OpenAI-compatible fallback gateway: its keys (the server itself is next)."""
+
+
+@gateway.group()
+def keys() -> None:
+    """Gateway keys: clients send one as their API key; only its hash is stored."""
+
+
+@keys.command("add")
+@click.argument("name")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"user", "key"}.')
+def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
+    """Create a key for user NAME and print it — once: it cannot be shown again."""
+    config = _config(config_path)
+    if config.users and config.user(name) is None:
+        raise UsageError(f"{config.source}: no [[users]] entry named {name!r}", hint="add one (with its limits and budget) first")
+    store = GatewayStore(config.server.state_dir)
+    try:
+        key = store.add_key(name)
+    finally:
+        store.close()
+    if as_json:
+        print_json({"user": name, "key": key})
+    else:
+        click.echo(key)
+        click.echo(f"key for {name}: shown once; only its hash is stored in {config.server.state_dir}", err=True)
+
+
+@keys.command("list")
+@_config_option
+@click.option("--json", "as_json", is_flag=True)
+def list_keys(config_path: Path | None, as_json: bool) -> None:
+    """Keys by user, with the first characters of each (never the key)."""
+    config = _config(config_path)
+    store = GatewayStore(config.server.state_dir)
+    try:
+        infos = store.list_keys()
+    finally:
+        store.close()
+    if as_json:
+        print_json([{"user": i.user, "prefix": i.shown_prefix, "created": i.created, "revoked": i.revoked} for i in infos])
+        return
+    for info in infos:
+        state = "revoked" if info.revoked else "live"
+        click.echo(f"{info.user:20} {info.shown_prefix}…  {time.strftime('%Y-%m-%d %H:%M', time.gmtime(info.created))} UTC  {state}")
+
+
+@keys.command("revoke")
+@click.argument("user_or_prefix")
+@_config_option
+def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
+    """Revoke every key of a user, or the one whose shown prefix is given."""
+    config = _config(config_path)
+    store = GatewayStore(config.server.state_dir)
+    try:
+        count = store.revoke(user_or_prefix)
+    finally:
+        store.close()
+    if not count:
+        raise UsageError(f"no live key for {user_or_prefix!r}", hint="see `tierlocal gateway keys list`")
+    click.echo(f"revoked {count} key(s)")
+
+
+@click.command()
+@_config_option
+@click.option("--period", type=click.Choice(["day", "week", "month", "all"]), default="month", show_default=True, help="From the start of the current day/week/month (UTC), or everything.")
+@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users: {…}, models: {…}}.")
+def usage(config_path: Path | None, period: str, as_json: bool) -> None:
+    """Requests, tokens (prompt, cached, completion) and spend per user and per model."""
+    config = _config(config_path)
+    since = 0.0 if period == "all" else period_start(period)
+    store = GatewayStore(config.server.state_dir)
+    try:
+        totals = store.totals(since)
+    finally:
+        store.close()
+    if as_json:
+        print_json({"period": period, "since": since, **totals})
+        return
+    for label in ("users", "models"):
+        click.echo(f"{label}:")
+        for name, row in totals[label].items():
+            click.echo(f"  {name:24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}")

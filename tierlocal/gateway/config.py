@@ -1,0 +1,211 @@
+"""The gateway's one TOML file: server, routes (model id → ordered targets), prices, users.
+
+Keys never live in the file: a hosted target names the environment variable
+(``api_key_env``) or systemd credential (``api_key_credential``) that holds its key, and a
+literal ``api_key`` is refused. Errors name the file and the key that is wrong.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .. import constants
+from ..catalog import load_apis
+from ..errors import UsageError
+from ..tiers import ApiPrices
+
+__all__ = ["ServerConfig", "Target", "Route", "User", "GatewayConfig", "load_config", "default_config", "BUDGET_PERIODS"]
+
+#: Budget periods a user may have.
+BUDGET_PERIODS = ("day", "week", "month")
+#: Most routes, targets per route and users one file may define.
+MAX_ROUTES = 1000
+MAX_TARGETS = 16
+MAX_USERS = 100_000
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the gateway listens and keeps its SQLite database and logs."""
+
+    host: str = "127.0.0.1"
+    port: int = 8088
+    state_dir: Path = Path("/var/lib/tierlocal")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One upstream: an OpenAI-compatible base URL, the model id it knows, and where its key
+    comes from (None: a local engine without a key)."""
+
+    url: str
+    model: str
+    api_key_env: str | None = None
+    api_key_credential: str | None = None
+
+    @property
+    def hosted(self) -> bool:
+        return self.api_key_env is not None or self.api_key_credential is not None
+
+
+@dataclass(frozen=True)
+class Route:
+    """The id clients send, and the targets tried in order."""
+
+    model: str
+    targets: tuple[Target, ...]
+
+
+@dataclass(frozen=True)
+class User:
+    """A gateway user: limits per minute (None: unlimited) and a budget in USD per period."""
+
+    name: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+    budget_usd: float | None = None
+    budget_period: str = "month"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    server: ServerConfig
+    routes: tuple[Route, ...]
+    prices: dict[str, ApiPrices]
+    users: tuple[User, ...]
+    source: str
+
+    def route(self, model: str) -> Route | None:
+        return next((route for route in self.routes if route.model == model), None)
+
+    def user(self, name: str) -> User | None:
+        return next((user for user in self.users if user.name == name), None)
+
+
+def _error(source: str, where: str, what: str, hint: str) -> UsageError:
+    return UsageError(f"{source}: {where}: {what}", hint=hint)
+
+
+def _table(value: object, source: str, where: str) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise _error(source, where, "must be a table", "see the example in the README")
+    return value
+
+
+def _positive_int(value: object, source: str, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise _error(source, where, f"must be a whole number above 0, not {value!r}", "or leave it out for no limit")
+    return value
+
+
+def _target(raw: object, source: str, where: str) -> Target:
+    table = _table(raw, source, where)
+    if "api_key" in table:
+        raise _error(source, f"{where}.api_key", "keys never go in the config file", "name the environment variable with api_key_env (or a systemd credential with api_key_credential)")
+    unknown = set(table) - {"url", "model", "api_key_env", "api_key_credential"}
+    if unknown:
+        raise _error(source, where, f"unknown key {sorted(unknown)[0]!r}", "a target has url, model, and optionally api_key_env or api_key_credential")
+    url, model = table.get("url"), table.get("model")
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        raise _error(source, f"{where}.url", f"{url!r} is not an http(s) URL", 'e.g. "http://127.0.0.1:8080/v1"')
+    if not isinstance(model, str) or not model:
+        raise _error(source, f"{where}.model", "is missing", "the model id this upstream knows")
+    key_env, credential = table.get("api_key_env"), table.get("api_key_credential")
+    for name, value in (("api_key_env", key_env), ("api_key_credential", credential)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise _error(source, f"{where}.{name}", "must be a non-empty name", "e.g. MOONSHOT_API_KEY")
+    if urlsplit(url).scheme == "https" and urlsplit(url).hostname not in ("localhost", "127.0.0.1") and key_env is None and credential is None:
+        raise _error(source, where, f"the hosted target {url} has no key", "add api_key_env = \"…\" naming the variable that holds it")
+    return Target(url.rstrip("/"), model, key_env, credential)  # type: ignore[arg-type]
+
+
+def _user(raw: object, source: str, where: str) -> User:
+    table = _table(raw, source, where)
+    name = table.get("name")
+    if not isinstance(name, str) or not name:
+        raise _error(source, f"{where}.name", "is missing", "each [[users]] needs a name")
+    budget = table.get("budget_usd")
+    if budget is not None and (not isinstance(budget, int | float) or isinstance(budget, bool) or budget < 0):
+        raise _error(source, f"{where}.budget_usd", f"must be a number of dollars ≥ 0, not {budget!r}", "or leave it out for no budget")
+    period = table.get("budget_period", "month")
+    if period not in BUDGET_PERIODS:
+        raise _error(source, f"{where}.budget_period", f"{period!r} is not a period", f"one of: {', '.join(BUDGET_PERIODS)}")
+    return User(
+        name,
+        _positive_int(table.get("requests_per_minute"), source, f"{where}.requests_per_minute"),
+        _positive_int(table.get("tokens_per_minute"), source, f"{where}.tokens_per_minute"),
+        _positive_int(table.get("concurrent_requests"), source, f"{where}.concurrent_requests"),
+        None if budget is None else float(budget),
+        str(period),
+    )
+
+
+def _prices(raw: object, source: str) -> dict[str, ApiPrices]:
+    prices = {api.model: api.prices for api in load_apis()}  # dated defaults from recipes/apis.toml
+    for model, entry in _table(raw, source, "prices").items():
+        table = _table(entry, source, f"prices.{model}")
+        try:
+            prices[model] = ApiPrices(float(table["input_cache_hit"]), float(table["input_cache_miss"]), float(table["output"]))  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError):
+            raise _error(source, f"prices.{model}", "needs input_cache_hit, input_cache_miss and output (USD per million tokens)", "see the README example") from None
+    return prices
+
+
+def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
+    """Validate a parsed TOML document."""
+    unknown = set(data) - {"server", "routes", "prices", "users"}
+    if unknown:
+        raise _error(source, sorted(unknown)[0], "unknown section", "the sections are [server], [[routes]], [prices.MODEL] and [[users]]")
+    server_table = _table(data.get("server", {}), source, "server")
+    port = server_table.get("port", 8088)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise _error(source, "server.port", f"{port!r} is not a port", "1 to 65535")
+    state_dir = server_table.get("state_dir", str(constants.home_dir() / "gateway"))
+    server = ServerConfig(str(server_table.get("host", "127.0.0.1")), port, Path(str(state_dir)))
+    raw_routes = data.get("routes", [])
+    if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:
+        raise _error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")
+    routes: list[Route] = []
+    for index, raw in enumerate(raw_routes):
+        where = f"routes[{index}]"
+        table = _table(raw, source, where)
+        model, targets = table.get("model"), table.get("targets")
+        if not isinstance(model, str) or not model:
+            raise _error(source, f"{where}.model", "is missing", "the model id clients send")
+        if any(route.model == model for route in routes):
+            raise _error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
+        if not isinstance(targets, list) or not 1 <= len(targets) <= MAX_TARGETS:
+            raise _error(source, f"{where}.targets", f"must list 1 to {MAX_TARGETS} targets", "e.g. targets = [ { url = \"http://127.0.0.1:8080/v1\", model = \"qwen3-14b\" } ]")
+        routes.append(Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets))))
+    raw_users = data.get("users", [])
+    if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
+        raise _error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")
+    users = [_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
+    if len({user.name for user in users}) != len(users):
+        raise _error(source, "users", "a name appears twice", "each [[users]] name must be unique")
+    return GatewayConfig(server, tuple(routes), _prices(data.get("prices", {}), source), tuple(users), source)
+
+
+def load_config(path: Path) -> GatewayConfig:
+    """Read and validate the gateway's TOML file."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror})", hint="give the gateway's TOML file with --config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}", hint="fix the syntax (see the README example)") from None
+    return parse_config(data, str(path))
+
+
+def default_config() -> GatewayConfig:
+    """Without --config: every hosted API in recipes/apis.toml (Kimi K3 → Moonshot, key from
+    MOONSHOT_API_KEY), on loopback, state in tierlocal's data directory. Local engines are
+    added by the server when it finds them."""
+    routes = tuple(Route(api.model, (Target(api.base_url.rstrip("/"), api.model_id, api.key_env),)) for api in load_apis())
+    return GatewayConfig(ServerConfig(state_dir=constants.home_dir() / "gateway"), routes, {api.model: api.prices for api in load_apis()}, (), "(built-in default)")
