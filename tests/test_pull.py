@@ -180,10 +180,21 @@ def test_kill_9_then_rerun_fetches_only_the_rest(repo_dir: Path, tmp_path: Path)
         assert not final.exists()
         kept = partial.stat().st_size
         assert 0 < kept < size
+        # The server's handler for the dead connection may still push a chunk or two into
+        # its socket before it notices; count from when it has stopped.
         sent_before = _cdn_bytes(state)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if _cdn_bytes(state) == sent_before:
+                break
+            sent_before = _cdn_bytes(state)
+        requests_before = len(state.requests)
         repo.chunk_delay_s = 0.0
         result = run_cli("pull", f"hf://{REPO}", "--quant", "Q4_K_M", "--dir", str(tmp_path / "m"), "--json", env=_env(endpoint, tmp_path))
         assert result.returncode == 0, result.stderr
+        rerun_ranges = [headers.get("range") for _, path, headers in state.requests[requests_before:] if path.startswith("/cdn/")]
+        assert rerun_ranges == [f"bytes={kept}-"]
         assert _cdn_bytes(state) - sent_before == size - kept
     assert json.loads(result.stdout)["files"][0]["fetched_bytes"] == size - kept
     assert final.read_bytes() == (repo_dir / FILE).read_bytes()
