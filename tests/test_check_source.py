@@ -114,3 +114,19 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
     result = run_cli("check", str(path))
     assert result.returncode == 2
     assert "recurrent or linear-attention state (ssm.state_size)" in result.stderr.splitlines()[0]
+
+
+def test_a_gpu_too_small_for_anything_plans_the_cpu_alone(assets: Assets, tmp_path: Path) -> None:
+    """100 MiB cannot hold even the runtime allowance: the plan runs on the CPU with -dev none,
+    and llama.cpp then allocates nothing on the device."""
+    plan = _check(assets, "--gpu", "100MiB", "--ctx", "2048")
+    assert plan["fits"] is True
+    command = plan["command"]
+    assert command[command.index("-dev") + 1] == "none" and plan["layers_offloaded"] == 0
+    assert [device["backend"] for device in plan["devices"]] == ["cpu"]
+    port = free_port()
+    argv = [str(assets.llama_server_vulkan), *plan["command"][1:], "--host", "127.0.0.1", "--port", str(port), "-lv", "4", "-t", "2", "--no-warmup"]
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        log = log_path.read_text()
+    assert "Vulkan0 model buffer" not in log and "Vulkan0 compute buffer" not in log and "Vulkan0 KV buffer" not in log
+    assert re.search(r"n_ctx\s+= 2048\b", log)

@@ -74,9 +74,10 @@ def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
     )
 
 
-def _command(model_path: str, estimate: RunEstimate) -> list[str]:
+def _command(model_path: str, estimate: RunEstimate, *, host_only: bool = False) -> list[str]:
     request, params = estimate.request, estimate.params
     argv = ["llama-server", "-m", model_path, "-c", str(params.n_ctx_padded)]
+    argv += ["-dev", "none"] if host_only else []
     argv += ["-np", str(params.n_seq_max)] if not params.kv_unified else []
     argv += ["-ngl", str(request.ngl), "-fa", "on" if request.flash_attn else "off"]
     argv += ["--n-cpu-moe", str(request.n_cpu_moe)] if request.n_cpu_moe else []
@@ -160,20 +161,31 @@ def check_source(
     summary = summarize(headers)
     if parallel == "max":
         base, reason = replace(request, ctx=ctx or 4096, parallel=1), "not even one slot fits"
-
-        def plan(r: RunRequest) -> RunEstimate | None:
-            return max_parallel(spec, r, machine)
     elif ctx is None:
         base, reason = replace(request, parallel=parallel), "not even 256 tokens of context fit"
-
-        def plan(r: RunRequest) -> RunEstimate | None:
-            return max_context(spec, r, machine)
     else:
         base, reason = replace(request, ctx=ctx, parallel=parallel), "it needs more memory than the machine has free"
 
+    def planner(target: Machine) -> Callable[[RunRequest], RunEstimate | None]:
         def plan(r: RunRequest) -> RunEstimate | None:
-            return plan_run(spec, r, machine)
+            if parallel == "max":
+                return max_parallel(spec, r, target)
+            if ctx is None:
+                return max_context(spec, r, target)
+            return plan_run(spec, r, target)
+
+        return plan
+
+    plan = planner(machine)
     estimate = plan(base)
+    host_only = False
+    if (estimate is None or not estimate.fits) and machine.gpu_name is not None and not request.ngl:
+        # A GPU too small even for its compute buffer and runtime: run on the CPU alone
+        # (llama-server's -dev none), rather than call a model that fits in RAM unfit.
+        cpu_machine = replace(machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None)
+        fallback = planner(cpu_machine)(base)
+        if fallback is not None and fallback.fits:
+            estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
     if estimate is not None and estimate.fits:
         reason = None
     model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
@@ -184,7 +196,7 @@ def check_source(
         file_bytes=summary.file_bytes,
         estimate=estimate,
         reason=reason,
-        command=_command(model_path, estimate) if estimate else [],
+        command=_command(model_path, estimate, host_only=host_only) if estimate else [],
         ollama=_ollama(estimate) if estimate else {},
         speed=_speed(estimate, machine) if estimate else {},
         suggestion=_cache_suggestion(estimate, plan) if estimate else None,
