@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -21,9 +22,26 @@ def _config(path: Path | None) -> GatewayConfig:
     return load_config(path) if path is not None else default_config()
 
 
-@click.group()
-def gateway() -> None:
-    """The OpenAI-compatible fallback gateway: its keys (the server itself is next)."""
+@click.group(invoke_without_command=True)
+@_config_option
+@click.option("--host", help="Listen address (default: the config's, else 127.0.0.1). Any non-loopback address needs a gateway key.")
+@click.option("--port", type=click.IntRange(1, 65535), help="Listen port (default: the config's, else 8088).")
+@click.pass_context
+def gateway(context: click.Context, config_path: Path | None, host: str | None, port: int | None) -> None:
+    """The OpenAI-compatible fallback gateway. Without a subcommand: serve in the foreground.
+
+    Clients send a gateway key as their API key; each model id routes to its targets in order
+    (local llama-server/Ollama, then a hosted API whose key the gateway holds). Without
+    --config: kimi-k3 → Moonshot (key from MOONSHOT_API_KEY) plus every model a local
+    llama-server (port 8080) or Ollama (11434) reports."""
+    if context.invoked_subcommand is not None:
+        return
+    from .gateway.runner import run_gateway
+
+    config = _config(config_path)
+    server = config.server
+    config = replace(config, server=replace(server, host=host or server.host, port=port or server.port))
+    run_gateway(config, discover=config_path is None)
 
 
 @gateway.group()

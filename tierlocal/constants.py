@@ -82,3 +82,8 @@ def child_environment() -> dict[str, str]:
 def run_dir() -> Path:
     """Where running servers leave their state for ``tierlocal status``."""
     return home_dir() / "run"
+
+
+def upstream_api_key(variable: str) -> str | None:
+    """A hosted API's key from the environment variable a gateway target names, if set."""
+    return os.environ.get(variable) or None

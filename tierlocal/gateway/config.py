@@ -25,6 +25,7 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
 MAX_USERS = 100_000
+_SERVER_KEYS = {"host", "port", "state_dir", "tls_cert", "tls_key", "default_max_tokens", "max_body_bytes", "upstream_timeout_s", "retry_deadline_s"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,18 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8088
     state_dir: Path = Path("/var/lib/tierlocal")
+    #: Serve TLS itself with this certificate chain and key (PEM files); else plain HTTP.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: Output tokens reserved (and sent upstream as max_tokens) for a user with a budget
+    #: whose request names no max_tokens.
+    default_max_tokens: int = 8192
+    #: Longest request body, in bytes.
+    max_body_bytes: int = 8 * 1024 * 1024
+    #: Seconds an upstream may stay silent (between bytes) before the attempt fails.
+    upstream_timeout_s: float = 300.0
+    #: Seconds after which no new attempt (retry or fallback) starts for a request.
+    retry_deadline_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,14 @@ def _positive_int(value: object, source: str, where: str) -> int | None:
     return value
 
 
+def _positive_number(value: object, source: str, where: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise _error(source, where, f"must be a number above 0, not {value!r}", "or leave it out for the default")
+    return float(value)
+
+
 def _target(raw: object, source: str, where: str) -> Target:
     table = _table(raw, source, where)
     if "api_key" in table:
@@ -166,8 +187,25 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
     port = server_table.get("port", 8088)
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise _error(source, "server.port", f"{port!r} is not a port", "1 to 65535")
+    unknown = set(server_table) - _SERVER_KEYS
+    if unknown:
+        raise _error(source, f"server.{sorted(unknown)[0]}", "unknown key", f"[server] has: {', '.join(sorted(_SERVER_KEYS))}")
     state_dir = server_table.get("state_dir", str(constants.home_dir() / "gateway"))
-    server = ServerConfig(str(server_table.get("host", "127.0.0.1")), port, Path(str(state_dir)))
+    tls_cert, tls_key = server_table.get("tls_cert"), server_table.get("tls_key")
+    if (tls_cert is None) != (tls_key is None):
+        raise _error(source, "server", "tls_cert and tls_key go together", "give both PEM files, or neither (and put a TLS proxy in front)")
+    defaults = ServerConfig()
+    server = ServerConfig(
+        str(server_table.get("host", "127.0.0.1")),
+        port,
+        Path(str(state_dir)),
+        None if tls_cert is None else Path(str(tls_cert)),
+        None if tls_key is None else Path(str(tls_key)),
+        _positive_int(server_table.get("default_max_tokens"), source, "server.default_max_tokens") or defaults.default_max_tokens,
+        _positive_int(server_table.get("max_body_bytes"), source, "server.max_body_bytes") or defaults.max_body_bytes,
+        _positive_number(server_table.get("upstream_timeout_s"), source, "server.upstream_timeout_s") or defaults.upstream_timeout_s,
+        _positive_number(server_table.get("retry_deadline_s"), source, "server.retry_deadline_s") or defaults.retry_deadline_s,
+    )
     raw_routes = data.get("routes", [])
     if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:
         raise _error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")

@@ -1,0 +1,140 @@
+"""Running the gateway in the foreground: checks before listening, local engines found for the
+built-in configuration, TLS, readiness for systemd, a clean stop on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import ssl
+import sys
+from dataclasses import replace
+
+import aiohttp
+from aiohttp import web
+
+from ..errors import UsageError
+from ..sdnotify import notify
+from .app import Gateway
+from .backends import resolve_key
+from .config import GatewayConfig, Route, Target
+from .store import GatewayStore
+
+__all__ = ["run_gateway", "discover_local_routes", "is_loopback", "LOCAL_ENGINES"]
+
+log = logging.getLogger("tierlocal.gateway")
+
+#: Where the built-in configuration looks for local engines: llama-server's and Ollama's
+#: default ports, OpenAI-compatible base URLs.
+LOCAL_ENGINES = ("http://127.0.0.1:8080/v1", "http://127.0.0.1:11434/v1")
+#: Most models taken from one engine's /v1/models.
+MAX_DISCOVERED = 64
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]:
+    try:
+        async with session.get(f"{base_url}/models", timeout=aiohttp.ClientTimeout(total=2)) as response:
+            if response.status != 200:
+                return []
+            data = (await response.json(content_type=None)).get("data")
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+        return []
+    if not isinstance(data, list):
+        return []
+    ids = [entry.get("id") for entry in data[:MAX_DISCOVERED] if isinstance(entry, dict)]
+    return [model for model in ids if isinstance(model, str) and 0 < len(model) <= 256]
+
+
+async def discover_local_routes(engines: tuple[str, ...] = LOCAL_ENGINES) -> list[Route]:
+    """A route for every model a local llama-server or Ollama reports (first engine wins)."""
+    routes: dict[str, Route] = {}
+    async with aiohttp.ClientSession(trust_env=False) as session:
+        for base_url, models in zip(engines, await asyncio.gather(*(_models_at(session, url) for url in engines)), strict=True):
+            for model in models:
+                routes.setdefault(model, Route(model, (Target(base_url, model),)))
+    return list(routes.values())
+
+
+def _ensure_key(config: GatewayConfig, store: GatewayStore) -> None:
+    """Refuse a non-loopback address while no gateway key exists; on loopback, create one for
+    user "local" in a 0600 file so one command gives a working gateway."""
+    if any(info.revoked is None for info in store.list_keys()):
+        return
+    if not is_loopback(config.server.host):
+        raise UsageError(
+            f"refusing to listen on {config.server.host}: no gateway key exists, so anyone who can reach it could spend the upstream's budget",
+            hint="create one with `tierlocal gateway keys add NAME --config FILE`, or listen on 127.0.0.1",
+        )
+    key = store.add_key("local")
+    path = config.server.state_dir / "local.key"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(key + "\n")
+    print(f"no gateway key existed: created one for user 'local' in {path} (mode 0600); clients send it as their API key", file=sys.stderr)
+
+
+def _ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    server = config.server
+    if server.tls_cert is None or server.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(server.tls_cert, server.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load the TLS certificate {server.tls_cert} / key {server.tls_key}: {exc}", hint="give PEM files the gateway's user can read") from None
+    return context
+
+
+async def _serve(gateway: Gateway, config: GatewayConfig, context: ssl.SSLContext | None) -> None:
+    runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=context, backlog=1024)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise UsageError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}", hint="choose another --port, or stop what holds it") from None
+    scheme = "https" if context else "http"
+    routes = ", ".join(route.model for route in config.routes) or "none"
+    print(f"gateway on {scheme}://{config.server.host}:{config.server.port}/v1 — models: {routes}", file=sys.stderr, flush=True)
+    notify("READY=1", f"STATUS=serving {len(config.routes)} model(s) on port {config.server.port}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    notify("STOPPING=1")
+    await runner.cleanup()
+
+
+def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
+    """Serve until SIGTERM/SIGINT. ``discover`` adds routes for local engines' models."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    if discover:
+        found = [route for route in asyncio.run(discover_local_routes()) if config.route(route.model) is None]
+        if found:
+            config = replace(config, routes=config.routes + tuple(found))
+    for route in config.routes:
+        for target in route.targets:
+            if target.hosted and resolve_key(target) is None:
+                where = target.api_key_env or f"credential {target.api_key_credential}"
+                log.warning("%s: %s is not set; requests for %r will not reach %s", config.source, where, route.model, target.url)
+    context = _ssl_context(config)
+    store = GatewayStore(config.server.state_dir)
+    try:
+        _ensure_key(config, store)
+        asyncio.run(_serve(Gateway(config, store), config, context))
+    finally:
+        store.close()
