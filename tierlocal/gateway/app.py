@@ -96,6 +96,7 @@ class _Exchange:
     attempts: int = 0
     reasons: list[str] = field(default_factory=list)
     content_events: int = 0
+    request_id: str | None = None
 
 
 class Gateway:
@@ -418,6 +419,7 @@ class Gateway:
             raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "bad_response"), "the upstream's answer is not JSON") from None
         exchange.target, exchange.status = state, 200
         exchange.usage = usage_from(document)
+        exchange.request_id = _response_id(document)
         await self._settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
 
@@ -434,6 +436,7 @@ class Gateway:
         if in_band is not None:
             raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "stream_error"), self._clean(in_band))
         exchange.target, exchange.status = state, 200
+        exchange.request_id = _response_id(_json_or_none(_event_data(first) or b""))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})
         await response.prepare(request)
         failure: str | None = None
@@ -507,9 +510,10 @@ class Gateway:
         if exchange.usage_estimated:
             reason = f"{reason or ''},usage_estimated".lstrip(",")
         latency_ms = (time.monotonic() - exchange.started) * 1000
+        model = state.target.model if state is not None and state.target.hosted else route.model
         record = UsageRecord(
-            exchange.user.name, route.model, route.model, "" if state is None else state.label, exchange.status,
-            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason,
+            exchange.user.name, model, route.model, "" if state is None else state.label, exchange.status,
+            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason, exchange.request_id,
         )  # fmt: skip
         await self._in_store(self.store.settle, reservation, record)
         if exchange.user.budget_usd is not None:
@@ -547,6 +551,11 @@ async def _sse_events(upstream: aiohttp.ClientResponse):  # type: ignore[no-unty
         lines.append(line if line.endswith(b"\n") else line + b"\n")
         if not line.endswith(b"\n"):  # end of stream in the middle of an event
             return
+
+
+def _response_id(document: object) -> str | None:
+    value = document.get("id") if isinstance(document, dict) else None
+    return value[:200] if isinstance(value, str) else None
 
 
 def _event_data(event: bytes) -> bytes | None:

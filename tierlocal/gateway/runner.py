@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import os
 import signal
 import ssl
 import sys
 from dataclasses import replace
+from pathlib import PurePosixPath
 
 import aiohttp
 from aiohttp import web
 
+from .. import constants
 from ..errors import UsageError
 from ..sdnotify import notify
 from .app import Gateway
@@ -22,7 +25,7 @@ from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
 from .store import GatewayStore
 
-__all__ = ["run_gateway", "discover_local_routes", "is_loopback", "LOCAL_ENGINES"]
+__all__ = ["run_gateway", "discover_local_routes", "served_engines", "route_id", "is_loopback", "LOCAL_ENGINES"]
 
 log = logging.getLogger("tierlocal.gateway")
 
@@ -57,13 +60,36 @@ async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]
     return [model for model in ids if isinstance(model, str) and 0 < len(model) <= 256]
 
 
-async def discover_local_routes(engines: tuple[str, ...] = LOCAL_ENGINES) -> list[Route]:
+def served_engines() -> tuple[str, ...]:
+    """OpenAI base URLs of the servers `tierlocal serve` runs now (its state files whose
+    process is alive)."""
+    directory = constants.run_dir()
+    urls: list[str] = []
+    for path in sorted(directory.glob("serve-*.json"))[:MAX_DISCOVERED] if directory.is_dir() else []:
+        try:
+            state = json.loads(path.read_bytes()[:1 << 20])
+            os.kill(int(state["pid"]), 0)
+            url = str(state["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if url.startswith("http://"):
+            urls.append(url.rstrip("/") + "/v1")
+    return tuple(urls)
+
+
+def route_id(model: str) -> str:
+    """The id clients send for a model an engine reports: llama-server reports the GGUF path
+    unless started with --alias, so a path becomes its file name without .gguf."""
+    return PurePosixPath(model).stem if model.endswith(".gguf") else model
+
+
+async def discover_local_routes(engines: tuple[str, ...]) -> list[Route]:
     """A route for every model a local llama-server or Ollama reports (first engine wins)."""
     routes: dict[str, Route] = {}
     async with aiohttp.ClientSession(trust_env=False) as session:
         for base_url, models in zip(engines, await asyncio.gather(*(_models_at(session, url) for url in engines)), strict=True):
             for model in models:
-                routes.setdefault(model, Route(model, (Target(base_url, model),)))
+                routes.setdefault(route_id(model), Route(route_id(model), (Target(base_url, model),)))
     return list(routes.values())
 
 
@@ -123,7 +149,8 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
     """Serve until SIGTERM/SIGINT. ``discover`` adds routes for local engines' models."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     if discover:
-        found = [route for route in asyncio.run(discover_local_routes()) if config.route(route.model) is None]
+        engines = tuple(dict.fromkeys(served_engines() + LOCAL_ENGINES))
+        found = [route for route in asyncio.run(discover_local_routes(engines)) if config.route(route.model) is None]
         if found:
             config = replace(config, routes=config.routes + tuple(found))
     for route in config.routes:

@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS usage (
     completion_tokens INTEGER NOT NULL,
     cost_usd REAL NOT NULL,
     latency_ms REAL NOT NULL,
-    fallback_reason TEXT
+    fallback_reason TEXT,
+    request_id TEXT
 );
 CREATE INDEX IF NOT EXISTS usage_user_time ON usage (user, time);
 """
@@ -85,6 +86,8 @@ class UsageRecord:
     cost_usd: float = 0.0
     latency_ms: float = 0.0
     fallback_reason: str | None = None
+    #: The upstream's response id (``chatcmpl-…``), when it gave one.
+    request_id: str | None = None
 
 
 def period_start(period: str, now: float | None = None) -> float:
@@ -117,6 +120,9 @@ class GatewayStore:
         self._connection.execute("PRAGMA journal_mode=WAL")
         self._connection.execute("PRAGMA synchronous=FULL")  # a recorded request survives kill -9 and power loss
         self._connection.executescript(_SCHEMA)
+        columns = {row[1] for row in self._connection.execute("PRAGMA table_info(usage)")}
+        if "request_id" not in columns:  # a database from before request ids were kept
+            self._connection.execute("ALTER TABLE usage ADD COLUMN request_id TEXT")
 
     def close(self) -> None:
         self._connection.close()
@@ -187,11 +193,11 @@ class GatewayStore:
             if reservation_id is not None:
                 db.execute("DELETE FROM reservations WHERE id = ?", (reservation_id,))
             db.execute(
-                "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason, request_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(), record.user, record.model, record.route, record.target, record.status, record.prompt_tokens,
-                    record.cached_tokens, record.completion_tokens, record.cost_usd, record.latency_ms, record.fallback_reason,
+                    record.cached_tokens, record.completion_tokens, record.cost_usd, record.latency_ms, record.fallback_reason, record.request_id,
                 ),
             )  # fmt: skip
 

@@ -1,0 +1,518 @@
+"""The gateway end to end: the official openai client and plain HTTP against `tierlocal gateway`,
+in front of a real llama-server (local) and a second real llama-server started with --api-key
+(the hosted API's stand-in: real 401s), with faults injected by a proxy between them."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx2
+import openai
+import pytest
+
+from conftest import REPO_ROOT, Assets, run_cli
+from engines import free_port, llama_server_argv, running
+from faultproxy import (
+    LLAMA_CONTEXT,
+    LLAMA_LOADING,
+    MOONSHOT_CONTENT_FILTER,
+    MOONSHOT_INVALID,
+    MOONSHOT_OVERLOADED,
+    MOONSHOT_QUOTA,
+    MOONSHOT_RATE_LIMIT,
+    MOONSHOT_SERVER_ERROR,
+    Fault,
+    FaultProxy,
+)
+from gatewayrun import RunningGateway, add_key, gateway, write_config
+
+pytestmark = pytest.mark.engines
+
+HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
+# The issue's price table (USD per million tokens), read here independently of the gateway.
+PRICES = {"input_cache_hit": 0.30, "input_cache_miss": 3.00, "output": 15.00}
+PRICES_TOML = '[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.00\noutput = 15.00\n'
+CHAT = {"model": "qwen3-14b", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4}
+
+
+class Engine:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(scope="module")
+def local_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=2048, parallel=2)
+    with running(argv, tmp_path_factory.mktemp("local") / "llama.log", f"http://127.0.0.1:{port}/health"):
+        yield Engine(port)
+
+
+@pytest.fixture(scope="module")
+def hosted_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--api-key", HOSTED_KEY, ctx=2048, parallel=4)
+    with running(argv, tmp_path_factory.mktemp("hosted") / "llama.log", f"http://127.0.0.1:{port}/health"):
+        yield Engine(port)
+
+
+@pytest.fixture(scope="module")
+def embedding_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """llama-server serves embeddings only when started for them (then it serves nothing else)."""
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--embeddings", "--pooling", "mean", ctx=512, parallel=1)
+    with running(argv, tmp_path_factory.mktemp("embed") / "llama.log", f"http://127.0.0.1:{port}/health"):
+        yield Engine(port)
+
+
+def route(model: str, *targets: str) -> str:
+    return f'[[routes]]\nmodel = "{model}"\ntargets = [\n' + "".join(f"  {target},\n" for target in targets) + "]\n"
+
+
+def local(url: str) -> str:
+    return f'{{ url = "{url}", model = "qwen3-14b" }}'
+
+
+def hosted(url: str) -> str:
+    return f'{{ url = "{url}", model = "kimi-k3", api_key_env = "HOSTED_KEY" }}'
+
+
+def cost(usage: dict) -> float:  # type: ignore[type-arg]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return (cached * PRICES["input_cache_hit"] + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"] + usage["completion_tokens"] * PRICES["output"]) / 1e6
+
+
+def usage_rows(gw: RunningGateway) -> list[sqlite3.Row]:
+    with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        return db.execute("SELECT * FROM usage ORDER BY id").fetchall()
+
+
+def client(gw: RunningGateway, **kwargs: object) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url, api_key=gw.key, **kwargs)  # type: ignore[arg-type]
+
+
+def sse_lines(response: httpx2.Response) -> list[str]:
+    return [line for line in response.iter_lines() if line.startswith("data:")]
+
+
+ENV = {"HOSTED_KEY": HOSTED_KEY}
+
+
+# --- the happy path with the official client ------------------------------------------------
+
+
+def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: Path, local_engine: Engine, hosted_engine: Engine, embedding_engine: Engine) -> None:
+    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream:
+        body = route("qwen3-14b", local(local_engine.url)) + route("kimi-k3", hosted(upstream.url + "/v1")) + route("embed", local(embedding_engine.url)) + PRICES_TOML + '[[users]]\nname = "alice"\n'
+        with gateway(tmp_path, body, env=ENV) as gw:
+            api = client(gw, max_retries=0)
+            assert {model.id for model in api.models.list()} == {"qwen3-14b", "kimi-k3", "embed"}
+            answer = api.chat.completions.create(model="qwen3-14b", messages=[{"role": "user", "content": "Say hello"}], max_tokens=4)
+            assert answer.choices[0].message.content and answer.usage is not None and answer.usage.completion_tokens == 4
+            chunks = list(api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Say hello"}], max_tokens=5, stream=True, stream_options={"include_usage": True}))
+            text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+            streamed_usage = chunks[-1].usage
+            assert text and streamed_usage is not None and streamed_usage.completion_tokens == 5
+            # Without include_usage the client gets no usage chunk, though the gateway priced it.
+            plain = list(api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, stream=True))
+            assert all(chunk.usage is None for chunk in plain)
+            embedding = api.embeddings.create(model="embed", input="hello")
+            assert len(embedding.data[0].embedding) > 100
+            legacy = api.completions.create(model="kimi-k3", prompt="Once upon", max_tokens=3)
+            assert legacy.usage is not None
+
+            # The upstream got the gateway's key, never the client's; the local engine no key.
+            assert {seen.authorization for seen in upstream.seen} == {f"Bearer {HOSTED_KEY}"}
+            assert all(seen.body["model"] == "kimi-k3" for seen in upstream.seen)
+            assert upstream.seen[0].body["stream_options"] == {"include_usage": True}  # always priced
+            assert upstream.seen[1].body["stream_options"] == {"include_usage": True}
+
+            rows = usage_rows(gw)
+            assert [row["route"] for row in rows] == ["qwen3-14b", "kimi-k3", "kimi-k3", "embed", "kimi-k3"]
+            assert all(row["status"] == 200 for row in rows)
+            assert rows[0]["completion_tokens"] == 4 and rows[0]["cost_usd"] == 0  # local: free
+            assert rows[1]["prompt_tokens"] == streamed_usage.prompt_tokens and rows[1]["completion_tokens"] == 5
+            assert rows[1]["cost_usd"] == pytest.approx(cost(streamed_usage.model_dump()), rel=1e-9)
+            assert rows[1]["request_id"] == chunks[0].id
+            assert rows[4]["cost_usd"] == pytest.approx(cost(legacy.usage.model_dump()), rel=1e-9)
+
+            report = run_cli("usage", "--config", str(gw.config), "--json")
+            assert report.returncode == 0, report.stderr
+            totals = json.loads(report.stdout)
+            assert totals["users"]["alice"]["requests"] == 5
+            assert totals["models"]["kimi-k3"]["completion_tokens"] == 5 + rows[2]["completion_tokens"] + legacy.usage.completion_tokens
+            assert totals["users"]["alice"]["cost_usd"] == pytest.approx(sum(row["cost_usd"] for row in rows), abs=1e-6)
+
+            metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers()).text
+            assert 'tierlocal_gateway_requests_total{model="kimi-k3",status="200"} 3.0' in metrics
+            assert 'tierlocal_gateway_tokens_total{kind="completion",model="qwen3-14b"} 4.0' in metrics
+
+
+# --- fallback ------------------------------------------------------------------------------------
+
+FALLBACKS = {
+    "reset": (Fault(reset=True), "connect_error", True),
+    "loading-503": (Fault(status=503, body=LLAMA_LOADING), "unavailable", True),
+    "server-500": (Fault(status=500, body=MOONSHOT_SERVER_ERROR), "server_error", True),
+    "overloaded-429": (Fault(status=429, body=MOONSHOT_OVERLOADED, headers={"Retry-After": "30"}), "rate_limited", True),
+    "rpm-429-after-n-seconds": (Fault(status=429, body=MOONSHOT_RATE_LIMIT), "rate_limited", True),
+    "context-400": (Fault(status=400, body=LLAMA_CONTEXT), "context_exceeded", False),
+}
+
+
+@pytest.mark.parametrize("case", list(FALLBACKS))
+def test_fallback_matrix(case: str, tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    fault, reason, cools_down = FALLBACKS[case]
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first, gateway(tmp_path, route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+        first.queue(fault)
+        answer = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-tierlocal-target"] == hosted_engine.url
+        assert len(first.seen) == 1
+        row = usage_rows(gw)[-1]
+        assert row["fallback_reason"] == reason and row["target"].startswith(hosted_engine.url)
+        assert row["cost_usd"] == pytest.approx(cost(answer.json()["usage"]), rel=1e-9)
+
+        # The next request: a cooling target is skipped; a context miss is the request's fault only.
+        again = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+        assert again.status_code == 200
+        if cools_down:
+            assert len(first.seen) == 1 and again.headers["x-tierlocal-target"] == hosted_engine.url
+            health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["qwen3-14b"][0]
+            assert health["state"] == "cooldown" and health["cooldown_s"] > 0
+            if case == "overloaded-429":
+                assert 25 < health["cooldown_s"] <= 30  # Retry-After honoured
+            if case == "rpm-429-after-n-seconds":
+                assert health["cooldown_s"] <= 2  # "try again after 2 seconds" honoured
+        else:
+            assert len(first.seen) == 2 and again.headers["x-tierlocal-target"] == first.url + "/v1", gw.log_text()
+
+
+def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byte(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first:
+        body = route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + route("gone", local(dead), hosted(hosted_engine.url)) + PRICES_TOML
+        with gateway(tmp_path, body, env=ENV) as gw:
+            health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]
+            assert health["gone"][0]["state"] == "down"
+            assert httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "gone"}, headers=gw.headers(), timeout=60).status_code == 200
+            # Cut after one byte: nothing reached the client, so the stream falls back whole.
+            first.queue(Fault(cut_after=1))
+            with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "stream": True}, headers=gw.headers(), timeout=60) as response:
+                assert response.status_code == 200 and response.headers["x-tierlocal-target"] == hosted_engine.url
+                lines = sse_lines(response)
+            assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines)
+            assert len({json.loads(line[5:])["id"] for line in lines[:-1]}) == 1
+
+
+def test_mid_stream_cut_ends_with_one_error_frame_and_done(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first, gateway(tmp_path, route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+        # Measure a whole stream through the proxy first, then cut the next one halfway.
+        whole = httpx2.post(first.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 12, "stream": True}, timeout=60).content
+        first.reset()
+        first.queue(Fault(cut_after=len(whole) // 2))
+        with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "max_tokens": 12, "stream": True}, headers=gw.headers(), timeout=60) as response:
+            assert response.status_code == 200
+            lines = sse_lines(response)
+        errors = [line for line in lines if '"error"' in line]
+        assert len(errors) == 1, lines
+        assert lines[-2:] == [errors[0], "data: [DONE]"]
+        assert json.loads(errors[0][5:])["error"]["code"] == "stream_interrupted"
+        content = [json.loads(line[5:]) for line in lines[:-2]]
+        assert content and len({chunk["id"] for chunk in content}) == 1  # one upstream, nothing spliced
+        assert len(first.seen) == 1
+        row = usage_rows(gw)[-1]
+        assert row["status"] == 502 and "stream_cut" in row["fallback_reason"]
+
+        # The openai client sees the in-band error as an exception after the content it got.
+        first.queue(Fault(cut_after=len(whole) // 2))
+        received = []
+        with pytest.raises(openai.APIError, match="stream broke"):
+            for chunk in client(gw, max_retries=0).chat.completions.create(**{**CHAT, "max_tokens": 12}, stream=True):
+                received.append(chunk)
+        assert received
+
+
+# --- errors that go back --------------------------------------------------------------------------
+
+NOT_RETRIED = {
+    "quota-429": (Fault(status=429, body=MOONSHOT_QUOTA), 429, "exceeded_current_quota_error"),
+    "invalid-400": (Fault(status=400, body=MOONSHOT_INVALID), 400, "invalid_request_error"),
+    "content-filter-400": (Fault(status=400, body=MOONSHOT_CONTENT_FILTER), 400, "content_filter"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_RETRIED))
+def test_errors_that_are_not_retried(case: str, tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    fault, status, type_ = NOT_RETRIED[case]
+    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream, FaultProxy(f"http://127.0.0.1:{local_engine.port}") as second:
+        with gateway(tmp_path, route("qwen3-14b", hosted(upstream.url + "/v1"), local(second.url + "/v1")) + PRICES_TOML, env=ENV) as gw:
+            upstream.always = fault
+            # The openai client retries 429 by default: x-should-retry: false must stop it.
+            with pytest.raises(openai.APIStatusError) as caught:
+                client(gw, max_retries=2).chat.completions.create(**CHAT)
+            assert caught.value.status_code == status
+            assert caught.value.response.headers["x-should-retry"] == "false"
+            assert caught.value.body["type"] == type_  # type: ignore[index]
+            assert len(upstream.seen) == 1 and not second.seen
+            assert "org-9f8e" not in caught.value.message and "ak-a1b2" not in caught.value.message
+
+
+def test_wrong_upstream_key_is_a_real_401_and_not_retried(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as second:
+        with gateway(tmp_path, route("qwen3-14b", hosted(hosted_engine.url), local(second.url + "/v1")), env={"HOSTED_KEY": "sk-wrong"}) as gw:
+            response = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+            assert response.status_code == 401 and response.headers["x-should-retry"] == "false"
+            assert "refused the gateway's own key" in response.json()["error"]["message"]
+            assert not second.seen
+
+
+def test_missing_upstream_key_names_the_variable(tmp_path: Path, hosted_engine: Engine) -> None:
+    with gateway(tmp_path, route("kimi-k3", hosted(hosted_engine.url)), env={"HOSTED_KEY": ""}) as gw:
+        response = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=30)
+        assert response.status_code == 503 and "HOSTED_KEY" in response.json()["error"]["message"]
+        assert "HOSTED_KEY is not set" in gw.log_text()
+
+
+# --- capacity, limits, budgets ----------------------------------------------------------------------
+
+
+def test_capacity_spills_to_the_next_target_instead_of_queueing(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+        assert httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["qwen3-14b"][0]["slots"] == 2
+        body = {**CHAT, "max_tokens": 40}
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: httpx2.post(gw.url + "/chat/completions", json=body, headers=gw.headers(), timeout=120), range(3)))
+        targets = sorted(answer.headers["x-tierlocal-target"] for answer in answers)
+        assert targets == sorted([local_engine.url, local_engine.url, hosted_engine.url])
+
+
+def test_rate_limit_answers_429_with_retry_after(tmp_path: Path, local_engine: Engine) -> None:
+    body = route("qwen3-14b", local(local_engine.url)) + '[[users]]\nname = "alice"\nrequests_per_minute = 2\n'
+    with gateway(tmp_path, body) as gw:
+        for _ in range(2):
+            assert httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60).status_code == 200
+        limited = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+        assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(limited.headers["Retry-After"]) <= 60
+        assert len(usage_rows(gw)) == 2  # a refused request is never admitted
+
+
+def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted_engine: Engine) -> None:
+    budget = 0.005
+    body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + f'[[users]]\nname = "bob"\nbudget_usd = {budget}\nbudget_period = "day"\n'
+    with gateway(tmp_path, body, user="bob", env=ENV) as gw:
+        request = {**CHAT, "model": "kimi-k3"}
+        with ThreadPoolExecutor(50) as pool:
+            burst = list(pool.map(lambda _: httpx2.post(gw.url + "/chat/completions", json=request, headers=gw.headers(), timeout=120), range(50)))
+        statuses = [answer.status_code for answer in burst]
+        assert set(statuses) == {200, 429} and statuses.count(429) > 0, statuses
+        assert all(answer.json()["error"]["code"] == "budget_exceeded" for answer in burst if answer.status_code == 429)
+        # After reconciliation the budget frees up: sequential requests are admitted until the
+        # remaining budget is below one request's worst case, and never beyond the budget.
+        served = statuses.count(200)
+        for _ in range(80):
+            answer = httpx2.post(gw.url + "/chat/completions", json=request, headers=gw.headers(), timeout=60)
+            if answer.status_code == 429:
+                break
+            assert answer.status_code == 200
+            served += 1
+        else:
+            pytest.fail("the budget never ran out")
+        rows = usage_rows(gw)
+        assert len(rows) == served
+        spent = sum(cost({"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"], "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]}}) for row in rows)
+        assert spent <= budget
+        assert spent == pytest.approx(sum(row["cost_usd"] for row in rows), rel=1e-9)
+        # No reservation is left behind, and no false rejection: what was refused at the end
+        # really would not fit (the worst case of one request is more than what is left).
+        with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+            assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
+        worst = (len(json.dumps(request).encode()) + 64) * PRICES["input_cache_miss"] / 1e6 + 4 * PRICES["output"] / 1e6
+        assert budget - spent < worst * 1.5
+        assert served > 25  # reconciliation freed what the worst cases held
+
+
+# --- secrets and bad input ---------------------------------------------------------------------------
+
+
+def test_secret_leak_scan_over_every_error_path(tmp_path: Path, hosted_engine: Engine) -> None:
+    seen_text: list[str] = []
+    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream:
+        body = route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
+        with gateway(tmp_path, body, env=ENV) as gw:
+            faults = [
+                Fault(echo_key=True, status=400),  # passed back: must be scrubbed
+                Fault(echo_key=True, status=500),  # falls back, then the 503 names the last failure
+                Fault(status=429, body=MOONSHOT_QUOTA),
+                Fault(status=429, body=MOONSHOT_RATE_LIMIT),
+                Fault(reset=True),
+                Fault(cut_after=400),
+                None,
+            ]
+            for fault in faults:
+                upstream.reset()
+                if fault is not None:
+                    upstream.always = fault
+                for stream in (False, True):
+                    response = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "stream": stream}, headers=gw.headers(), timeout=60)
+                    seen_text.append(str(response.status_code) + str(dict(response.headers)) + response.text)
+            assert any('"echo' in text or "bad request from" in text for text in seen_text)  # the leaky path was reached
+            for path in ("/metrics", "/health", "/v1/models"):
+                seen_text.append(httpx2.get(gw.url.removesuffix("/v1") + path, headers=gw.headers()).text)
+            for command in (("usage", "--json"), ("gateway", "keys", "list", "--json")):
+                result = run_cli(*command, "--config", str(gw.config))
+                seen_text.append(result.stdout + result.stderr)
+        seen_text.append(gw.log_text())
+        for stored in gw.state_dir.iterdir():
+            seen_text.append(stored.read_bytes().decode("latin-1"))
+        haystack = "\n".join(seen_text)
+        assert HOSTED_KEY not in haystack and HOSTED_KEY[10:] not in haystack
+        assert "org-9f8e7d6c5b4a" not in haystack and "ak-a1b2c3d4e5f6" not in haystack
+        assert "[redacted]" in haystack
+
+
+def test_bad_requests_get_clear_errors_and_the_gateway_keeps_serving(tmp_path: Path, local_engine: Engine) -> None:
+    body = route("qwen3-14b", local(local_engine.url)) + '[[users]]\nname = "alice"\n[[users]]\nname = "carol"\n'
+    with gateway(tmp_path, body, server="max_body_bytes = 4096") as gw:
+        base = gw.url
+        carol = add_key(gw.config, "carol")
+        cases = [
+            (httpx2.post(base + "/chat/completions", content=b"{not json", headers=gw.headers()), 400, "invalid_json"),
+            (httpx2.post(base + "/chat/completions", json=[1, 2], headers=gw.headers()), 400, "invalid_json"),
+            (httpx2.post(base + "/chat/completions", json={"messages": []}, headers=gw.headers()), 400, "missing_model"),
+            (httpx2.post(base + "/chat/completions", json={**CHAT, "model": "gpt-9"}, headers=gw.headers()), 404, "model_not_found"),
+            (httpx2.post(base + "/chat/completions", json=CHAT), 401, "missing_api_key"),
+            (httpx2.post(base + "/chat/completions", json=CHAT, headers=gw.headers("tlk-not-a-key")), 401, "invalid_api_key"),
+            (httpx2.get(base + "/models"), 401, "missing_api_key"),
+            (httpx2.get(base.removesuffix("/v1") + "/metrics"), 401, "missing_api_key"),
+            (httpx2.post(base + "/chat/completions", content=b'{"model": "' + b"x" * 5000 + b'"}', headers=gw.headers()), 413, "request_too_large"),
+        ]
+        for response, status, code in cases:
+            assert response.status_code == status, (code, response.text)
+            error = response.json()["error"]
+            assert error["code"] == code and error["message"] and set(error) == {"message", "type", "param", "code"}
+        # A revoked key stops working (within the auth cache's 2 s).
+        assert run_cli("gateway", "keys", "revoke", "carol", "--config", str(gw.config)).returncode == 0
+        time.sleep(2.5)
+        assert httpx2.post(base + "/chat/completions", json=CHAT, headers=gw.headers(carol)).status_code == 401
+        assert httpx2.post(base + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60).status_code == 200
+        assert gw.process.poll() is None
+
+
+# --- process behaviour ---------------------------------------------------------------------------------
+
+
+def test_refuses_a_public_address_without_a_key_and_makes_one_on_loopback(tmp_path: Path, local_engine: Engine) -> None:
+    config, port = write_config(tmp_path, route("qwen3-14b", local(local_engine.url)))
+    refused = run_cli("gateway", "--config", str(config), "--host", "0.0.0.0", timeout=30)
+    assert refused.returncode != 0 and "no gateway key exists" in refused.stderr and "keys add" in refused.stderr
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url)), user=None) as gw:
+        key_file = gw.state_dir / "local.key"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        key = key_file.read_text().strip()
+        assert httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(key), timeout=60).status_code == 200
+
+
+def test_readiness_is_notified_on_a_real_datagram_socket(tmp_path: Path, local_engine: Engine) -> None:
+    address = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(address)
+        receiver.settimeout(30)
+        with gateway(tmp_path, route("qwen3-14b", local(local_engine.url)), env={"NOTIFY_SOCKET": address}) as gw:
+            message = receiver.recv(4096).decode()
+            assert "READY=1" in message.splitlines()
+            gw.process.terminate()
+            assert gw.process.wait(20) == 0
+            assert "STOPPING=1" in receiver.recv(4096).decode()
+
+
+def test_kill_9_under_load_loses_and_doubles_no_completed_request(tmp_path: Path, local_engine: Engine) -> None:
+    completed: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url))) as gw:
+
+        def worker() -> None:
+            while not stop.is_set():
+                try:
+                    answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "max_tokens": 2}, headers=gw.headers(), timeout=30)
+                except httpx2.HTTPError:
+                    return
+                if answer.status_code == 200:
+                    with lock:
+                        completed.append(answer.json()["id"])
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        time.sleep(4)
+        gw.process.kill()  # SIGKILL while requests are in flight
+        gw.process.wait()
+        stop.set()
+        for thread in threads:
+            thread.join(40)
+    assert len(completed) >= 5
+    with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        ids = [row[0] for row in db.execute("SELECT request_id FROM usage WHERE status = 200")]
+    assert len(ids) == len(set(ids))  # nothing counted twice
+    assert set(completed) <= set(ids)  # every answer a client got was recorded
+    assert len(ids) - len(completed) <= 8  # at most the requests in flight at the kill
+
+
+def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, assets: Assets) -> None:
+    port = free_port()
+    serve_log = (tmp_path / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--port", str(port), "--llama-server", str(assets.llama_server_cpu), "--ctx", "1024", "--threads", "2"],
+        stdout=serve_log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=os.environ.copy(),
+    )  # fmt: skip
+    serve_log.close()
+    try:
+        state = Path(os.environ["TIERLOCAL_HOME"]) / "run" / f"serve-{port}.json"
+        deadline = time.monotonic() + 180
+        while not state.exists():
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        gateway_port = free_port()
+        log = tmp_path / "gateway.log"
+        with log.open("wb") as handle:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tierlocal", "gateway", "--port", str(gateway_port)],
+                stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env={**os.environ, "MOONSHOT_API_KEY": ""},
+            )  # fmt: skip
+        try:
+            key_file = Path(os.environ["TIERLOCAL_HOME"]) / "gateway" / "local.key"
+            deadline = time.monotonic() + 60
+            while not (key_file.exists() and "gateway on" in log.read_text()):
+                assert process.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            api = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=key_file.read_text().strip(), max_retries=0)
+            models = {model.id for model in api.models.list()}
+            assert {"kimi-k3", assets.gemma_gguf.stem} <= models
+            answer = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+            assert answer.usage is not None and answer.usage.completion_tokens == 3
+            with pytest.raises(openai.APIStatusError, match="MOONSHOT_API_KEY"):
+                api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
+        finally:
+            process.terminate()
+            process.wait(20)
+    finally:
+        serve.terminate()
+        serve.wait(30)
