@@ -1,5 +1,5 @@
 """The gateway's configuration contract and its SQLite state: keys stored hashed, budgets that
-concurrent processes cannot overrun, usage totals. (The HTTP server is a later step.)"""
+concurrent processes cannot overrun, usage totals. (The HTTP server: test_gateway.py.)"""
 
 from __future__ import annotations
 
@@ -9,45 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO_ROOT, run_cli
 from tierlocal.errors import UsageError
 from tierlocal.gateway.config import load_config, parse_config
 from tierlocal.gateway.store import GatewayStore, UsageRecord
 
-# The issue's configuration contract, as written (state_dir moved into the test's directory).
-CONTRACT = """
-[server]
-host = "127.0.0.1"
-port = 8088
-state_dir = "{state_dir}"          # SQLite and logs live here
-
-[[routes]]
-model = "qwen3-14b"                       # the id clients send
-targets = [
-  {{ url = "http://127.0.0.1:8080/v1", model = "qwen3-14b" }},                          # local llama-server
-  {{ url = "https://api.moonshot.ai/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }},  # fallback
-]
-
-[[routes]]
-model = "kimi-k3"
-targets = [ {{ url = "https://api.moonshot.ai/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }} ]
-
-[prices."kimi-k3"]                        # USD per million tokens
-input_cache_hit = 0.30
-input_cache_miss = 3.00
-output = 15.00
-
-[[users]]
-name = "alice"
-requests_per_minute = 60
-budget_usd = 5.00
-budget_period = "month"
-"""
+# The issue's configuration contract, as written, is the example shipped under systemd/.
+CONTRACT = (REPO_ROOT / "systemd" / "gateway.example.toml").read_text()
 
 
 def _contract(tmp_path: Path) -> Path:
     path = tmp_path / "gateway.toml"
-    path.write_text(CONTRACT.format(state_dir=tmp_path / "state"))
+    path.write_text(CONTRACT.replace('state_dir = "/var/lib/tierlocal"', f'state_dir = "{tmp_path / "state"}"'))
     return path
 
 

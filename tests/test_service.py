@@ -120,3 +120,54 @@ def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Asse
         process.communicate(timeout=30)
         log = (tmp_path / "ollama.log").read_text()
     assert "llama_context: n_ctx                 = 4096" in log and "llama_context: n_seq_max             = 2" in log
+
+
+def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_credential(assets: Assets, tmp_path: Path) -> None:
+    upstream_key = "sk-upstream-" + os.urandom(8).hex()
+    key_file = tmp_path / "moonshot.key"
+    key_file.write_text(upstream_key + "\n")
+    key_file.chmod(0o600)
+    engine_port, gateway_port = free_port(), free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[server]\nport = {gateway_port}\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }} ]\n'
+    )
+    result = run_cli("service", "install", "gateway", "--config", str(config), "--credential", f"MOONSHOT_API_KEY={key_file}", "--dir", str(tmp_path / "units"))
+    assert result.returncode == 0, result.stderr
+    unit = tmp_path / "units" / "tierlocal-gateway.service"
+    text = unit.read_text()
+    verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, check=False)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    security = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True, check=False)
+    score = re.search(r"Overall exposure level for tierlocal-gateway.service: ([\d.]+)", security.stdout)
+    assert score is not None and float(score.group(1)) <= 2.0, security.stdout[-2000:]
+    assert f"LoadCredential=MOONSHOT_API_KEY:{key_file}" in text.splitlines()
+    assert upstream_key not in text and "PrivateDevices=yes" in text.splitlines()
+    # Run ExecStart as systemd would: the key only in $CREDENTIALS_DIRECTORY, readiness on a socket.
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    shutil.copy(key_file, credentials / "MOONSHOT_API_KEY")
+    exec_start = shlex.split(next(line for line in text.splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart="))
+    notify_path = str(tmp_path / "notify.sock")
+    env = {key: value for key, value in os.environ.items() if key != "MOONSHOT_API_KEY"}
+    argv = exec_start
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
+        receiver.bind(notify_path)
+        receiver.settimeout(60)
+        engine = [str(assets.llama_server_cpu), "-m", str(assets.gemma_gguf), "--port", str(engine_port), "-c", "1024", "-t", "2", "--api-key", upstream_key]
+        with running(engine, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
+            process = subprocess.Popen(argv, env={**env, "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": notify_path}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                assert "READY=1" in receiver.recv(4096).decode().splitlines()
+                key = (tmp_path / "state" / "local.key").read_text().strip()
+                answer = httpx2.post(
+                    f"http://127.0.0.1:{gateway_port}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                    json={"model": "kimi-k3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}, timeout=60,
+                )  # fmt: skip
+                assert answer.status_code == 200, answer.text  # the engine accepted the credential's key
+            finally:
+                process.send_signal(signal.SIGTERM)
+                _out, err = process.communicate(timeout=30)
+            assert process.returncode == 0, err
+            assert upstream_key not in err

@@ -11,26 +11,29 @@ from ._cli_common import OLLAMA_DEFAULT_PORT, ollama_port, serve_options
 from .engines.llama_server import find_llama_server
 from .errors import UsageError
 from .serve import check_exposure
-from .service import ServeUnit, render_ollama_dropin, render_serve_unit, write_unit
+from .service import GatewayUnit, ServeUnit, render_gateway_unit, render_ollama_dropin, render_serve_unit, write_unit
 
 __all__ = ["service"]
 
 
 @click.group()
 def service() -> None:
-    """systemd units for `tierlocal serve` (and, later, the gateway)."""
+    """systemd units for `tierlocal serve` and `tierlocal gateway`."""
 
 
-@service.command("install")
-@click.argument("what", type=click.Choice(["serve"]))
+@service.group()
+def install() -> None:
+    """Render a hardened unit into /etc/systemd/system (or --dir): serve MODEL, or gateway."""
+
+
+@install.command("serve")
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @serve_options
 @click.option("--engine", type=click.Choice(["llama-server", "ollama"]), default="llama-server", show_default=True, help="ollama: write a drop-in for the installer's ollama.service instead of a unit.")
 @click.option("--user", default="tierlocal", show_default=True, help="The account the service runs as.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
-def install(
-    what: str,
+def install_serve(
     model: Path,
     llama_server: str | None,
     ctx: str,
@@ -47,7 +50,6 @@ def install(
     """Write tierlocal-serve.service: Type=notify (READY=1 once the load is verified),
     Restart=on-failure with start limits, KillMode=mixed, a dedicated user, ProtectSystem=strict,
     GPU device access, the key as a credential (never on a command line)."""
-    del what
     model = model.resolve()
     if not model.is_file():
         raise UsageError(f"{model}: no such model file", hint="pull it first: tierlocal pull …, then give its path")
@@ -93,3 +95,47 @@ def _install_ollama_dropin(model: Path, ctx: str, parallel: str, host: str, port
     path = write_unit(directory / "ollama.service.d", "tierlocal.conf", text)
     click.echo(f"wrote {path}")
     click.echo("then: systemctl daemon-reload && systemctl restart ollama, and load the model with `tierlocal serve MODEL --engine ollama`", err=True)
+
+
+@install.command("gateway")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration).")
+@click.option("--host", help="Listen address (any non-loopback address needs a gateway key).")
+@click.option("--port", type=click.IntRange(1, 65535), help="Listen port.")
+@click.option("--credential", "credentials", multiple=True, metavar="NAME=FILE", help="Hand FILE to the service as credential NAME (an upstream key: name it like the config's api_key_env). Repeatable.")
+@click.option("--user", default="tierlocal", show_default=True, help="The account the service runs as.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
+def install_gateway(config_path: Path | None, host: str | None, port: int | None, credentials: tuple[str, ...], user: str, directory: Path, dry_run: bool) -> None:
+    """Write tierlocal-gateway.service: Type=notify, Restart=on-failure, a dedicated user,
+    ProtectSystem=strict with the state directory writable, PrivateDevices, and each upstream
+    key as a LoadCredential= (never in the unit or on a command line)."""
+    from .gateway.config import default_config, load_config
+
+    config = load_config(config_path.resolve()) if config_path is not None else default_config()
+    pairs: list[tuple[str, Path]] = []
+    for item in credentials:
+        name, _, file = item.partition("=")
+        if not name or not file or "/" in name:
+            raise UsageError(f"--credential {item!r} is not NAME=FILE", hint="e.g. --credential MOONSHOT_API_KEY=/etc/tierlocal/moonshot.key")
+        path = Path(file).resolve()
+        if not path.is_file():
+            raise UsageError(f"--credential {name}: {path} is not a file", hint="write the key into it (chmod 600) first")
+        pairs.append((name, path))
+    needed = sorted({t.api_key_env or t.api_key_credential or "" for r in config.routes for t in r.targets if t.hosted} - {name for name, _ in pairs})
+    args: list[str] = []
+    if config_path is not None:
+        args += ["--config", str(config_path.resolve())]
+    if host:
+        args += ["--host", host]
+    if port:
+        args += ["--port", str(port)]
+    state_dir = config.server.state_dir if config_path is not None else Path("/var/lib/tierlocal/gateway")
+    text = render_gateway_unit(GatewayUnit(tuple(args), config_path, user, state_dir, tuple(pairs)))
+    if needed:
+        click.echo(f"note: no --credential for {', '.join(needed)}: those upstreams will be unreachable until the key is handed over", err=True)
+    if dry_run:
+        click.echo(text, nl=False)
+        return
+    path = write_unit(directory, "tierlocal-gateway.service", text)
+    click.echo(f"wrote {path}")
+    click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-gateway", err=True)

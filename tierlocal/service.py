@@ -15,7 +15,7 @@ from .errors import TierlocalError
 if TYPE_CHECKING:
     from ._check_source import SourceCheck
 
-__all__ = ["ServeUnit", "render_ollama_dropin", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
+__all__ = ["GatewayUnit", "render_gateway_unit", "ServeUnit", "render_ollama_dropin", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -68,6 +68,32 @@ def render_serve_unit(unit: ServeUnit) -> str:
         environment="",
         credentials=credentials,
         model_dir=systemd_quote(str(unit.model.parent)),
+    )
+
+
+@dataclass(frozen=True)
+class GatewayUnit:
+    """What `tierlocal-gateway.service` runs: the gateway's arguments (absolute config path),
+    the user, its state directory, and (name, file) pairs handed over as credentials."""
+
+    gateway_args: tuple[str, ...]
+    config: Path | None
+    user: str
+    state_dir: Path
+    credentials: tuple[tuple[str, Path], ...]
+
+
+def render_gateway_unit(unit: GatewayUnit) -> str:
+    """The unit text."""
+    template = (templates_dir() / "tierlocal-gateway.service.in").read_text()
+    exec_start = " ".join(systemd_quote(part) for part in [*tierlocal_command(), "gateway", *unit.gateway_args])
+    credentials = "".join(f"LoadCredential={name}:{path}\n" for name, path in unit.credentials)
+    return template.format(
+        config="built-in configuration" if unit.config is None else unit.config.name,
+        exec_start=exec_start,
+        user=unit.user,
+        state_dir=systemd_quote(str(unit.state_dir)),
+        credentials=credentials.rstrip("\n") or "# (none given: add --credential NAME=FILE)",
     )
 
 

@@ -25,19 +25,24 @@ UP, LOADING, DOWN, UNKNOWN = "up", "loading", "down", "unknown"
 MAX_KEY_BYTES = 4096
 
 
+def _credential(name: str) -> str | None:
+    directory = constants.credentials_dir()
+    if directory is None or "/" in name:
+        return None
+    try:
+        with (directory / name).open("rb") as handle:
+            return handle.read(MAX_KEY_BYTES).decode("utf-8", "replace").strip() or None
+    except OSError:
+        return None
+
+
 def resolve_key(target: Target) -> str | None:
-    """The target's API key from its environment variable or systemd credential, if set."""
+    """The target's API key: its environment variable, else a systemd credential of the same
+    name (how `tierlocal service install gateway` hands keys over), or its named credential."""
     if target.api_key_env is not None:
-        return constants.upstream_api_key(target.api_key_env)
+        return constants.upstream_api_key(target.api_key_env) or _credential(target.api_key_env)
     if target.api_key_credential is not None:
-        directory = constants.credentials_dir()
-        if directory is None:
-            return None
-        try:
-            with (directory / target.api_key_credential).open("rb") as handle:
-                return handle.read(MAX_KEY_BYTES).decode("utf-8", "replace").strip() or None
-        except OSError:
-            return None
+        return _credential(target.api_key_credential)
     return None
 
 
