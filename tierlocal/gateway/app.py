@@ -450,12 +450,13 @@ class Gateway:
                 if data == b"[DONE]":
                     break
                 forward = True
-                if data is not None:
+                if b"error" in event or (data is not None and b'"usage"' in data):
+                    # Parse only the chunks that can matter: most are one token of content.
                     message = _event_error(event)
                     if message is not None:
                         failure = self._clean(message)
                         break
-                    document = _json_or_none(data)
+                    document = None if data is None else _json_or_none(data)
                     usage = usage_from(document)
                     if usage is not None:
                         exchange.usage = usage
@@ -463,6 +464,8 @@ class Gateway:
                         exchange.content_events += 1
                     elif usage is not None and not exchange.include_usage:
                         forward = False  # the usage-only chunk the client did not ask for
+                elif data is not None:
+                    exchange.content_events += 1
                 if forward:
                     await response.write(event)
                 try:

@@ -17,6 +17,11 @@ from pathlib import PurePosixPath
 import aiohttp
 from aiohttp import web
 
+try:
+    import uvloop
+except ImportError:  # not on Windows
+    uvloop = None  # type: ignore[assignment]
+
 from .. import constants
 from ..errors import UsageError
 from ..sdnotify import notify
@@ -162,6 +167,10 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
     store = GatewayStore(config.server.state_dir)
     try:
         _ensure_key(config, store)
-        asyncio.run(_serve(Gateway(config, store), config, context))
+        serving = _serve(Gateway(config, store), config, context)
+        if uvloop is not None:
+            uvloop.run(serving)  # libuv's loop: measurably less overhead per request (bench/gateway_overhead.py)
+        else:
+            asyncio.run(serving)
     finally:
         store.close()

@@ -118,7 +118,7 @@ class GatewayStore:
         self._connection = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         os.chmod(self.path, 0o600)
         self._connection.execute("PRAGMA journal_mode=WAL")
-        self._connection.execute("PRAGMA synchronous=FULL")  # a recorded request survives kill -9 and power loss
+        self._connection.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed row survives kill -9 (not power loss)
         self._connection.executescript(_SCHEMA)
         columns = {row[1] for row in self._connection.execute("PRAGMA table_info(usage)")}
         if "request_id" not in columns:  # a database from before request ids were kept
