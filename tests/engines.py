@@ -27,13 +27,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+def started(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None, timeout_s: float = _LOAD_TIMEOUT_S) -> Iterator[subprocess.Popen[bytes]]:
     """Start a server with its output going to a file (never a pipe that can fill), wait until
-    ``ready_url`` answers 200, stop it gracefully afterwards."""
+    ``ready_url`` answers 200, stop it gracefully afterwards (unless the test already did)."""
     with log_path.open("w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
-        deadline = time.monotonic() + _LOAD_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             if process.poll() is not None:
                 pytest.fail(f"{argv[0]} exited with {process.returncode} while loading:\n{log_path.read_text()[-3000:]}")
@@ -43,16 +43,24 @@ def running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str]
             except httpx2.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"{argv[0]} not ready after {_LOAD_TIMEOUT_S} s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield log_path
+                pytest.fail(f"{argv[0]} not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield process
     finally:
-        process.terminate()
+        if process.poll() is None:
+            process.terminate()
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None) -> Iterator[Path]:
+    """:func:`started`, yielding the log's path."""
+    with started(argv, log_path, ready_url, env):
+        yield log_path
 
 
 def llama_server_argv(binary: Path, model: Path, port: int, *extra: str, ctx: int = 1024, parallel: int | None = 1) -> list[str]:

@@ -4,21 +4,15 @@ the server as a child process with its log in a file."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx2
-import pytest
-
 from conftest import REPO_ROOT, run_cli
-from engines import free_port
+from engines import free_port, started
 
 
 @dataclass
@@ -59,31 +53,7 @@ def gateway(directory: Path, body: str, *, user: str | None = "alice", env: dict
     config, port = write_config(directory, body, server=server)
     key = add_key(config, user) if user else ""
     log = directory / "gateway.log"
-    with log.open("wb") as handle:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)],
-            stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=REPO_ROOT,
-        )  # fmt: skip
-    running = RunningGateway(f"http://127.0.0.1:{port}/v1", key, config, directory / "state", log, process)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the gateway exited with {process.returncode}:\n{running.log_text()[-3000:]}")
-            try:
-                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the gateway did not answer /health:\n{running.log_text()[-3000:]}")
-            time.sleep(0.1)
-        yield running
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    argv = [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)]
+    environment = {**(env or {}), "PYTHONPATH": str(REPO_ROOT)}
+    with started(argv, log, f"http://127.0.0.1:{port}/health", environment, timeout_s=60) as process:
+        yield RunningGateway(f"http://127.0.0.1:{port}/v1", key, config, directory / "state", log, process)

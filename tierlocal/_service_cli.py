@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ._cli_common import OLLAMA_DEFAULT_PORT, ollama_port, serve_options
+from .addresses import is_loopback
 from .engines.llama_server import find_llama_server
 from .errors import UsageError
 from .serve import check_exposure
@@ -61,7 +62,7 @@ def install_serve(
         raise UsageError("no llama-server binary found", hint="pass --llama-server PATH")
     if api_key_file is not None:
         check_exposure(host, api_key_file.resolve())
-    elif host not in ("127.0.0.1", "localhost", "::1"):
+    elif not is_loopback(host):
         check_exposure(host, None)
     args = ["--llama-server", str(binary.resolve()), "--ctx", ctx, "--parallel", parallel, "--host", host, "--port", str(port)]
     for gpu in gpus:

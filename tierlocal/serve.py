@@ -8,7 +8,6 @@ that ``tierlocal status`` reads.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import constants
+from .addresses import is_loopback
 from ._check_source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel, source_check_json
 from .catalog import load_host_defaults
 from .engines.flags import plan_argv, read_engine_flags
@@ -68,15 +68,6 @@ class ServeOptions:
     threads: int | None = None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_exposure(host: str, api_key_file: Path | None) -> Path | None:
     """The key file to pass, or None on loopback. Any other address needs a key, from
     ``--api-key-file`` (mode 0600 or stricter) or systemd's credential ``api-key``."""
@@ -84,7 +75,7 @@ def check_exposure(host: str, api_key_file: Path | None) -> Path | None:
         candidate = credentials / "api-key"
         api_key_file = candidate if candidate.is_file() else None
     if api_key_file is None:
-        if _is_loopback(host):
+        if is_loopback(host):
             return None
         raise UsageError(
             f"refusing to bind {host} without an API key: anyone who can reach it could use the model",

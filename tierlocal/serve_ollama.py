@@ -27,7 +27,8 @@ from . import constants
 from ._check_source import SourceCheck, source_check_json
 from .errors import UsageError
 from .loadlog import LoadLogParser
-from .serve import EngineFailed, _is_loopback, _plan, actual_json, state_path
+from .addresses import is_loopback
+from .serve import EngineFailed, _plan, actual_json, state_path
 from .sdnotify import notify
 from .supervise import EngineChild, start_child
 
@@ -68,7 +69,7 @@ def _answers(url: str) -> bool:
 
 def check_ollama_exposure(host: str) -> None:
     """Ollama has no authentication: it is only ever bound to loopback."""
-    if not _is_loopback(host):
+    if not is_loopback(host):
         raise UsageError(
             f"refusing to expose Ollama on {host}: Ollama has no API keys",
             hint="bind 127.0.0.1 and put `tierlocal gateway` (or a reverse proxy with auth) in front",

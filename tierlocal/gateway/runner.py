@@ -4,7 +4,6 @@ built-in configuration, TLS, readiness for systemd, a clean stop on SIGTERM/SIGI
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ except ImportError:  # not on Windows
     uvloop = None  # type: ignore[assignment]
 
 from .. import constants
+from ..addresses import is_loopback
 from ..errors import UsageError
 from ..sdnotify import notify
 from .app import Gateway
@@ -30,7 +30,7 @@ from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
 from .store import GatewayStore
 
-__all__ = ["run_gateway", "discover_local_routes", "served_engines", "route_id", "is_loopback", "LOCAL_ENGINES"]
+__all__ = ["run_gateway", "discover_local_routes", "served_engines", "route_id", "LOCAL_ENGINES"]
 
 log = logging.getLogger("tierlocal.gateway")
 
@@ -39,16 +39,6 @@ log = logging.getLogger("tierlocal.gateway")
 LOCAL_ENGINES = ("http://127.0.0.1:8080/v1", "http://127.0.0.1:11434/v1")
 #: Most models taken from one engine's /v1/models.
 MAX_DISCOVERED = 64
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]:
