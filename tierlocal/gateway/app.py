@@ -39,9 +39,9 @@ log = logging.getLogger("tierlocal.gateway")
 
 #: Client path → upstream path below the target's base URL.
 ENDPOINTS = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions", "/v1/embeddings": "/embeddings"}
-#: Longest upstream response body read whole (non-streaming), and longest SSE line, in bytes.
+#: Longest upstream response body read whole (non-streaming), and longest SSE event, in bytes.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-MAX_SSE_LINE_BYTES = 4 * 1024 * 1024
+MAX_SSE_EVENT_BYTES = 4 * 1024 * 1024
 #: Longest upstream error body read, in bytes.
 MAX_ERROR_BYTES = 64 * 1024
 #: Backoff before trying a target again: base · 2^n seconds, jittered, capped.
@@ -133,7 +133,7 @@ class Gateway:
     async def _start(self, _app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
         # The gateway's own loop is the only retry loop: aiohttp's client never retries a request.
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False, read_bufsize=MAX_SSE_LINE_BYTES // 2)
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False)
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
@@ -424,52 +424,59 @@ class Gateway:
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: _Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
-        events = _sse_events(upstream)
+        batches = _sse_batches(upstream)
         # Before the first event reaches the client, a failure still falls back.
         try:
-            first = await anext(events, None)
+            batch = await anext(batches, None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
-        if first is None:
+        if batch is None:
             raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "dropped"), "the stream ended before its first event")
-        in_band = _event_error(first)
+        in_band = _event_error(batch[0])
         if in_band is not None:
             raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "stream_error"), self._clean(in_band))
         exchange.target, exchange.status = state, 200
-        exchange.request_id = _response_id(_json_or_none(_event_data(first) or b""))
+        exchange.request_id = _response_id(_json_or_none(_event_data(batch[0]) or b""))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})
         await response.prepare(request)
         failure: str | None = None
-        event: bytes | None = first
+        done = False
         try:
             while True:
-                if event is None:
+                if batch is None:
                     failure = "the upstream ended the stream without [DONE]"
                     break
-                data = _event_data(event)
-                if data == b"[DONE]":
-                    break
-                forward = True
-                if b"error" in event or (data is not None and b'"usage"' in data):
-                    # Parse only the chunks that can matter: most are one token of content.
-                    message = _event_error(event)
-                    if message is not None:
-                        failure = self._clean(message)
+                out: list[bytes] = []  # the events that arrived together leave together
+                for event in batch:
+                    data = _event_data(event)
+                    if data == b"[DONE]":
+                        done = True
                         break
-                    document = None if data is None else _json_or_none(data)
-                    usage = usage_from(document)
-                    if usage is not None:
-                        exchange.usage = usage
-                    if isinstance(document, dict) and document.get("choices"):
+                    forward = True
+                    if b"error" in event or (data is not None and b'"usage"' in data):
+                        # Parse only the chunks that can matter: most are one token of content.
+                        message = _event_error(event)
+                        if message is not None:
+                            failure = self._clean(message)
+                            break
+                        document = None if data is None else _json_or_none(data)
+                        usage = usage_from(document)
+                        if usage is not None:
+                            exchange.usage = usage
+                        if isinstance(document, dict) and document.get("choices"):
+                            exchange.content_events += 1
+                        elif usage is not None and not exchange.include_usage:
+                            forward = False  # the usage-only chunk the client did not ask for
+                    elif data is not None:
                         exchange.content_events += 1
-                    elif usage is not None and not exchange.include_usage:
-                        forward = False  # the usage-only chunk the client did not ask for
-                elif data is not None:
-                    exchange.content_events += 1
-                if forward:
-                    await response.write(event)
+                    if forward:
+                        out.append(event)
+                if out:
+                    await response.write(b"".join(out))
+                if done or failure is not None:
+                    break
                 try:
-                    event = await anext(events, None)
+                    batch = await anext(batches, None)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                     failure = self._clean(str(exc) or type(exc).__name__) or "the upstream connection broke"
                     break
@@ -536,24 +543,29 @@ class Gateway:
         )  # fmt: skip
 
 
-async def _sse_events(upstream: aiohttp.ClientResponse):  # type: ignore[no-untyped-def]
-    """An upstream SSE body as whole events (the lines up to and including a blank line);
-    a trailing partial event at end of stream is dropped."""
-    lines: list[bytes] = []
+async def _sse_batches(upstream: aiohttp.ClientResponse):  # type: ignore[no-untyped-def]
+    """An upstream SSE body as lists of whole events (each ending in a blank line, line ends
+    made ``\\n``), one list per read, so events that arrive together are handled and sent
+    together; a partial event at the end of the stream is dropped."""
+    buffer = b""
     while True:
-        line = await upstream.content.readline()
-        if not line:
+        chunk = await upstream.content.readany()
+        if not chunk:
             return
-        if len(line) > MAX_SSE_LINE_BYTES:
-            raise ValueError("an SSE line longer than the gateway's limit")
-        if line in (b"\n", b"\r\n"):
-            if lines:
-                yield b"".join(lines) + b"\n"
-                lines = []
-            continue
-        lines.append(line if line.endswith(b"\n") else line + b"\n")
-        if not line.endswith(b"\n"):  # end of stream in the middle of an event
-            return
+        buffer += chunk
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        events: list[bytes] = []
+        start = 0
+        while (end := buffer.find(b"\n\n", start)) >= 0:
+            if end > start:
+                events.append(buffer[start : end + 2])
+            start = end + 2
+        buffer = buffer[start:]
+        if len(buffer) > MAX_SSE_EVENT_BYTES:
+            raise ValueError("an SSE event longer than the gateway's limit")
+        if events:
+            yield events
 
 
 def _response_id(document: object) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -92,11 +93,19 @@ class GatewayConfig:
     users: tuple[User, ...]
     source: str
 
+    @cached_property
+    def _routes_by_model(self) -> dict[str, Route]:
+        return {route.model: route for route in self.routes}
+
+    @cached_property
+    def _users_by_name(self) -> dict[str, User]:
+        return {user.name: user for user in self.users}
+
     def route(self, model: str) -> Route | None:
-        return next((route for route in self.routes if route.model == model), None)
+        return self._routes_by_model.get(model)
 
     def user(self, name: str) -> User | None:
-        return next((user for user in self.users if user.name == name), None)
+        return self._users_by_name.get(name)
 
 
 def _error(source: str, where: str, what: str, hint: str) -> UsageError:
