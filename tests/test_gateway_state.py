@@ -124,3 +124,25 @@ def test_default_config_routes_kimi_to_the_hosted_api() -> None:
     default = default_config()
     route = default.route("kimi-k3")
     assert route is not None and route.targets[0].url == "https://api.moonshot.ai/v1" and route.targets[0].api_key_env == "MOONSHOT_API_KEY"
+
+
+def test_usage_gives_the_break_even_verdict_from_the_measured_volume(tmp_path: Path) -> None:
+    config = _contract(tmp_path)
+    store = GatewayStore(tmp_path / "state")
+    try:
+        # 1M prompt tokens (400k from the cache) and 100k output, just now: priced by hand at
+        # the contract's rates that is 0.4·0.30 + 0.6·3.00 + 0.1·15.00 = $3.42.
+        store.settle(None, UsageRecord("alice", "kimi-k3", "kimi-k3", "moonshot", 200, 1_000_000, 400_000, 100_000, 3.42, 900.0))
+    finally:
+        store.close()
+    result = run_cli("usage", "--config", str(config), "--period", "all", "--json")
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)["break_even"]["kimi-k3"]
+    # Under an hour of history is taken as one hour: a month is 720 of them.
+    assert verdict["tokens_per_month"] == pytest.approx(1_100_000 * 720)
+    assert verdict["api_usd_per_month"] == pytest.approx(3.42 * 720)
+    plan = json.loads(run_cli("plan", "kimi-k3", "--json").stdout)
+    assert verdict["rent_usd_per_month"] == pytest.approx(plan["break_even"]["monthly_cost_usd"])
+    assert verdict["cheaper"] == ("api" if 3.42 * 720 < verdict["rent_usd_per_month"] else "rent")
+    text = run_cli("usage", "--config", str(config), "--period", "all")
+    assert "kimi-k3: at the measured volume" in text.stdout and "is cheaper" in text.stdout

@@ -105,23 +105,73 @@ def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
     click.echo(f"revoked {count} key(s)")
 
 
+#: Shortest stretch of measured usage extrapolated to a month, in seconds.
+_MIN_MEASURED_S = 3600.0
+
+
+def break_even_verdicts(totals: dict[str, dict[str, float | int]], config: GatewayConfig, since: float, now: float) -> dict[str, dict[str, object]]:
+    """For each hosted frontier model in ``totals``: the measured volume extrapolated to a month,
+    what the API costs at that volume, what renting the smallest cluster that serves the model
+    costs, and which is cheaper (tier arithmetic from recipes/, dated)."""
+    from ._plan_cli import gpu_options
+    from .catalog import find_frontier, load_precisions, load_rental_defaults
+    from .plan import PlanOptions, build_plan
+    from .plan_sources import resolve_model_facts
+
+    verdicts: dict[str, dict[str, object]] = {}
+    for model, row in totals.items():
+        prices = config.prices.get(model)
+        tokens = int(row["prompt_tokens"]) + int(row["completion_tokens"])
+        if find_frontier(model) is None or prices is None or tokens == 0:
+            continue
+        measured_s = max(now - since, _MIN_MEASURED_S)
+        per_month = tokens * (30 * 86400) / measured_s
+        rental = load_rental_defaults()
+        options = PlanOptions(
+            gpus=gpu_options(())[0], rate_usd_per_gpu_hour=rental.low,
+            input_share=int(row["prompt_tokens"]) / tokens,
+            cache_hit=int(row["cached_tokens"]) / int(row["prompt_tokens"]) if row["prompt_tokens"] else 0.0,
+            bandwidths_bytes_per_s=(), tokens_per_month=per_month, api_prices=prices,
+        )  # fmt: skip
+        plan = build_plan(resolve_model_facts(model), options, load_precisions())
+        if plan.volume_verdict is None or plan.chosen is None or plan.break_even is None:
+            continue
+        verdicts[model] = {
+            **plan.volume_verdict,
+            "measured_seconds": round(measured_s),
+            "rent": f"{plan.chosen.count}× {plan.chosen.gpu} always on at ${rental.low:g}/GPU-h ({rental.source}, {rental.date})",
+            "break_even_tokens_per_month": plan.break_even.blended_tokens_per_month,
+        }
+    return verdicts
+
+
 @click.command()
 @_config_option
 @click.option("--period", type=click.Choice(["day", "week", "month", "all"]), default="month", show_default=True, help="From the start of the current day/week/month (UTC), or everything.")
-@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users: {…}, models: {…}}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users: {…}, models: {…}, break_even: {…}}.")
 def usage(config_path: Path | None, period: str, as_json: bool) -> None:
-    """Requests, tokens (prompt, cached, completion) and spend per user and per model."""
+    """Requests, tokens (prompt, cached, completion) and spend per user and per model, and for a
+    hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
     config = _config(config_path)
     since = 0.0 if period == "all" else period_start(period)
     store = GatewayStore(config.server.state_dir)
     try:
         totals = store.totals(since)
+        if period == "all":
+            since = store.first_usage_time() or time.time()
     finally:
         store.close()
+    verdicts = break_even_verdicts(totals["models"], config, since, time.time())
     if as_json:
-        print_json({"period": period, "since": since, **totals})
+        print_json({"period": period, "since": since, **totals, "break_even": verdicts})
         return
     for label in ("users", "models"):
         click.echo(f"{label}:")
         for name, row in totals[label].items():
             click.echo(f"  {name:24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}")
+    for model, verdict in verdicts.items():
+        click.echo(
+            f"{model}: at the measured volume (~{verdict['tokens_per_month']:,.0f} tokens/month) the API costs ${verdict['api_usd_per_month']:,.2f}/month;"
+            f" renting {verdict['rent']} costs ${verdict['rent_usd_per_month']:,.0f}/month — {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"
+            f" (break-even ~{verdict['break_even_tokens_per_month']:,.0f} tokens/month)"
+        )

@@ -21,7 +21,7 @@ _DEFAULT_INPUT_SHARE = 0.75
 _DEFAULT_CACHE_HIT = 0.5
 
 
-def _gpu_options(values: tuple[str, ...]) -> tuple[tuple[GpuOption, ...], list[GpuSpec]]:
+def gpu_options(values: tuple[str, ...]) -> tuple[tuple[GpuOption, ...], list[GpuSpec]]:
     if values:
         devices = parse_gpu_override(values)
         unique = {device.name.split(" #")[0]: device.total_bytes for device in devices}
@@ -100,7 +100,7 @@ def plan(
         facts = facts.__class__(**{**facts.__dict__, **overrides})
     if facts.active_params > facts.params:
         raise UsageError(f"active parameters ({facts.active_params:,}) exceed total ({facts.params:,})", hint="check --active and --params")
-    gpu_options, specs = _gpu_options(gpus)
+    gpu_options_, specs = gpu_options(gpus)
     rental = load_rental_defaults()
     api = next((entry for entry in load_apis() if entry.model == facts.name), None)
     sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
@@ -109,7 +109,7 @@ def plan(
     if api is not None:
         sources.append(f"API prices: {api.source} ({api.prices_date})")
     options = PlanOptions(
-        gpus=gpu_options,
+        gpus=gpu_options_,
         rate_usd_per_gpu_hour=rate if rate is not None else rental.low,
         input_share=_shares(input_share, output_share),
         cache_hit=cache_hit,

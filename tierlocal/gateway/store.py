@@ -203,6 +203,11 @@ class GatewayStore:
 
     # --- reports ------------------------------------------------------------------------------
 
+    def first_usage_time(self) -> float | None:
+        """When the first recorded request ended (seconds since the epoch), if any."""
+        value = self._connection.execute("SELECT MIN(time) FROM usage").fetchone()[0]
+        return None if value is None else float(value)
+
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
         """Per user and per model since ``since``: requests, prompt/cached/completion tokens, cost."""
         result: dict[str, dict[str, dict[str, float | int]]] = {}
