@@ -516,3 +516,16 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
     finally:
         serve.terminate()
         serve.wait(30)
+
+
+def test_a_model_that_cannot_fit_has_no_local_target(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    # Kimi K3 (recipes/frontier.toml: a serving floor of over a terabyte) cannot run on this
+    # machine, so even a healthy local engine configured for it is never used.
+    k3_local = f'{{ url = "{local_engine.url}", model = "kimi-k3" }}'
+    body = route("kimi-k3", k3_local, hosted(hosted_engine.url)) + PRICES_TOML
+    with gateway(tmp_path, body, env=ENV) as gw:
+        health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["kimi-k3"]
+        assert [target["url"] for target in health] == [hosted_engine.url]
+        answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
+        assert answer.status_code == 200 and answer.headers["x-tierlocal-target"] == hosted_engine.url
+        assert "kimi-k3 needs at least" in gw.log_text() and "local targets are skipped" in gw.log_text()

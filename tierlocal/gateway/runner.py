@@ -88,6 +88,35 @@ async def discover_local_routes(engines: tuple[str, ...]) -> list[Route]:
     return list(routes.values())
 
 
+def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -> GatewayConfig:
+    """Drop the local targets of routes whose model can never fit ``memory_bytes`` (this
+    machine's GPU memory plus RAM): a frontier model in recipes/ whose serving floor is larger.
+    A route left with no target is dropped; both are logged."""
+    from ..catalog import find_frontier
+
+    routes: list[Route] = []
+    for route in config.routes:
+        frontier = find_frontier(route.model)
+        if frontier is None or frontier.serving_floor_bytes <= memory_bytes or all(t.hosted for t in route.targets):
+            routes.append(route)
+            continue
+        kept = tuple(target for target in route.targets if target.hosted)
+        log.warning(
+            "%s needs at least %.0f GiB to serve and this machine has %.0f GiB (GPU + RAM): its local targets are skipped%s",
+            route.model, frontier.serving_floor_bytes / 2**30, memory_bytes / 2**30, "" if kept else ", and with no hosted target the route is dropped",
+        )  # fmt: skip
+        if kept:
+            routes.append(Route(route.model, kept))
+    return replace(config, routes=tuple(routes))
+
+
+def _machine_memory_bytes() -> int:
+    from ..hardware import detect
+
+    machine = detect()
+    return sum(gpu.total_bytes for gpu in machine.gpus) + machine.ram_total_bytes
+
+
 def _ensure_key(config: GatewayConfig, store: GatewayStore) -> None:
     """Refuse a non-loopback address while no gateway key exists; on loopback, create one for
     user "local" in a 0600 file so one command gives a working gateway."""
@@ -148,6 +177,7 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
         found = [route for route in asyncio.run(discover_local_routes(engines)) if config.route(route.model) is None]
         if found:
             config = replace(config, routes=config.routes + tuple(found))
+    config = without_unfittable_local_targets(config, _machine_memory_bytes())
     for route in config.routes:
         for target in route.targets:
             if target.hosted and resolve_key(target) is None:
