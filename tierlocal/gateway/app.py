@@ -31,7 +31,7 @@ from .config import GatewayConfig, Route, Target, User
 from .limits import RateLimiter, Ticket
 from .metrics import Metrics
 from .pricing import Usage, cost_usd, requested_max_tokens, usage_from, worst_case_input_tokens
-from .store import GatewayStore, UsageRecord
+from .store import Store, UsageRecord
 
 __all__ = ["Gateway", "ENDPOINTS"]
 
@@ -102,7 +102,7 @@ class _Exchange:
 class Gateway:
     """The aiohttp application and the state it routes with."""
 
-    def __init__(self, config: GatewayConfig, store: GatewayStore) -> None:
+    def __init__(self, config: GatewayConfig, store: Store) -> None:
         self.config = config
         self.store = store
         self.metrics = Metrics()

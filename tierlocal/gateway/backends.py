@@ -18,14 +18,14 @@ import aiohttp
 from .. import constants
 from .config import Target
 
-__all__ = ["TargetState", "resolve_key", "poll_target", "engine_root"]
+__all__ = ["TargetState", "resolve_key", "credential", "poll_target", "engine_root"]
 
 UP, LOADING, DOWN, UNKNOWN = "up", "loading", "down", "unknown"
 #: Longest credential file read, in bytes.
 MAX_KEY_BYTES = 4096
 
 
-def _credential(name: str) -> str | None:
+def credential(name: str) -> str | None:
     directory = constants.credentials_dir()
     if directory is None or "/" in name:
         return None
@@ -40,9 +40,9 @@ def resolve_key(target: Target) -> str | None:
     """The target's API key: its environment variable, else a systemd credential of the same
     name (how `tierlocal service install gateway` hands keys over), or its named credential."""
     if target.api_key_env is not None:
-        return constants.upstream_api_key(target.api_key_env) or _credential(target.api_key_env)
+        return constants.secret_from_env(target.api_key_env) or credential(target.api_key_env)
     if target.api_key_credential is not None:
-        return _credential(target.api_key_credential)
+        return credential(target.api_key_credential)
     return None
 
 

@@ -26,7 +26,7 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
 MAX_USERS = 100_000
-_SERVER_KEYS = {"host", "port", "state_dir", "tls_cert", "tls_key", "default_max_tokens", "max_body_bytes", "upstream_timeout_s", "retry_deadline_s"}
+_SERVER_KEYS = {"host", "port", "state_dir", "tls_cert", "tls_key", "default_max_tokens", "max_body_bytes", "upstream_timeout_s", "retry_deadline_s", "redis_url_env"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class ServerConfig:
     upstream_timeout_s: float = 300.0
     #: Seconds after which no new attempt (retry or fallback) starts for a request.
     retry_deadline_s: float = 60.0
+    #: The environment variable (or systemd credential) holding a Redis URL: state shared by
+    #: several replicas. None: SQLite in state_dir.
+    redis_url_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,14 @@ def _positive_int(value: object, source: str, where: str) -> int | None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise _error(source, where, f"must be a whole number above 0, not {value!r}", "or leave it out for no limit")
+    return value
+
+
+def _name(value: object, source: str, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "/" in value:
+        raise _error(source, where, f"must name an environment variable, not {value!r}", 'e.g. "TIERLOCAL_REDIS_URL" (the URL itself, with its password, stays out of this file)')
     return value
 
 
@@ -214,6 +225,7 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
         _positive_int(server_table.get("max_body_bytes"), source, "server.max_body_bytes") or defaults.max_body_bytes,
         _positive_number(server_table.get("upstream_timeout_s"), source, "server.upstream_timeout_s") or defaults.upstream_timeout_s,
         _positive_number(server_table.get("retry_deadline_s"), source, "server.retry_deadline_s") or defaults.retry_deadline_s,
+        _name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
     )
     raw_routes = data.get("routes", [])
     if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:

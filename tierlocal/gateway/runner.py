@@ -28,7 +28,7 @@ from ..sdnotify import notify
 from .app import Gateway
 from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
-from .store import GatewayStore
+from .store import Store, open_store
 
 __all__ = ["run_gateway", "discover_local_routes", "served_engines", "route_id", "LOCAL_ENGINES"]
 
@@ -117,7 +117,7 @@ def _machine_memory_bytes() -> int:
     return sum(gpu.total_bytes for gpu in machine.gpus) + machine.ram_total_bytes
 
 
-def _ensure_key(config: GatewayConfig, store: GatewayStore) -> None:
+def _ensure_key(config: GatewayConfig, store: Store) -> None:
     """Refuse a non-loopback address while no gateway key exists; on loopback, create one for
     user "local" in a 0600 file so one command gives a working gateway."""
     if any(info.revoked is None for info in store.list_keys()):
@@ -184,7 +184,7 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
                 where = target.api_key_env or f"credential {target.api_key_credential}"
                 log.warning("%s: %s is not set; requests for %r will not reach %s", config.source, where, route.model, target.url)
     context = _ssl_context(config)
-    store = GatewayStore(config.server.state_dir)
+    store = open_store(config)
     try:
         _ensure_key(config, store)
         serving = _serve(Gateway(config, store), config, context)

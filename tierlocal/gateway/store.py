@@ -20,8 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["GatewayStore", "KeyInfo", "UsageRecord", "period_start", "KEY_PREFIX"]
+from .. import constants
+
+if TYPE_CHECKING:
+    from .config import GatewayConfig
+
+__all__ = ["GatewayStore", "Store", "open_store", "KeyInfo", "UsageRecord", "period_start", "KEY_PREFIX"]
 
 #: Every gateway key starts with this, so a leaked one is recognisable.
 KEY_PREFIX = "tlk-"
@@ -222,3 +228,34 @@ class GatewayStore:
                 for name, count, prompt, cached, completion, cost in rows
             }
         return result
+
+
+class Store(Protocol):
+    """What the gateway needs of its state: SQLite (GatewayStore) or Redis (RedisStore)."""
+
+    def close(self) -> None: ...
+    def add_key(self, user: str) -> str: ...
+    def list_keys(self) -> list[KeyInfo]: ...
+    def revoke(self, user_or_prefix: str) -> int: ...
+    def authenticate(self, key: str) -> str | None: ...
+    def reserve(self, user: str, amount_usd: float, budget_usd: float, period: str) -> int | None: ...
+    def spent(self, user: str, period: str) -> float: ...
+    def settle(self, reservation_id: int | None, record: UsageRecord) -> None: ...
+    def first_usage_time(self) -> float | None: ...
+    def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]: ...
+
+
+def open_store(config: GatewayConfig) -> Store:
+    """Redis when the config names the variable holding its URL (``[server] redis_url_env``),
+    else SQLite in ``state_dir``."""
+    name = config.server.redis_url_env
+    if name is None:
+        return GatewayStore(config.server.state_dir)
+    from ..errors import UsageError
+    from .backends import credential
+    from .redis_store import RedisStore
+
+    url = constants.secret_from_env(name) or credential(name)
+    if url is None:
+        raise UsageError(f"{config.source}: server.redis_url_env names {name}, which is not set", hint=f"export {name}=redis://HOST:6379/0 (or hand it over as a systemd credential)")
+    return RedisStore(url)
