@@ -9,6 +9,7 @@ import os
 import secrets
 import socket
 import sqlite3
+import ssl
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import httpx2
 import openai
 import pytest
@@ -529,3 +531,76 @@ def test_a_model_that_cannot_fit_has_no_local_target(tmp_path: Path, local_engin
         answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
         assert answer.status_code == 200 and answer.headers["x-tierlocal-target"] == hosted_engine.url
         assert "kimi-k3 needs at least" in gw.log_text() and "local targets are skipped" in gw.log_text()
+
+
+def test_a_real_context_overflow_goes_to_the_larger_context_target(tmp_path: Path, assets: Assets, hosted_engine: Engine) -> None:
+    """A local llama-server with a 256-token context answers a longer prompt with its real 400
+    exceed_context_size_error; the gateway sends the request on to the 2048-token target."""
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=256, parallel=1)
+    with running(argv, tmp_path / "small.log", f"http://127.0.0.1:{port}/health"):
+        small = f"http://127.0.0.1:{port}/v1"
+        long_prompt = {**CHAT, "messages": [{"role": "user", "content": "hello world " * 200}]}
+        direct = httpx2.post(small + "/chat/completions", json=long_prompt, timeout=60)
+        assert direct.status_code == 400 and direct.json()["error"]["type"] == "exceed_context_size_error"
+        with gateway(tmp_path, route("qwen3-14b", local(small), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+            answer = httpx2.post(gw.url + "/chat/completions", json=long_prompt, headers=gw.headers(), timeout=120)
+            assert answer.status_code == 200 and answer.headers["x-tierlocal-target"] == hosted_engine.url
+            assert usage_rows(gw)[-1]["fallback_reason"] == "context_exceeded"
+            # A short prompt still runs locally: the overflow was the request's, not the engine's.
+            short = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+            assert short.headers["x-tierlocal-target"] == small
+        (tmp_path / "only").mkdir()
+        with gateway(tmp_path / "only", route("qwen3-14b", local(small)), env=ENV) as gw:
+            refused = httpx2.post(gw.url + "/chat/completions", json=long_prompt, headers=gw.headers(), timeout=60)
+            assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+            assert refused.headers["x-should-retry"] == "false"
+
+
+def test_a_client_that_leaves_mid_stream_is_charged_what_it_got_and_its_hold_released(tmp_path: Path, hosted_engine: Engine) -> None:
+    body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
+    with gateway(tmp_path, body, env=ENV) as gw:
+        with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "max_tokens": 400, "stream": True}, headers=gw.headers(), timeout=60) as response:
+            received = 0
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    received += 1
+                if received == 3:
+                    break  # leave: the connection closes here
+        deadline = time.monotonic() + 30
+        while not usage_rows(gw):
+            assert time.monotonic() < deadline, gw.log_text()
+            time.sleep(0.2)
+        row = usage_rows(gw)[-1]
+        assert row["status"] == 499 and "client_disconnected" in row["fallback_reason"]
+        assert 3 <= row["completion_tokens"] < 400  # what it got (and what was in flight), not the 400 it asked for
+        assert row["cost_usd"] > 0
+        with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+            assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
+
+
+def test_serves_tls_itself_when_given_a_certificate(tmp_path: Path, local_engine: Engine) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    config, port = write_config(tmp_path, route("qwen3-14b", local(local_engine.url)), server=f'tls_cert = "{cert}"\ntls_key = "{key}"')
+    gateway_key = add_key(config, "alice")
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as handle:
+        process = subprocess.Popen([sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)], stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while "gateway on https://" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        api = openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key=gateway_key, max_retries=0, http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(cert))))
+        answer = api.chat.completions.create(model="qwen3-14b", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert answer.usage is not None and answer.usage.completion_tokens == 2
+        with pytest.raises(httpx2.HTTPError):
+            httpx2.get(f"http://127.0.0.1:{port}/health", timeout=5)  # no plain HTTP on that port
+    finally:
+        process.terminate()
+        process.wait(20)
