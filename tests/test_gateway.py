@@ -354,7 +354,8 @@ def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted
 def test_secret_leak_scan_over_every_error_path(tmp_path: Path, hosted_engine: Engine) -> None:
     seen_text: list[str] = []
     with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream:
-        body = route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
+        # Bodies are stored for this route, so the stored rows are scanned too.
+        body = route("kimi-k3", hosted(upstream.url + "/v1")).replace("[[routes]]\n", "[[routes]]\nstore_bodies = true\n") + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
         with gateway(tmp_path, body, env=ENV) as gw:
             faults = [
                 Fault(echo_key=True, status=400),  # passed back: must be scrubbed
@@ -604,3 +605,21 @@ def test_serves_tls_itself_when_given_a_certificate(tmp_path: Path, local_engine
     finally:
         process.terminate()
         process.wait(20)
+
+
+def test_bodies_are_stored_only_where_enabled_capped_and_redacted(tmp_path: Path, local_engine: Engine) -> None:
+    kept = f'[[routes]]\nmodel = "kept"\nstore_bodies = true\nmax_stored_body_bytes = 300\ntargets = [ {local(local_engine.url)} ]\n'
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url)) + kept) as gw:
+        secretive = {"messages": [{"role": "user", "content": "my key is sk-live-abcdef123456 for org-7a7a7a7a, " + "pad " * 200}], "max_tokens": 3}
+        for model in ("qwen3-14b", "kept"):
+            assert httpx2.post(gw.url + "/chat/completions", json={**secretive, "model": model}, headers=gw.headers(), timeout=60).status_code == 200
+        with httpx2.stream("POST", gw.url + "/chat/completions", json={**secretive, "model": "kept", "stream": True}, headers=gw.headers(), timeout=60) as response:
+            streamed = "".join(response.iter_text())
+        plain, whole, stream = usage_rows(gw)
+        assert plain["request_body"] is None and plain["response_body"] is None
+        for row in (whole, stream):
+            assert 0 < len(row["request_body"]) <= 300 and "abcdef123456" not in row["request_body"] and "7a7a7a7a" not in row["request_body"]
+            assert "sk-[redacted]" in row["request_body"] and "org-[redacted]" in row["request_body"]
+            assert row["response_body"] and len(row["response_body"]) <= 300
+        assert whole["response_body"].startswith("{") and '"choices"' in whole["response_body"]
+        assert streamed.startswith(stream["response_body"][:100])  # the stream's first bytes, as the client got them

@@ -97,6 +97,16 @@ class _Exchange:
     reasons: list[str] = field(default_factory=list)
     content_events: int = 0
     request_id: str | None = None
+    request_body: str | None = None  # only for routes with store_bodies
+    response_kept: list[bytes] = field(default_factory=list)
+    response_kept_bytes: int = 0
+
+    def keep_response(self, data: bytes) -> None:
+        """Keep the response's first bytes when its route stores bodies."""
+        room = self.route.max_stored_body_bytes - self.response_kept_bytes
+        if self.route.store_bodies and room > 0:
+            self.response_kept.append(data[:room])
+            self.response_kept_bytes += min(len(data), room)
 
 
 class Gateway:
@@ -234,6 +244,8 @@ class Gateway:
         stream = body.get("stream") is True and endpoint != "/embeddings"
         options = body.get("stream_options")
         exchange = _Exchange(user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw)))
+        if route.store_bodies:
+            exchange.request_body = self._redact(raw, route)
 
         max_tokens = requested_max_tokens(body)
         if endpoint == "/embeddings":
@@ -391,6 +403,11 @@ class Gateway:
     def _clean(self, text: str) -> str:
         return protocol.sanitise(text, self.secrets)
 
+    def _redact(self, data: bytes, route: Route) -> str:
+        """A body as stored: its first bytes, without keys, bearer tokens or account ids."""
+        cap = route.max_stored_body_bytes
+        return protocol.sanitise(data[:cap].decode("utf-8", "replace"), self.secrets, limit=cap)
+
     async def _upstream_error(self, upstream: aiohttp.ClientResponse, exchange: _Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
         try:
             error_bytes = await upstream.content.read(MAX_ERROR_BYTES)
@@ -420,6 +437,7 @@ class Gateway:
         exchange.target, exchange.status = state, 200
         exchange.usage = usage_from(document)
         exchange.request_id = _response_id(document)
+        exchange.keep_response(data)
         await self._settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
 
@@ -472,7 +490,9 @@ class Gateway:
                     if forward:
                         out.append(event)
                 if out:
-                    await response.write(b"".join(out))
+                    chunk = b"".join(out)
+                    exchange.keep_response(chunk)
+                    await response.write(chunk)
                 if done or failure is not None:
                     break
                 try:
@@ -524,6 +544,7 @@ class Gateway:
         record = UsageRecord(
             exchange.user.name, model, route.model, "" if state is None else state.label, exchange.status,
             usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason, exchange.request_id,
+            exchange.request_body, self._redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
         )  # fmt: skip
         await self._in_store(self.store.settle, reservation, record)
         if exchange.user.budget_usd is not None:

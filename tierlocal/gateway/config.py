@@ -70,10 +70,13 @@ class Target:
 
 @dataclass(frozen=True)
 class Route:
-    """The id clients send, and the targets tried in order."""
+    """The id clients send, and the targets tried in order. ``store_bodies``: keep each
+    request's and response's first ``max_stored_body_bytes`` (redacted) with its usage row."""
 
     model: str
     targets: tuple[Target, ...]
+    store_bodies: bool = False
+    max_stored_body_bytes: int = 16384
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,14 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
             raise _error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
         if not isinstance(targets, list) or not 1 <= len(targets) <= MAX_TARGETS:
             raise _error(source, f"{where}.targets", f"must list 1 to {MAX_TARGETS} targets", "e.g. targets = [ { url = \"http://127.0.0.1:8080/v1\", model = \"qwen3-14b\" } ]")
-        routes.append(Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets))))
+        unknown = set(table) - {"model", "targets", "store_bodies", "max_stored_body_bytes"}
+        if unknown:
+            raise _error(source, f"{where}.{sorted(unknown)[0]}", "unknown key", "a route has model, targets, and optionally store_bodies and max_stored_body_bytes")
+        store_bodies = table.get("store_bodies", False)
+        if not isinstance(store_bodies, bool):
+            raise _error(source, f"{where}.store_bodies", f"must be true or false, not {store_bodies!r}", "bodies are not stored unless it is true")
+        cap = _positive_int(table.get("max_stored_body_bytes"), source, f"{where}.max_stored_body_bytes") or Route.max_stored_body_bytes
+        routes.append(Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets)), store_bodies, min(cap, 1 << 20)))
     raw_users = data.get("users", [])
     if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
         raise _error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")

@@ -104,12 +104,12 @@ def classify(status: int, type_: str, message: str, code: str | None, headers: d
     return Verdict(False, 0.0, "client_error" if status not in (401, 403) else "upstream_auth")
 
 
-def sanitise(text: str, secrets: tuple[str, ...] = ()) -> str:
+def sanitise(text: str, secrets: tuple[str, ...] = (), limit: int = MAX_MESSAGE_CHARS) -> str:
     """``text`` without any of ``secrets``, bearer tokens or account ids (``org-…``, ``ak-…``),
-    cut to MAX_MESSAGE_CHARS."""
+    cut to ``limit`` characters."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "[redacted]")
     text = _BEARER.sub("Bearer [redacted]", text)
     text = _ACCOUNT_ID.sub(lambda match: f"{match.group(1)}-[redacted]", text)
-    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

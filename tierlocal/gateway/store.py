@@ -61,7 +61,9 @@ CREATE TABLE IF NOT EXISTS usage (
     cost_usd REAL NOT NULL,
     latency_ms REAL NOT NULL,
     fallback_reason TEXT,
-    request_id TEXT
+    request_id TEXT,
+    request_body TEXT,
+    response_body TEXT
 );
 CREATE INDEX IF NOT EXISTS usage_user_time ON usage (user, time);
 """
@@ -94,6 +96,9 @@ class UsageRecord:
     fallback_reason: str | None = None
     #: The upstream's response id (``chatcmpl-…``), when it gave one.
     request_id: str | None = None
+    #: Only for routes with store_bodies: the first bytes of each, redacted.
+    request_body: str | None = None
+    response_body: str | None = None
 
 
 def period_start(period: str, now: float | None = None) -> float:
@@ -127,8 +132,9 @@ class GatewayStore:
         self._connection.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed row survives kill -9 (not power loss)
         self._connection.executescript(_SCHEMA)
         columns = {row[1] for row in self._connection.execute("PRAGMA table_info(usage)")}
-        if "request_id" not in columns:  # a database from before request ids were kept
-            self._connection.execute("ALTER TABLE usage ADD COLUMN request_id TEXT")
+        for column in ("request_id", "request_body", "response_body"):  # a database from before these were kept
+            if column not in columns:
+                self._connection.execute(f"ALTER TABLE usage ADD COLUMN {column} TEXT")
 
     def close(self) -> None:
         self._connection.close()
@@ -199,11 +205,12 @@ class GatewayStore:
             if reservation_id is not None:
                 db.execute("DELETE FROM reservations WHERE id = ?", (reservation_id,))
             db.execute(
-                "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason, request_id)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms,"
+                " fallback_reason, request_id, request_body, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(), record.user, record.model, record.route, record.target, record.status, record.prompt_tokens,
                     record.cached_tokens, record.completion_tokens, record.cost_usd, record.latency_ms, record.fallback_reason, record.request_id,
+                    record.request_body, record.response_body,
                 ),
             )  # fmt: skip
 
