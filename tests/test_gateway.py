@@ -170,7 +170,7 @@ FALLBACKS = {
     "loading-503": (Fault(status=503, body=LLAMA_LOADING), "unavailable", True),
     "server-500": (Fault(status=500, body=MOONSHOT_SERVER_ERROR), "server_error", True),
     "overloaded-429": (Fault(status=429, body=MOONSHOT_OVERLOADED, headers={"Retry-After": "30"}), "rate_limited", True),
-    "rpm-429-after-n-seconds": (Fault(status=429, body=MOONSHOT_RATE_LIMIT), "rate_limited", True),
+    "rpm-429-after-n-seconds": (Fault(status=429, body=json.loads(json.dumps(MOONSHOT_RATE_LIMIT).replace("after 2 seconds", "after 20 seconds"))), "rate_limited", True),
     "context-400": (Fault(status=400, body=LLAMA_CONTEXT), "context_exceeded", False),
 }
 
@@ -178,29 +178,31 @@ FALLBACKS = {
 @pytest.mark.parametrize("case", list(FALLBACKS))
 def test_fallback_matrix(case: str, tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
     fault, reason, cools_down = FALLBACKS[case]
-    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first, gateway(tmp_path, route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
-        first.queue(fault)
-        answer = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["x-tierlocal-target"] == hosted_engine.url
-        assert len(first.seen) == 1
-        row = usage_rows(gw)[-1]
-        assert row["fallback_reason"] == reason and row["target"].startswith(hosted_engine.url)
-        assert row["cost_usd"] == pytest.approx(cost(answer.json()["usage"]), rel=1e-9)
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first:
+        body = route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML
+        with gateway(tmp_path, body, env=ENV, server="error_cooldown_s = 30") as gw:
+            first.queue(fault)
+            answer = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-tierlocal-target"] == hosted_engine.url
+            assert len(first.seen) == 1
+            row = usage_rows(gw)[-1]
+            assert row["fallback_reason"] == reason and row["target"].startswith(hosted_engine.url)
+            assert row["cost_usd"] == pytest.approx(cost(answer.json()["usage"]), rel=1e-9)
 
-        # The next request: a cooling target is skipped; a context miss is the request's fault only.
-        again = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
-        assert again.status_code == 200
-        if cools_down:
-            assert len(first.seen) == 1 and again.headers["x-tierlocal-target"] == hosted_engine.url
-            health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["qwen3-14b"][0]
-            assert health["state"] == "cooldown" and health["cooldown_s"] > 0
-            if case == "overloaded-429":
-                assert 25 < health["cooldown_s"] <= 30  # Retry-After honoured
-            if case == "rpm-429-after-n-seconds":
-                assert health["cooldown_s"] <= 2  # "try again after 2 seconds" honoured
-        else:
-            assert len(first.seen) == 2 and again.headers["x-tierlocal-target"] == first.url + "/v1", gw.log_text()
+            # The next request: a cooling target is skipped; a context miss is the request's fault only.
+            again = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+            assert again.status_code == 200
+            if cools_down:
+                assert len(first.seen) == 1 and again.headers["x-tierlocal-target"] == hosted_engine.url
+                health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["qwen3-14b"][0]
+                assert health["state"] == "cooldown" and health["cooldown_s"] > 0
+                if case == "overloaded-429":
+                    assert 25 < health["cooldown_s"] <= 30  # Retry-After honoured
+                if case == "rpm-429-after-n-seconds":
+                    assert 15 < health["cooldown_s"] <= 20  # "try again after 20 seconds" honoured
+            else:
+                assert len(first.seen) == 2 and again.headers["x-tierlocal-target"] == first.url + "/v1", gw.log_text()
 
 
 def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byte(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
@@ -356,7 +358,7 @@ def test_secret_leak_scan_over_every_error_path(tmp_path: Path, hosted_engine: E
     with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream:
         # Bodies are stored for this route, so the stored rows are scanned too.
         body = route("kimi-k3", hosted(upstream.url + "/v1")).replace("[[routes]]\n", "[[routes]]\nstore_bodies = true\n") + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
-        with gateway(tmp_path, body, env=ENV) as gw:
+        with gateway(tmp_path, body, env=ENV, server="retry_deadline_s = 3") as gw:
             faults = [
                 Fault(echo_key=True, status=400),  # passed back: must be scrubbed
                 Fault(echo_key=True, status=500),  # falls back, then the 503 names the last failure
@@ -462,7 +464,9 @@ def test_kill_9_under_load_loses_and_doubles_no_completed_request(tmp_path: Path
         threads = [threading.Thread(target=worker) for _ in range(8)]
         for thread in threads:
             thread.start()
-        time.sleep(4)
+        deadline = time.monotonic() + 60
+        while len(completed) < 10 and time.monotonic() < deadline:
+            time.sleep(0.1)
         gw.process.kill()  # SIGKILL while requests are in flight
         gw.process.wait()
         stop.set()
@@ -597,8 +601,9 @@ def test_serves_tls_itself_when_given_a_certificate(tmp_path: Path, local_engine
         while "gateway on https://" not in log.read_text():
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
-        api = openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key=gateway_key, max_retries=0, http_client=httpx.Client(verify=ssl.create_default_context(cafile=str(cert))))
-        answer = api.chat.completions.create(model="qwen3-14b", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(cert))) as http:
+            api = openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key=gateway_key, max_retries=0, http_client=http)
+            answer = api.chat.completions.create(model="qwen3-14b", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
         assert answer.usage is not None and answer.usage.completion_tokens == 2
         with pytest.raises(httpx2.HTTPError):
             httpx2.get(f"http://127.0.0.1:{port}/health", timeout=5)  # no plain HTTP on that port
@@ -623,3 +628,20 @@ def test_bodies_are_stored_only_where_enabled_capped_and_redacted(tmp_path: Path
             assert row["response_body"] and len(row["response_body"]) <= 300
         assert whole["response_body"].startswith("{") and '"choices"' in whole["response_body"]
         assert streamed.startswith(stream["response_body"][:100])  # the stream's first bytes, as the client got them
+
+
+def test_a_single_target_is_retried_with_backoff_within_the_deadline(tmp_path: Path, hosted_engine: Engine) -> None:
+    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream, gateway(tmp_path, route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML, env=ENV) as gw:
+        upstream.queue(Fault(status=500, body=MOONSHOT_SERVER_ERROR))
+        started_at = time.monotonic()
+        answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
+        assert answer.status_code == 200 and len(upstream.seen) == 2
+        assert time.monotonic() - started_at >= 1.9  # it waited out the target's 2 s cooldown
+        assert usage_rows(gw)[-1]["fallback_reason"] == "server_error"
+        # An upstream that keeps failing: a bounded number of attempts, then 503 with Retry-After.
+        upstream.reset()
+        upstream.always = Fault(status=502, body=MOONSHOT_SERVER_ERROR)
+        failed = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=120)
+        assert failed.status_code == 503 and failed.headers["x-should-retry"] == "true" and int(failed.headers["Retry-After"]) >= 1
+        assert 2 <= len(upstream.seen) <= 6
+        assert "server_error" in failed.json()["error"]["message"]

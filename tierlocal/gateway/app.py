@@ -44,9 +44,12 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_SSE_EVENT_BYTES = 4 * 1024 * 1024
 #: Longest upstream error body read, in bytes.
 MAX_ERROR_BYTES = 64 * 1024
-#: Backoff before trying a target again: base · 2^n seconds, jittered, capped.
+#: Backoff before trying a target again: base · 2^n seconds, jittered, capped; a target that
+#: asks for a longer wait than the cap is not retried within the request (the client is told
+#: when to come back). At most MAX_ATTEMPTS attempts per request, over all targets.
 BACKOFF_BASE_S = 0.25
 BACKOFF_CAP_S = 8.0
+MAX_ATTEMPTS = 6
 #: Seconds between health polls of local targets; seconds an authenticated key is cached.
 POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
@@ -293,6 +296,15 @@ class Gateway:
             )  # fmt: skip
         return reservation
 
+    def _retry_waits(self, route: Route, excluded: set[Target]) -> list[tuple[float, TargetState]]:
+        """(seconds until usable, target) for the targets this request may try again."""
+        moment = now()
+        return [
+            (max(state.cooldown_until - moment, 0.0), state)
+            for target in route.targets
+            if target not in excluded and not (state := self.states[target]).missing_key
+        ]
+
     def _candidates(self, route: Route, excluded: set[Target]) -> list[TargetState]:
         """Targets to try, best first: free and healthy, then full (spill over rather than
         queue), then ones that looked down at the last poll. Cooling and keyless ones are out."""
@@ -313,15 +325,21 @@ class Gateway:
         last_failure: _AttemptFailed | None = None
         response: web.StreamResponse | None = None
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and exchange.attempts < MAX_ATTEMPTS:
                 candidates = self._candidates(route, excluded)
-                if not candidates:
-                    break
                 fresh = [state for state in candidates if state.target not in failed]
-                state = fresh[0] if fresh else candidates[0]
-                if not fresh:
-                    delay = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** (exchange.attempts - len(route.targets))) * random.uniform(0.5, 1.0)  # noqa: S311
-                    if time.monotonic() + delay >= deadline:
+                if fresh:
+                    state = fresh[0]
+                else:
+                    # Every target has failed this request once: wait (jittered, growing) for the
+                    # first to be usable again — its cooldown, if it is cooling — then retry it.
+                    waits = self._retry_waits(route, excluded)
+                    if not waits:
+                        break
+                    wait_s, state = min(waits, key=lambda pair: pair[0])
+                    backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(exchange.attempts - 1, 0)) * random.uniform(0.5, 1.0)  # noqa: S311
+                    delay = max(wait_s, backoff)
+                    if delay > BACKOFF_CAP_S or time.monotonic() + delay >= deadline:
                         break
                     await asyncio.sleep(delay)
                 exchange.attempts += 1
@@ -384,10 +402,10 @@ class Gateway:
                 upstream = await self._session.post(state.target.url + endpoint, data=payload, headers=headers, timeout=timeout, allow_redirects=False)
             except asyncio.TimeoutError:
                 self.metrics.upstream.labels(state.label, "timeout").inc()
-                raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "timeout"), "no answer in time") from None
+                raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "timeout"), "no answer in time") from None
             except aiohttp.ClientError as exc:
                 self.metrics.upstream.labels(state.label, "connect_error").inc()
-                raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "connect_error"), self._clean(str(exc) or type(exc).__name__)) from None
+                raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "connect_error"), self._clean(str(exc) or type(exc).__name__)) from None
             self.metrics.first_byte.labels(state.label).observe(time.monotonic() - started)
             async with upstream:
                 if upstream.status != 200:
@@ -415,7 +433,7 @@ class Gateway:
             error_bytes = b""
         type_, message, code = protocol.upstream_error_fields(error_bytes)
         message = self._clean(message)
-        verdict = protocol.classify(upstream.status, type_, message, code, {k.lower(): v for k, v in upstream.headers.items()})
+        verdict = protocol.classify(upstream.status, type_, message, code, {k.lower(): v for k, v in upstream.headers.items()}, self.config.server.error_cooldown_s)
         self.metrics.upstream.labels(state.label, str(upstream.status)).inc()
         if verdict.fall_back:
             raise _AttemptFailed(verdict, f"HTTP {upstream.status} {type_ or code or ''}: {message}".strip())
@@ -431,9 +449,9 @@ class Gateway:
                 raise _AttemptFailed(protocol.Verdict(True, 0.0, "response_too_large"), f"more than {MAX_RESPONSE_BYTES} bytes")
             document = json.loads(data)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
         except (ValueError, UnicodeDecodeError):
-            raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "bad_response"), "the upstream's answer is not JSON") from None
+            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON") from None
         exchange.target, exchange.status = state, 200
         exchange.usage = usage_from(document)
         exchange.request_id = _response_id(document)
@@ -447,12 +465,12 @@ class Gateway:
         try:
             batch = await anext(batches, None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
         if batch is None:
-            raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "dropped"), "the stream ended before its first event")
+            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), "the stream ended before its first event")
         in_band = _event_error(batch[0])
         if in_band is not None:
-            raise _AttemptFailed(protocol.Verdict(True, protocol.DEFAULT_COOLDOWN_S, "stream_error"), self._clean(in_band))
+            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "stream_error"), self._clean(in_band))
         exchange.target, exchange.status = state, 200
         exchange.request_id = _response_id(_json_or_none(_event_data(batch[0]) or b""))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})

@@ -26,7 +26,7 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
 MAX_USERS = 100_000
-_SERVER_KEYS = {"host", "port", "state_dir", "tls_cert", "tls_key", "default_max_tokens", "max_body_bytes", "upstream_timeout_s", "retry_deadline_s", "redis_url_env"}
+_SERVER_KEYS = {"host", "port", "state_dir", "tls_cert", "tls_key", "default_max_tokens", "max_body_bytes", "upstream_timeout_s", "retry_deadline_s", "redis_url_env", "error_cooldown_s"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class ServerConfig:
     #: The environment variable (or systemd credential) holding a Redis URL: state shared by
     #: several replicas. None: SQLite in state_dir.
     redis_url_env: str | None = None
+    #: Seconds a target stays out of rotation after a connection error, timeout or 5xx that
+    #: named no wait.
+    error_cooldown_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,7 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
         _positive_number(server_table.get("upstream_timeout_s"), source, "server.upstream_timeout_s") or defaults.upstream_timeout_s,
         _positive_number(server_table.get("retry_deadline_s"), source, "server.retry_deadline_s") or defaults.retry_deadline_s,
         _name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
+        _positive_number(server_table.get("error_cooldown_s"), source, "server.error_cooldown_s") or defaults.error_cooldown_s,
     )
     raw_routes = data.get("routes", [])
     if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:

@@ -22,8 +22,10 @@ __all__ = ["Verdict", "error_body", "classify", "retry_after_s", "sanitise", "up
 MAX_MESSAGE_CHARS = 600
 #: Longest wait an upstream's hint may impose on a target, in seconds.
 MAX_COOLDOWN_S = 300.0
-#: Cooldown after a connection failure or 5xx when the upstream gave no hint, in seconds.
-DEFAULT_COOLDOWN_S = 5.0
+#: Cooldown after a connection failure, a timeout or a 5xx when the upstream gave no hint, and
+#: after a 429 without a wait in it, in seconds.
+DEFAULT_COOLDOWN_S = 2.0
+RATE_LIMIT_COOLDOWN_S = 5.0
 
 _ACCOUNT_ID = re.compile(r"\b(org|ak|sk|user|proj|acct)-[A-Za-z0-9_\-]{3,}", re.IGNORECASE)
 _BEARER = re.compile(r"(?i)bearer\s+\S+")
@@ -84,19 +86,20 @@ def retry_after_s(headers: dict[str, str], message: str) -> float | None:
     return min(float(match.group(1)), MAX_COOLDOWN_S) if match else None
 
 
-def classify(status: int, type_: str, message: str, code: str | None, headers: dict[str, str]) -> Verdict:
-    """Whether an upstream's error response falls back (and cools the target down)."""
+def classify(status: int, type_: str, message: str, code: str | None, headers: dict[str, str], error_cooldown_s: float = DEFAULT_COOLDOWN_S) -> Verdict:
+    """Whether an upstream's error response falls back (and cools the target down:
+    ``error_cooldown_s`` after a 5xx without a hint)."""
     kind = (type_ or code or "").lower()
     if status == 429:
         if kind in ("exceeded_current_quota_error", "insufficient_quota"):
             return Verdict(False, 0.0, "quota")
-        return Verdict(True, retry_after_s(headers, message) or DEFAULT_COOLDOWN_S, "rate_limited")
+        return Verdict(True, retry_after_s(headers, message) or RATE_LIMIT_COOLDOWN_S, "rate_limited")
     if status == 400 and kind == "exceed_context_size_error":
         return Verdict(True, 0.0, "context_exceeded")
     if status == 503:
-        return Verdict(True, retry_after_s(headers, message) or DEFAULT_COOLDOWN_S, "unavailable")
+        return Verdict(True, retry_after_s(headers, message) or error_cooldown_s, "unavailable")
     if status >= 500:
-        return Verdict(True, DEFAULT_COOLDOWN_S, "server_error")
+        return Verdict(True, error_cooldown_s, "server_error")
     if status in (408, 409):
         return Verdict(True, 0.0, "timeout" if status == 408 else "conflict")
     if kind == "content_filter":
