@@ -16,5 +16,8 @@ echo "[run] installing tierlocal and test dependencies"
 .venv/bin/python -m pip install --quiet -e '.[test]'
 
 .venv/bin/python tests/assets/prepare.py
+# The `--engine python` tests need llama-cpp-python's server: the wheel prepare.py compiled.
+wheel=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["llama_cpp_python_wheel"])' "$(.venv/bin/python tests/assets/prepare.py --print-manifest)")
+.venv/bin/python -m pip install --quiet "${wheel}[server]"
 echo "[run] set-up took $(( $(date +%s) - started )) s; running the tests"
 exec .venv/bin/python -m pytest "$@"

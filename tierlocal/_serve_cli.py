@@ -46,7 +46,7 @@ def _resolve_model(source: str, pull: bool) -> Path:
 
 @click.command()
 @click.argument("source")
-@click.option("--engine", type=click.Choice(["llama-server", "ollama"]), default="llama-server", show_default=True, help="The engine: llama-server, or Ollama (an Ollama at --host:--port is used as it is; else `ollama serve` is started with the plan's settings).")
+@click.option("--engine", type=click.Choice(["llama-server", "ollama", "python"]), default="llama-server", show_default=True, help="The engine: llama-server; Ollama (an Ollama at --host:--port is used as it is; else `ollama serve` is started with the plan's settings); or python: llama-cpp-python's server (pip install 'tierlocal[python-engine]'), one request at a time.")
 @click.option("--ollama", "ollama_binary", metavar="PATH", help="--engine ollama: the ollama binary to start when none is running (default: PATH).")
 @serve_options
 @click.option("--pull", is_flag=True, help="Download an hf:// or catalog model first if it is not in the hub cache.")
@@ -96,7 +96,12 @@ def serve(
         threads=threads,
     )
 
-    code = serve_llama(options, say=_say, on_ready=_on_ready(as_json, _render_status))
+    if engine == "python":
+        from .serve_python import serve_python
+
+        code = serve_python(options, say=_say, on_ready=_on_ready(as_json, _render_status))
+    else:
+        code = serve_llama(options, say=_say, on_ready=_on_ready(as_json, _render_status))
     if code:
         sys.exit(code)
 
@@ -147,7 +152,7 @@ def _render_status(payload: dict[str, object]) -> None:
     delta = payload["delta"]
     actual = payload["actual"]
     assert isinstance(delta, dict) and isinstance(actual, dict)
-    click.echo(f"serving {payload['url']}  (llama-server pid {payload['engine_pid']}, log {payload['log']})")
+    click.echo(f"serving {payload['url']}  ({payload['engine']} pid {payload['engine_pid']}, log {payload['log']})")
     click.echo(f"layers on the GPU: {actual['layers_offloaded']}/{actual['layers_total'] or '-'}   context {actual['n_ctx']} = {actual['parallel']} slot(s) × {actual['n_ctx_per_slot']}")
     for device in delta["devices"]:
         error = "" if device["error"] is None else f" ({device['error']:+.1%})"

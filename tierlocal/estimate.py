@@ -43,6 +43,11 @@ class RunRequest:
     flash_attn: bool = True
     n_ubatch: int = 512
     n_cpu_moe: int | None = None
+    #: Full-size KV for sliding-window layers (llama.cpp's library default; llama-server turns
+    #: it off, llama-cpp-python's server leaves it on).
+    swa_full: bool = False
+    #: Logits for every micro-batch token (llama-cpp-python) rather than one per sequence.
+    all_outputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,9 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     if machine.gpu_name is None:
         ngl = n_cpu_moe = 0
     params = server_context(
-        spec, ctx=request.ctx, parallel=request.parallel, n_ubatch=request.n_ubatch, cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v
-    )
+        spec, ctx=request.ctx, parallel=request.parallel, n_ubatch=request.n_ubatch, cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v,
+        swa_full=request.swa_full, all_outputs=request.all_outputs,
+    )  # fmt: skip
     on_gpu = gpu_layers(spec, ngl)
     kv = kv_cache(spec, params)
     kv_gpu = sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu) if offloaded)

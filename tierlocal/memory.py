@@ -65,6 +65,9 @@ class ContextParams:
     cache_type_v: str = "f16"
     swa_full: bool = False
     kv_offload: bool = True
+    #: Logits reserved for every token of a micro-batch (llama.cpp's library default, which
+    #: llama-cpp-python keeps) instead of one per sequence (llama-server).
+    all_outputs: bool = False
 
     @property
     def n_ctx_padded(self) -> int:
@@ -93,6 +96,7 @@ def server_context(
     cache_type_v: str = "f16",
     swa_full: bool = False,
     kv_offload: bool = True,
+    all_outputs: bool = False,
 ) -> ContextParams:
     """The context llama-server creates for ``-c ctx -np parallel`` (0 / None: its defaults)."""
     if parallel is not None and parallel < 1:
@@ -106,6 +110,7 @@ def server_context(
         cache_type_v=cache_type_v,
         swa_full=swa_full,
         kv_offload=kv_offload,
+        all_outputs=all_outputs,
     )
 
 
@@ -270,13 +275,17 @@ def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: 
         ffn_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd + 3 * spec.n_embd + attn_out
     else:
         ffn_floats = 3 * spec.n_ff + 3 * spec.n_embd + attn_out
+    # With logits for every token of the micro-batch the output step can be the peak: the
+    # n_tokens × n_vocab f32 logits beside two hidden states (llama-cpp-python, measured exact
+    # on Gemma 3 270M).
+    logits = n_tokens * 4 * (spec.n_vocab + 2 * spec.n_embd) if params.all_outputs else 0
     if flash_attn:
-        return n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 2 for cells in masks)
+        return max(n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 2 for cells in masks), logits)
     rest = 3.5 * spec.n_embd + 2 * spec.q_dim + (2 * max(spec.n_head) * spec.kv_lora_rank if spec.mla else 0)
     scores = max(masks) * n_tokens * 4 * max(spec.n_head)
     attention = scores + sum(cells * n_tokens * 4 for cells in masks) + round(n_tokens * 4 * rest)
     feed_forward = n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 4 for cells in masks)
-    return max(attention, feed_forward)
+    return max(attention, feed_forward, logits)
 
 
 def host_compute_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bool = True) -> int:

@@ -37,7 +37,7 @@ from .sdnotify import notify
 from .supervise import EngineChild, start_child
 from .verify import Verification, verify_load
 
-__all__ = ["ServeOptions", "EngineFailed", "serve_llama", "check_exposure", "state_path", "actual_json", "stop_on_signals"]
+__all__ = ["ServeOptions", "EngineFailed", "Launched", "supervise_verified", "plan_for", "launch", "serve_llama", "check_exposure", "state_path", "actual_json", "stop_on_signals"]
 
 #: Seconds of load allowed at least, plus one per this many bytes of model file.
 LOAD_TIMEOUT_BASE_S = 120.0
@@ -133,7 +133,9 @@ def _delta_json(verification: Verification) -> dict[str, object]:
     }
 
 
-def _plan(options: ServeOptions, hardware: Hardware, machine: Machine) -> SourceCheck:
+def plan_for(options: ServeOptions, hardware: Hardware, machine: Machine, request: RunRequest | None = None) -> SourceCheck:
+    """The plan for ``options`` on ``machine`` (``request``: engine-specific defaults), or an
+    error when it does not fit."""
     headers = read_headers(str(options.model))
     check = check_source(
         str(options.model),
@@ -141,7 +143,7 @@ def _plan(options: ServeOptions, hardware: Hardware, machine: Machine) -> Source
         machine,
         ctx=parse_ctx(options.ctx),
         parallel=parse_parallel(options.parallel),
-        request=RunRequest(),
+        request=request or RunRequest(),
     )
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(
@@ -188,7 +190,7 @@ def serve_llama(options: ServeOptions, *, say: Callable[[str], None], on_ready: 
             f"correcting the GPU estimate by {correction.bytes / 2**20:+.1f} MiB: the median miss of {correction.loads} "
             "recorded load(s) of this model with this engine"
         )
-    check = _plan(options, hardware, machine)
+    check = plan_for(options, hardware, machine)
 
     with stop_on_signals() as stop:
         try:
@@ -263,7 +265,7 @@ def _replan_for_free_memory(
         return None
     smaller = replace(machine, gpu_free_bytes=free)
     try:
-        check = _plan(options, hardware, smaller)
+        check = plan_for(options, hardware, smaller)
     except TierlocalError:
         return None
     assert check.estimate is not None
@@ -289,35 +291,41 @@ def _run_once(
 ) -> int | _AllocationFailed:
     assert check.estimate is not None
     argv = plan_argv(binary, flags, check.command, host=options.host, port=options.port, api_key_file=key_file, threads=options.threads)  # type: ignore[arg-type]
-    log_path = constants.run_dir() / f"serve-{options.port}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text("")
-    parser = LoadLogParser()
-    child = start_child(argv, log_path, env=constants.child_environment(), on_line=parser.feed)
-    say(f"started llama-server (pid {child.pid}): {' '.join(argv)}")
-    timeout = options.load_timeout_s or LOAD_TIMEOUT_BASE_S + check.file_bytes / LOAD_BYTES_PER_S
-    last_extend = [0.0]
+    launched = launch("llama-server", flags.version, argv, constants.child_environment(), options, check, "/health", stop, say)  # type: ignore[attr-defined]
+    if not isinstance(launched, Launched):
+        return launched
+    return supervise_verified(launched, options, check, machine, stop, say, on_ready, history_key)
 
-    def waiting(waited: float) -> None:
-        if waited - last_extend[0] >= 10:
-            last_extend[0] = waited
-            notify(f"EXTEND_TIMEOUT_USEC={EXTEND_TIMEOUT_S * 1_000_000}", f"STATUS=loading {options.model.name} ({waited:.0f} s)")
 
-    url = f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
-    readiness = child.wait_ready(f"{url}/health", timeout, on_waiting=waiting, stop=stop)
+@dataclass(frozen=True)
+class Launched:
+    """An engine child that answered its readiness URL: which engine, its version, the
+    process, the parser fed its output, how it was started, where it serves and logs."""
+
+    engine: str
+    version: str
+    child: EngineChild
+    parser: LoadLogParser
+    argv: list[str]
+    url: str
+    log_path: Path
+
+
+def supervise_verified(
+    launched: Launched,
+    options: ServeOptions,
+    check: SourceCheck,
+    machine: Machine,
+    stop: threading.Event,
+    say: Callable[[str], None],
+    on_ready: Callable[[dict[str, object]], None],
+    history_key: dict[str, object],
+) -> int:
+    """Once an engine is ready: verify its load against the plan, write the state file
+    `tierlocal status` reads, record the load, notify systemd, and supervise it until stopped."""
+    assert check.estimate is not None
+    child, parser, argv, url, log_path = launched.child, launched.parser, launched.argv, launched.url, launched.log_path
     report = parser.report()
-    if not readiness.ready:
-        if readiness.exit_code is None:
-            child.stop()
-            if stop.is_set():
-                say("stopped while loading")
-                return 130
-            raise EngineFailed(f"llama-server did not become healthy within {timeout:.0f} s; stopped it", hint=f"see {log_path}; raise --load-timeout for a slow disk")
-        details = _last_relevant_lines(child, report)
-        if report.failure("alloc_failed"):
-            return _AllocationFailed(f"llama-server could not allocate memory while loading: {details}", report, hint=f"see {log_path}")
-        raise EngineFailed(f"llama-server exited with {readiness.exit_code} while loading: {details}", hint=f"see {log_path}")
-
     spec = model_spec(read_headers(str(options.model)))
 
     def speed_for_ngl(ngl: int) -> float | None:
@@ -328,9 +336,9 @@ def _run_once(
     payload: dict[str, object] = {
         "url": url,
         "pid": os.getpid(),
-        "engine": "llama-server",
+        "engine": launched.engine,
         "engine_pid": child.pid,
-        "engine_version": flags.version,  # type: ignore[attr-defined]
+        "engine_version": launched.version,
         "log": str(log_path),
         "argv": argv,
         "plan": source_check_json(check),
@@ -352,12 +360,59 @@ def _run_once(
             child.wait_output()
             code = child.process.returncode
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            raise EngineFailed(f"llama-server stopped unexpectedly ({how}): {_last_relevant_lines(child, parser.report())}", hint=f"see {log_path}")
+            raise EngineFailed(f"{launched.engine} stopped unexpectedly ({how}): {_last_relevant_lines(child, parser.report())}", hint=f"see {log_path}")
         stop.wait(0.5)
     notify("STOPPING=1")
-    say("stopping llama-server")
+    say(f"stopping {launched.engine}")
     child.stop()
     return 0
+
+
+def launch(
+    engine: str,
+    version: str,
+    argv: list[str],
+    env: dict[str, str],
+    options: ServeOptions,
+    check: SourceCheck,
+    ready_path: str,
+    stop: threading.Event,
+    say: Callable[[str], None],
+    headers: dict[str, str] | None = None,
+) -> Launched | int | _AllocationFailed:
+    """Start an engine with its output drained into the log and the load-log parser, and wait
+    (bounded by the model's size, EXTEND_TIMEOUT_USEC to systemd meanwhile) until ``ready_path``
+    answers 200. Returns the launched engine, 130 when stopped while loading, or the
+    allocation failure to plan around; raises EngineFailed when it dies or never answers."""
+    log_path = constants.run_dir() / f"serve-{options.port}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    parser = LoadLogParser()
+    child = start_child(argv, log_path, env=env, on_line=parser.feed)
+    say(f"started {engine} (pid {child.pid}): {' '.join(argv)}")
+    timeout = options.load_timeout_s or LOAD_TIMEOUT_BASE_S + check.file_bytes / LOAD_BYTES_PER_S
+    last_extend = [0.0]
+
+    def waiting(waited: float) -> None:
+        if waited - last_extend[0] >= 10:
+            last_extend[0] = waited
+            notify(f"EXTEND_TIMEOUT_USEC={EXTEND_TIMEOUT_S * 1_000_000}", f"STATUS=loading {options.model.name} ({waited:.0f} s)")
+
+    url = f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
+    readiness = child.wait_ready(url + ready_path, timeout, on_waiting=waiting, stop=stop, headers=headers)
+    if not readiness.ready:
+        report = parser.report()
+        if readiness.exit_code is None:
+            child.stop()
+            if stop.is_set():
+                say("stopped while loading")
+                return 130
+            raise EngineFailed(f"{engine} did not become ready within {timeout:.0f} s; stopped it", hint=f"see {log_path}; raise --load-timeout for a slow disk")
+        details = _last_relevant_lines(child, report)
+        if report.failure("alloc_failed"):
+            return _AllocationFailed(f"{engine} could not allocate memory while loading: {details}", report, hint=f"see {log_path}")
+        raise EngineFailed(f"{engine} exited with {readiness.exit_code} while loading: {details}", hint=f"see {log_path}")
+    return Launched(engine, version, child, parser, argv, url, log_path)
 
 
 def _record_load(key: dict[str, object], payload: dict[str, object], planned_gpu: int, actual_gpu: int, correction: int) -> None:

@@ -28,7 +28,7 @@ from ._check_source import SourceCheck, source_check_json
 from .errors import UsageError
 from .loadlog import LoadLogParser
 from .addresses import is_loopback
-from .serve import EngineFailed, _plan, actual_json, state_path
+from .serve import EngineFailed, plan_for, actual_json, state_path
 from .sdnotify import notify
 from .supervise import EngineChild, start_child
 
@@ -205,4 +205,4 @@ def plan_for_ollama(model: Path, gpus: tuple[str, ...], ctx: str, parallel: str)
     from .serve import ServeOptions
 
     hardware = with_gpu_override(detect(), gpus)
-    return _plan(ServeOptions(model=model, ctx=ctx, parallel=parallel), hardware, machine_for(hardware, load_host_defaults()))
+    return plan_for(ServeOptions(model=model, ctx=ctx, parallel=parallel), hardware, machine_for(hardware, load_host_defaults()))

@@ -93,11 +93,13 @@ class EngineChild:
         *,
         on_waiting: Callable[[float], None] | None = None,
         stop: threading.Event | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Readiness:
-        """Poll ``health_url`` until it answers 200 (llama-server answers 503 while loading);
-        give up when the child exits, ``timeout_s`` passes or ``stop`` is set."""
+        """Poll ``health_url`` (with ``headers``) until it answers 200 (llama-server answers
+        503 while loading); give up when the child exits, ``timeout_s`` passes or ``stop`` is
+        set."""
         started = time.monotonic()
-        with httpx2.Client(timeout=2.0) as client:
+        with httpx2.Client(timeout=2.0, headers=headers) as client:
             while True:
                 waited = time.monotonic() - started
                 code = self.process.poll()

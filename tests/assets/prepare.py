@@ -237,6 +237,20 @@ def _build_llama(staging: Path, source: Path, extra_flags: list[str], targets: l
     shutil.rmtree(build_dir)
 
 
+def build_llama_cpp_python_wheel(staging: Path) -> None:
+    """llama-cpp-python (the `--engine python` server) as a wheel, compiled once from its sdist
+    with the same portable CPU flags as the test engines; tests/run.sh installs it with its
+    [server] extra."""
+    jobs = str(os.cpu_count() or 2)
+    env = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF -DLLAMA_BUILD_SERVER=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": jobs, "MAKEFLAGS": f"-j{jobs}"}
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python", "--wheel-dir", str(staging), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
+        env=env, log_file=staging / "build.log",
+    )  # fmt: skip
+    if not list(staging.glob("llama_cpp_python-*.whl")):
+        raise SystemExit("[prepare] pip wheel llama-cpp-python produced no wheel")
+
+
 # --- the model -----------------------------------------------------------------------------
 
 
@@ -322,6 +336,7 @@ def prepare() -> dict[str, str]:
     ollama = step(f"ollama v{OLLAMA_VERSION} (Go build)", root / "ollama", lambda staging: build_ollama(staging, cpu / "bin"))
     registry = step("docker-registry (Debian stable, unpacked)", root / "registry", build_registry)
     redis = step("redis-server (Debian, this release, unpacked)", root / "redis", build_redis)
+    wheel = step(f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} wheel (compiled)", root / "llama-cpp-python-wheel", build_llama_cpp_python_wheel)
     manifest = {
         "cache": str(root),
         "llama_cpp_python_version": LLAMA_CPP_PYTHON_VERSION,
@@ -337,6 +352,7 @@ def prepare() -> dict[str, str]:
         "llama_cpp_source": str(llama_src),
         "redis_server": str(redis / "usr" / "bin" / "redis-server"),
         "redis_libs": str(redis / "usr" / "lib" / "x86_64-linux-gnu"),
+        "llama_cpp_python_wheel": str(next(wheel.glob("llama_cpp_python-*.whl"))),
     }
     manifest_path().write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"all assets ready in {time.monotonic() - total_started:.1f} s; manifest {manifest_path()}")
