@@ -171,3 +171,23 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
                 _out, err = process.communicate(timeout=30)
             assert process.returncode == 0, err
             assert upstream_key not in err
+
+
+def test_service_status_reads_systemctl_show_and_fails_clearly_without_systemd() -> None:
+    from tierlocal.service import describe_unit, parse_systemctl_show
+
+    # systemctl show's Name=value lines (systemctl(1)); a value may contain "=".
+    shown = "LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nMainPID=4242\nNRestarts=2\nExecMainStatus=0\n" \
+        "ActiveEnterTimestamp=Sun 2026-11-29 21:00:00 UTC\nStatusText=serving gemma.gguf on http://127.0.0.1:8080 (plan: -ngl=19)\n"
+    properties = parse_systemctl_show(shown)
+    assert properties["MainPID"] == "4242" and properties["StatusText"].endswith("(plan: -ngl=19)")
+    line = describe_unit("tierlocal-serve.service", properties)
+    assert line.startswith("tierlocal-serve.service: active (running), pid 4242, restarted 2 time(s), since Sun 2026-11-29")
+    assert line.endswith("— serving gemma.gguf on http://127.0.0.1:8080 (plan: -ngl=19)")
+    failed = describe_unit("tierlocal-serve.service", {**properties, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1", "MainPID": "0"})
+    assert "last result exit-code (exit status 1)" in failed and "pid" not in failed
+    # The command itself, against this machine's systemctl: here systemd is not PID 1 (or, on
+    # a machine where it is, the unit is not installed) — either way one clear line and exit 2.
+    result = run_cli("service", "status", "serve")
+    assert result.returncode == 2, result.stdout
+    assert result.stderr.startswith(("error: systemctl show tierlocal-serve.service failed: ", "error: tierlocal-serve.service is not installed")), result.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pwd
+import shutil
+import subprocess
 from pathlib import Path
 
 import click
@@ -12,7 +14,9 @@ from .addresses import is_loopback
 from .engines.llama_server import find_llama_server
 from .errors import UsageError
 from .serve import check_exposure
-from .service import GatewayUnit, ServeUnit, render_gateway_unit, render_ollama_dropin, render_serve_unit, write_unit
+from . import constants
+from ._render import print_json
+from .service import STATUS_PROPERTIES, describe_unit, parse_systemctl_show, GatewayUnit, ServeUnit, render_gateway_unit, render_ollama_dropin, render_serve_unit, write_unit
 
 __all__ = ["service"]
 
@@ -140,3 +144,32 @@ def install_gateway(config_path: Path | None, host: str | None, port: int | None
     path = write_unit(directory, "tierlocal-gateway.service", text)
     click.echo(f"wrote {path}")
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-gateway", err=True)
+
+
+@service.command("status")
+@click.argument("what", type=click.Choice(["serve", "gateway"]), default="serve")
+@click.option("--json", "as_json", is_flag=True, help="Print {unit, properties} as one JSON object.")
+def status(what: str, as_json: bool) -> None:
+    """What systemd says about tierlocal-serve.service (or -gateway): state, PID, restarts,
+    and the STATUS= line tierlocal sends (`tierlocal status` has the plan and the load)."""
+    unit = f"tierlocal-{what}.service"
+    systemctl = shutil.which("systemctl", path=constants.search_path())
+    if systemctl is None:
+        raise UsageError("systemctl is not installed here", hint="`tierlocal status` reads the running server's state without systemd")
+    try:
+        shown = subprocess.run(
+            [systemctl, "show", unit, "--no-pager", "--property=" + ",".join(STATUS_PROPERTIES)],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"systemctl show {unit} did not answer in 30 s", hint="is systemd busy? try `systemctl status` yourself") from None
+    if shown.returncode != 0:
+        reason = (shown.stderr.strip().splitlines() or ["no output"])[0]
+        raise UsageError(f"systemctl show {unit} failed: {reason}", hint="systemd must be running (PID 1); without it, `tierlocal status` reads the server's own state")
+    properties = parse_systemctl_show(shown.stdout)
+    if properties.get("LoadState") == "not-found":
+        raise UsageError(f"{unit} is not installed", hint=f"tierlocal service install {what} …, then systemctl daemon-reload")
+    if as_json:
+        print_json({"unit": unit, "properties": properties})
+    else:
+        click.echo(describe_unit(unit, properties))

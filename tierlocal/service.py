@@ -15,7 +15,7 @@ from .errors import TierlocalError
 if TYPE_CHECKING:
     from ._check_source import SourceCheck
 
-__all__ = ["GatewayUnit", "render_gateway_unit", "ServeUnit", "render_ollama_dropin", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
+__all__ = ["parse_systemctl_show", "describe_unit", "STATUS_PROPERTIES", "GatewayUnit", "render_gateway_unit", "ServeUnit", "render_ollama_dropin", "render_serve_unit", "systemd_quote", "templates_dir", "write_unit", "tierlocal_command"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -95,6 +95,36 @@ def render_gateway_unit(unit: GatewayUnit) -> str:
         state_dir=systemd_quote(str(unit.state_dir)),
         credentials=credentials.rstrip("\n") or "# (none given: add --credential NAME=FILE)",
     )
+
+
+#: What `tierlocal service status` asks systemd for.
+STATUS_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "ExecMainStatus", "ActiveEnterTimestamp", "StatusText")
+
+
+def parse_systemctl_show(text: str) -> dict[str, str]:
+    """``systemctl show``'s ``Name=value`` lines as a dict (a value may itself hold ``=``)."""
+    properties: dict[str, str] = {}
+    for line in text.splitlines():
+        name, separator, value = line.partition("=")
+        if separator and name:
+            properties[name] = value
+    return properties
+
+
+def describe_unit(unit: str, properties: dict[str, str]) -> str:
+    """One line: state, main PID, restarts, since when, and tierlocal's own STATUS= text."""
+    state = f"{properties.get('ActiveState', '?')} ({properties.get('SubState', '?')})"
+    parts = [f"{unit}: {state}"]
+    if properties.get("MainPID", "0") not in ("", "0"):
+        parts.append(f"pid {properties['MainPID']}")
+    if properties.get("NRestarts", "0") not in ("", "0"):
+        parts.append(f"restarted {properties['NRestarts']} time(s)")
+    if properties.get("Result") not in (None, "", "success"):
+        parts.append(f"last result {properties['Result']} (exit status {properties.get('ExecMainStatus', '?')})")
+    if properties.get("ActiveEnterTimestamp"):
+        parts.append(f"since {properties['ActiveEnterTimestamp']}")
+    line = ", ".join(parts)
+    return line + (f" — {properties['StatusText']}" if properties.get("StatusText") else "")
 
 
 def write_unit(directory: Path, name: str, text: str) -> Path:
