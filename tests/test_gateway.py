@@ -135,6 +135,11 @@ def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: P
             assert len(embedding.data[0].embedding) > 100
             legacy = api.completions.create(model="kimi-k3", prompt="Once upon", max_tokens=3)
             assert legacy.usage is not None
+            # Fields the gateway does not know pass through untouched (the engine may ignore them).
+            tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+            api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, tools=tools, extra_body={"reasoning_effort": "low", "x_custom": [1, {"a": None}]})
+            passed = upstream.seen[-1].body
+            assert passed["tools"] == tools and passed["reasoning_effort"] == "low" and passed["x_custom"] == [1, {"a": None}]
 
             # The upstream got the gateway's key, never the client's; the local engine no key.
             assert {seen.authorization for seen in upstream.seen} == {f"Bearer {HOSTED_KEY}"}
@@ -143,7 +148,7 @@ def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: P
             assert upstream.seen[1].body["stream_options"] == {"include_usage": True}
 
             rows = usage_rows(gw)
-            assert [row["route"] for row in rows] == ["qwen3-14b", "kimi-k3", "kimi-k3", "embed", "kimi-k3"]
+            assert [row["route"] for row in rows] == ["qwen3-14b", "kimi-k3", "kimi-k3", "embed", "kimi-k3", "kimi-k3"]
             assert all(row["status"] == 200 for row in rows)
             assert rows[0]["completion_tokens"] == 4 and rows[0]["cost_usd"] == 0  # local: free
             assert rows[1]["prompt_tokens"] == streamed_usage.prompt_tokens and rows[1]["completion_tokens"] == 5
@@ -154,12 +159,12 @@ def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: P
             report = run_cli("usage", "--config", str(gw.config), "--json")
             assert report.returncode == 0, report.stderr
             totals = json.loads(report.stdout)
-            assert totals["users"]["alice"]["requests"] == 5
-            assert totals["models"]["kimi-k3"]["completion_tokens"] == 5 + rows[2]["completion_tokens"] + legacy.usage.completion_tokens
+            assert totals["users"]["alice"]["requests"] == 6
+            assert totals["models"]["kimi-k3"]["completion_tokens"] == 5 + rows[2]["completion_tokens"] + legacy.usage.completion_tokens + rows[5]["completion_tokens"]
             assert totals["users"]["alice"]["cost_usd"] == pytest.approx(sum(row["cost_usd"] for row in rows), abs=1e-6)
 
             metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers()).text
-            assert 'tierlocal_gateway_requests_total{model="kimi-k3",status="200"} 3.0' in metrics
+            assert 'tierlocal_gateway_requests_total{model="kimi-k3",status="200"} 4.0' in metrics
             assert 'tierlocal_gateway_tokens_total{kind="completion",model="qwen3-14b"} 4.0' in metrics
 
 
@@ -645,3 +650,15 @@ def test_a_single_target_is_retried_with_backoff_within_the_deadline(tmp_path: P
         assert failed.status_code == 503 and failed.headers["x-should-retry"] == "true" and int(failed.headers["Retry-After"]) >= 1
         assert 2 <= len(upstream.seen) <= 6
         assert "server_error" in failed.json()["error"]["message"]
+
+
+def test_a_budget_fails_closed_when_a_target_has_no_price(tmp_path: Path, hosted_engine: Engine) -> None:
+    unpriced = f'{{ url = "{hosted_engine.url}", model = "mystery-model", api_key_env = "HOSTED_KEY" }}'
+    body = route("mystery", unpriced) + '[[users]]\nname = "alice"\nbudget_usd = 5.0\n[[users]]\nname = "bob"\n'
+    with gateway(tmp_path, body, env=ENV) as gw:
+        refused = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "mystery"}, headers=gw.headers(), timeout=60)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "price_unknown"
+        assert 'add [prices."mystery-model"]' in refused.json()["error"]["message"]
+        # A user without a budget is not held to a price.
+        bob = add_key(gw.config, "bob")
+        assert httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "mystery"}, headers=gw.headers(bob), timeout=60).status_code == 200
