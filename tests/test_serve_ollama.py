@@ -92,3 +92,43 @@ def test_ollama_is_never_exposed(assets: Assets) -> None:
         "error: refusing to expose Ollama on 0.0.0.0: Ollama has no API keys",
         "hint: bind 127.0.0.1 and put `tierlocal gateway` (or a reverse proxy with auth) in front",
     ]
+
+
+def test_an_ollama_tag_is_served_as_it_is_by_ollama_or_by_llama_server(assets: Assets, tmp_path: Path) -> None:
+    port = free_port()
+    env = {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
+    with running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env):
+        client = ollama.Client(host=f"http://127.0.0.1:{port}")
+        client.create(model="gemma-test:small", files={assets.gemma_gguf.name: client.create_blob(assets.gemma_gguf)})  # a tag made by Ollama itself
+        serve_env = {**_env(tmp_path), "OLLAMA_HOST": f"127.0.0.1:{port}"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tierlocal", "serve", "ollama://gemma-test:small", "--engine", "ollama", "--port", str(port), "--ctx", "3072", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=serve_env, cwd=REPO_ROOT,
+        )  # fmt: skip
+        try:
+            ready = first_json_document(process)
+            assert ready["actual"]["ollama_model"] == "gemma-test:small" and ready["delta"]["verified"], ready["delta"]
+            assert ready["actual"]["context_length"] == 3072  # the planned num_ctx, applied at load
+            (loaded,) = client.ps().models
+            assert loaded.model == "gemma-test:small" and loaded.context_length == 3072
+            assert "tierlocal-" not in " ".join(model.model for model in client.list().models)  # nothing created
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=30)
+        client.close()
+    # The same tag's GGUF, planned and served by llama-server straight from Ollama's store.
+    llama_port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "serve", "ollama://gemma-test:small", "--llama-server", str(assets.llama_server_cpu), "--port", str(llama_port), "--ctx", "2048", "--threads", "2", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_env(tmp_path)}, cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        ready = first_json_document(process)
+        assert ready["delta"]["verified"] and ready["actual"]["n_ctx"] == 2048
+        assert "/blobs/sha256-" in ready["argv"][ready["argv"].index("-m") + 1]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    missing = run_cli("serve", "ollama://not-pulled:1b", "--engine", "ollama", env={"OLLAMA_MODELS": str(tmp_path / "models")})
+    assert missing.returncode == 2
+    assert "ollama://not-pulled:1b is not in Ollama's store" in missing.stderr and "tierlocal pull ollama://not-pulled:1b" in missing.stderr

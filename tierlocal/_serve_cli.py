@@ -22,8 +22,12 @@ __all__ = ["serve", "status"]
 
 
 def _resolve_model(source: str, pull: bool) -> Path:
-    """A local GGUF path for SOURCE: the path itself, or an hf:// / catalog model from the
-    hub cache (downloaded first with --pull)."""
+    """A local GGUF path for SOURCE: the path itself, an ollama:// tag's blob in Ollama's store,
+    or an hf:// / catalog model from the hub cache (downloaded first with --pull)."""
+    if source.startswith("ollama://"):
+        from .serve_ollama import ollama_store_blob
+
+        return ollama_store_blob(source.removeprefix("ollama://"))
     if not source.startswith("hf://"):
         path = Path(source)
         if path.exists() or "/" in source or source.endswith(".gguf"):
@@ -78,10 +82,12 @@ def serve(
       tierlocal serve ./gemma-3-270m-Q4_K_M.gguf --ctx 8192 --parallel 2
       tierlocal serve qwen3-8b --pull --ctx max
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
+      tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
     """
     model = _resolve_model(source, pull)
     if engine == "ollama":
-        _serve_with_ollama(model, ollama_binary, ctx, parallel, host, port, gpus, as_json)
+        tag = source.removeprefix("ollama://") if source.startswith("ollama://") else None
+        _serve_with_ollama(model, ollama_binary, ctx, parallel, host, port, gpus, as_json, tag)
         return
     options = ServeOptions(
         model=model,
@@ -124,7 +130,7 @@ def _on_ready(as_json: bool, render: Callable[[dict[str, object]], None]) -> Cal
     return on_ready
 
 
-def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, parallel: str, host: str, port: int, gpus: tuple[str, ...], as_json: bool) -> None:
+def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, parallel: str, host: str, port: int, gpus: tuple[str, ...], as_json: bool, tag: str | None) -> None:
     from .serve import stop_on_signals
     from .serve_ollama import OllamaServeOptions, check_ollama_exposure, plan_for_ollama, serve_ollama
 
@@ -143,7 +149,7 @@ def _serve_with_ollama(model: Path, ollama_binary: str | None, ctx: str, paralle
             click.echo(f"warning: {warning}", err=True)
 
     with stop_on_signals() as stop:
-        code = serve_ollama(check, model, OllamaServeOptions(host, port, ollama_binary), stop=stop, say=_say, on_ready=_on_ready(as_json, render))
+        code = serve_ollama(check, model, OllamaServeOptions(host, port, ollama_binary, tag), stop=stop, say=_say, on_ready=_on_ready(as_json, render))
     if code:
         sys.exit(code)
 

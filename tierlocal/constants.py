@@ -88,3 +88,9 @@ def secret_from_env(variable: str) -> str | None:
     """A secret (a hosted API's key, a Redis URL with its password) from the environment
     variable the gateway's config names, if set."""
     return os.environ.get(variable) or None
+
+
+def ollama_models_dir() -> Path:
+    """Ollama's model store: ``$OLLAMA_MODELS``, else ``~/.ollama/models``."""
+    value = os.environ.get("OLLAMA_MODELS")
+    return Path(value) if value else Path.home() / ".ollama" / "models"

@@ -32,7 +32,7 @@ from .serve import EngineFailed, plan_for, actual_json, state_path
 from .sdnotify import notify
 from .supervise import EngineChild, start_child
 
-__all__ = ["OllamaServeOptions", "check_ollama_exposure", "serve_ollama", "ollama_model_name", "plan_for_ollama"]
+__all__ = ["OllamaServeOptions", "check_ollama_exposure", "serve_ollama", "ollama_model_name", "ollama_store_blob", "plan_for_ollama"]
 
 #: Seconds to wait for `ollama serve` to answer /api/version.
 START_TIMEOUT_S = 60.0
@@ -45,12 +45,52 @@ class OllamaServeOptions:
     host: str = "127.0.0.1"
     port: int = 11434
     ollama_binary: str | None = None
+    #: Serve this Ollama tag as it is (its GGUF was planned) instead of creating a model.
+    tag: str | None = None
 
 
 def ollama_model_name(model: Path) -> str:
     """The Ollama model name tierlocal creates for a GGUF file: its stem, in Ollama's alphabet."""
     stem = re.sub(r"[^a-z0-9._-]+", "-", model.stem.lower()).strip("-._") or "model"
     return f"tierlocal-{stem}"[:80]
+
+
+#: The manifest layer that holds a model's GGUF.
+_MODEL_LAYER = "application/vnd.ollama.image.model"
+#: Longest manifest read, in bytes.
+_MAX_MANIFEST_BYTES = 1 << 20
+
+
+def ollama_store_blob(tag: str) -> Path:
+    """The GGUF an Ollama tag names in the local store ($OLLAMA_MODELS): its manifest
+    (manifests/HOST/NAMESPACE/NAME/TAG, defaults registry.ollama.ai, library, latest) lists the
+    model layer, whose blob is blobs/sha256-DIGEST.
+
+    Raises:
+        UsageError: the tag is malformed or not in the store.
+    """
+    name, _, version = tag.partition(":")
+    parts = name.split("/")
+    if not name or len(parts) > 3 or any(not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", part) for part in parts) or (version and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", version)):
+        raise UsageError(f"ollama://{tag} is not an Ollama tag", hint="e.g. ollama://gemma3:270m or ollama://OWNER/NAME:TAG")
+    if len(parts) == 1:
+        parts = ["registry.ollama.ai", "library", *parts]
+    elif len(parts) == 2:
+        parts = ["registry.ollama.ai", *parts]
+    store = constants.ollama_models_dir()
+    manifest = store.joinpath("manifests", *parts, version or "latest")
+    try:
+        with manifest.open("rb") as handle:
+            layers = json.loads(handle.read(_MAX_MANIFEST_BYTES)).get("layers", [])
+    except (OSError, ValueError, AttributeError):
+        raise UsageError(f"ollama://{tag} is not in Ollama's store ({manifest} is missing or unreadable)", hint=f"pull it first: tierlocal pull ollama://{tag}") from None
+    digest = next((layer.get("digest") for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == _MODEL_LAYER), None)
+    if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise UsageError(f"ollama://{tag}: its manifest has no model layer", hint="is it a model (not an embedding adapter or template only)?")
+    blob = store / "blobs" / digest.replace(":", "-")
+    if not blob.is_file():
+        raise UsageError(f"ollama://{tag}: its model blob {blob} is missing", hint=f"pull it again: tierlocal pull ollama://{tag}")
+    return blob
 
 
 def _find_ollama(explicit: str | None) -> Path:
@@ -111,7 +151,7 @@ def serve_ollama(
             raise EngineFailed(f"ollama serve did not start: {' | '.join(child.lines()[-5:])}", hint=f"see {log_path}")
     client = ollama.Client(host=url)
     try:
-        return _create_load_verify(client, check, model, url, child, parser, log_path, stop=stop, say=say, on_ready=on_ready)
+        return _create_load_verify(client, check, model, url, child, parser, log_path, stop=stop, say=say, on_ready=on_ready, tag=options.tag)
     finally:
         client._client.close()
         if child is not None:
@@ -132,16 +172,20 @@ def _create_load_verify(
     stop: threading.Event,
     say: Callable[[str], None],
     on_ready: Callable[[dict[str, object]], None],
+    tag: str | None = None,
 ) -> int:
     assert check.estimate is not None
     num_ctx, num_gpu = int(check.ollama["num_ctx"]), int(check.ollama["num_gpu"])  # type: ignore[call-overload]
-    name = ollama_model_name(model)
+    name = tag or ollama_model_name(model)
     try:
-        say(f"creating {name} from {model.name} (num_ctx {num_ctx}, num_gpu {num_gpu})")
-        digest = client.create_blob(model)
-        client.create(model=name, files={model.name: digest}, parameters={"num_ctx": num_ctx, "num_gpu": num_gpu})
+        if tag is None:
+            say(f"creating {name} from {model.name} (num_ctx {num_ctx}, num_gpu {num_gpu})")
+            digest = client.create_blob(model)
+            client.create(model=name, files={model.name: digest}, parameters={"num_ctx": num_ctx, "num_gpu": num_gpu})
+        else:
+            say(f"loading the tag {tag} as it is (num_ctx {num_ctx}, num_gpu {num_gpu} as load options)")
         client.generate(model=name, prompt="", keep_alive=-1, options={"num_ctx": num_ctx, "num_gpu": num_gpu})
-        loaded = next((entry for entry in client.ps().models if entry.model in (name, f"{name}:latest")), None)
+        loaded = next((entry for entry in client.ps().models if entry.model in (name, f"{name}:latest") or (":" not in name and entry.model.startswith(f"{name}:"))), None)
     except ollama.ResponseError as exc:
         raise EngineFailed(f"Ollama refused {name}: {exc.error}", hint=f"see {log_path}" if child else "see the Ollama server's log") from None
     except (ConnectionError, httpx.HTTPError) as exc:
