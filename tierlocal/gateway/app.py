@@ -255,6 +255,10 @@ class Gateway:
             output_bound = 0
         elif max_tokens is not None:
             output_bound = min(max_tokens, MAX_OUTPUT_TOKENS)
+            if user.budget_usd is not None and max_tokens > output_bound:  # never more than reserved
+                for name in ("max_tokens", "max_completion_tokens"):
+                    if name in body:
+                        body[name] = output_bound
         else:
             output_bound = self.config.server.default_max_tokens
             if user.budget_usd is not None:  # what is reserved is what may be generated
