@@ -51,6 +51,7 @@ class Fault:
     delay_s: float = 0.0
     cut_after: int | None = None
     echo_key: bool = False
+    trickle: bool = False  # forward the response in 64-byte pieces, 10 ms apart
 
 
 @dataclass
@@ -145,7 +146,12 @@ class FaultProxy:
                     assert request.transport is not None
                     request.transport.abort()
                     raise asyncio.CancelledError
-                await response.write(chunk)
+                if fault is not None and fault.trickle:
+                    for start in range(0, len(chunk), 64):
+                        await response.write(chunk[start : start + 64])
+                        await asyncio.sleep(0.01)
+                else:
+                    await response.write(chunk)
                 sent += len(chunk)
             await response.write_eof()
             return response

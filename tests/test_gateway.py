@@ -640,7 +640,7 @@ def test_a_single_target_is_retried_with_backoff_within_the_deadline(tmp_path: P
         upstream.queue(Fault(status=500, body=MOONSHOT_SERVER_ERROR))
         started_at = time.monotonic()
         answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
-        assert answer.status_code == 200 and len(upstream.seen) == 2
+        assert answer.status_code == 200 and len(upstream.seen) == 2, gw.log_text()
         assert time.monotonic() - started_at >= 1.9  # it waited out the target's 2 s cooldown
         assert usage_rows(gw)[-1]["fallback_reason"] == "server_error"
         # An upstream that keeps failing: a bounded number of attempts, then 503 with Retry-After.
@@ -662,3 +662,17 @@ def test_a_budget_fails_closed_when_a_target_has_no_price(tmp_path: Path, hosted
         # A user without a budget is not held to a price.
         bob = add_key(gw.config, "bob")
         assert httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "mystery"}, headers=gw.headers(bob), timeout=60).status_code == 200
+
+
+def test_a_body_that_arrives_in_pieces_is_read_whole(tmp_path: Path, hosted_engine: Engine) -> None:
+    """An upstream answer split into 64-byte pieces (as a slow link delivers it) is relayed
+    whole, streaming or not — one read() returns what has arrived, not the whole body."""
+    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream, gateway(tmp_path, route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML, env=ENV) as gw:
+        upstream.always = Fault(trickle=True)
+        whole = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
+        assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 4
+        with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "stream": True}, headers=gw.headers(), timeout=60) as response:
+            lines = sse_lines(response)
+        assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines)
+        assert len(upstream.seen) == 2  # no attempt failed on the way
+        assert [row["status"] for row in usage_rows(gw)] == [200, 200] and usage_rows(gw)[1]["completion_tokens"] == 4

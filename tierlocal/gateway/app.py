@@ -19,7 +19,6 @@ import logging
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -32,6 +31,7 @@ from .limits import RateLimiter, Ticket
 from .metrics import Metrics
 from .pricing import Usage, cost_usd, requested_max_tokens, usage_from, worst_case_input_tokens
 from .store import Store, UsageRecord
+from .wire import AttemptFailed, Exchange, Reject, event_data, event_error, json_or_none, read_bounded, response_id, sse_batches
 
 __all__ = ["Gateway", "ENDPOINTS"]
 
@@ -39,9 +39,8 @@ log = logging.getLogger("tierlocal.gateway")
 
 #: Client path → upstream path below the target's base URL.
 ENDPOINTS = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions", "/v1/embeddings": "/embeddings"}
-#: Longest upstream response body read whole (non-streaming), and longest SSE event, in bytes.
+#: Longest upstream response body read whole (non-streaming), in bytes.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-MAX_SSE_EVENT_BYTES = 4 * 1024 * 1024
 #: Longest upstream error body read, in bytes.
 MAX_ERROR_BYTES = 64 * 1024
 #: Backoff before trying a target again: base · 2^n seconds, jittered, capped; a target that
@@ -55,61 +54,6 @@ POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
 #: Largest max_tokens a request may reserve.
 MAX_OUTPUT_TOKENS = 1 << 20
-
-
-class _Reject(Exception):
-    """A request refused with an OpenAI-shaped error."""
-
-    def __init__(self, status: int, message: str, type_: str, code: str | None = None, *, retry_after_s: float | None = None, should_retry: bool | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type_, self.code = status, message, type_, code
-        self.retry_after_s, self.should_retry = retry_after_s, should_retry
-
-    def response(self) -> web.Response:
-        headers = {}
-        if self.retry_after_s is not None:
-            headers["Retry-After"] = str(max(1, int(self.retry_after_s + 0.999)))
-        if self.should_retry is not None:
-            headers["x-should-retry"] = "true" if self.should_retry else "false"
-        return web.json_response(protocol.error_body(self.message, self.type_, self.code), status=self.status, headers=headers)
-
-
-class _AttemptFailed(Exception):
-    """This attempt failed before anything reached the client: try the next target."""
-
-    def __init__(self, verdict: protocol.Verdict, detail: str) -> None:
-        super().__init__(detail)
-        self.verdict, self.detail = verdict, detail
-
-
-@dataclass
-class _Exchange:
-    """One client request's accounting as it goes."""
-
-    user: User
-    route: Route
-    stream: bool
-    include_usage: bool
-    input_bound: int
-    started: float = field(default_factory=time.monotonic)
-    usage: Usage | None = None
-    usage_estimated: bool = False
-    target: TargetState | None = None
-    status: int = 0
-    attempts: int = 0
-    reasons: list[str] = field(default_factory=list)
-    content_events: int = 0
-    request_id: str | None = None
-    request_body: str | None = None  # only for routes with store_bodies
-    response_kept: list[bytes] = field(default_factory=list)
-    response_kept_bytes: int = 0
-
-    def keep_response(self, data: bytes) -> None:
-        """Keep the response's first bytes when its route stores bodies."""
-        room = self.route.max_stored_body_bytes - self.response_kept_bytes
-        if self.route.store_bodies and room > 0:
-            self.response_kept.append(data[:room])
-            self.response_kept_bytes += min(len(data), room)
 
 
 class Gateway:
@@ -176,14 +120,14 @@ class Gateway:
     async def _errors(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
         try:
             return await handler(request)
-        except _Reject as reject:
+        except Reject as reject:
             return reject.response()
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.server.max_body_bytes
-            return _Reject(413, f"request body is larger than the gateway's limit of {limit} bytes", "invalid_request_error", "request_too_large", should_retry=False).response()
+            return Reject(413, f"request body is larger than the gateway's limit of {limit} bytes", "invalid_request_error", "request_too_large", should_retry=False).response()
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return _Reject(exc.status, exc.reason or "bad request", "invalid_request_error", should_retry=False).response()
+                return Reject(exc.status, exc.reason or "bad request", "invalid_request_error", should_retry=False).response()
             raise
 
     @web.middleware
@@ -193,7 +137,7 @@ class Gateway:
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header[:7].lower() == "bearer " else ""
         if not key:
-            raise _Reject(401, "no API key: send a gateway key as the bearer token (tierlocal gateway keys add NAME)", "invalid_request_error", "missing_api_key", should_retry=False)
+            raise Reject(401, "no API key: send a gateway key as the bearer token (tierlocal gateway keys add NAME)", "invalid_request_error", "missing_api_key", should_retry=False)
         cached = self._auth_cache.get(key)
         moment = time.monotonic()
         if cached is not None and cached[1] > moment:
@@ -204,7 +148,7 @@ class Gateway:
                 self._auth_cache.clear()
             self._auth_cache[key] = (user, moment + AUTH_CACHE_S)
         if user is None:
-            raise _Reject(401, "the API key is not a live gateway key", "invalid_request_error", "invalid_api_key", should_retry=False)
+            raise Reject(401, "the API key is not a live gateway key", "invalid_request_error", "invalid_api_key", should_retry=False)
         request["user"] = self.config.user(user) or User(user)
         return await handler(request)
 
@@ -232,21 +176,21 @@ class Gateway:
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
-            raise _Reject(400, "the request body is not valid JSON", "invalid_request_error", "invalid_json", should_retry=False) from None
+            raise Reject(400, "the request body is not valid JSON", "invalid_request_error", "invalid_json", should_retry=False) from None
         if not isinstance(body, dict):
-            raise _Reject(400, "the request body must be a JSON object", "invalid_request_error", "invalid_json", should_retry=False)
+            raise Reject(400, "the request body must be a JSON object", "invalid_request_error", "invalid_json", should_retry=False)
         model = body.get("model")
         if not isinstance(model, str) or not model:
-            raise _Reject(400, "the request names no model", "invalid_request_error", "missing_model", should_retry=False)
+            raise Reject(400, "the request names no model", "invalid_request_error", "missing_model", should_retry=False)
         route = self.config.route(model)
         if route is None:
             known = ", ".join(r.model for r in self.config.routes[:20]) or "none"
-            raise _Reject(404, f"the gateway has no route for model {model[:100]!r} (it serves: {known})", "invalid_request_error", "model_not_found", should_retry=False)
+            raise Reject(404, f"the gateway has no route for model {model[:100]!r} (it serves: {known})", "invalid_request_error", "model_not_found", should_retry=False)
         user: User = request["user"]
         endpoint = ENDPOINTS[request.path]
         stream = body.get("stream") is True and endpoint != "/embeddings"
         options = body.get("stream_options")
-        exchange = _Exchange(user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw)))
+        exchange = Exchange(user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw)))
         if route.store_bodies:
             exchange.request_body = self._redact(raw, route)
 
@@ -267,7 +211,7 @@ class Gateway:
         ticket = self.limiter.admit(user, exchange.input_bound + output_bound, time.monotonic())
         if not isinstance(ticket, Ticket):
             self.metrics.requests.labels(model, "429").inc()
-            raise _Reject(429, f"rate limit for user {user.name!r} reached; retry after {ticket:.0f} s", "rate_limit_error", "rate_limit_exceeded", retry_after_s=ticket, should_retry=True)
+            raise Reject(429, f"rate limit for user {user.name!r} reached; retry after {ticket:.0f} s", "rate_limit_error", "rate_limit_exceeded", retry_after_s=ticket, should_retry=True)
         reservation: int | None = None
         try:
             if user.budget_usd is not None:
@@ -284,7 +228,7 @@ class Gateway:
                 continue
             prices = self._price(route, target)
             if prices is None:
-                raise _Reject(
+                raise Reject(
                     403, f"no price for {target.model!r}, so a request by a user with a budget cannot be costed: add [prices.\"{target.model}\"] to the gateway's config",
                     "permission_error", "price_unknown", should_retry=False,
                 )  # fmt: skip
@@ -294,7 +238,7 @@ class Gateway:
         if reservation is None:
             spent = await self._in_store(self.store.spent, user.name, user.budget_period)
             self.metrics.requests.labels(route.model, "429").inc()
-            raise _Reject(
+            raise Reject(
                 429, f"budget reached for user {user.name!r}: ${spent:.4f} of ${user.budget_usd:.2f} this {user.budget_period} is spent or held, and this request may cost up to ${worst:.4f}",
                 "insufficient_quota", "budget_exceeded", should_retry=False,
             )  # fmt: skip
@@ -321,12 +265,12 @@ class Gateway:
             (down if state.health == DOWN else full if state.full() else ready).append(state)
         return ready + full + down
 
-    async def _serve(self, request: web.Request, body: dict[str, object], endpoint: str, exchange: _Exchange, reservation: int | None) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, reservation: int | None) -> web.StreamResponse:
         route = exchange.route
         deadline = time.monotonic() + self.config.server.retry_deadline_s
         excluded: set[Target] = set()  # wrong for this request (e.g. its context is too small)
         failed: set[Target] = set()  # failed once; tried again only after the others, with backoff
-        last_failure: _AttemptFailed | None = None
+        last_failure: AttemptFailed | None = None
         response: web.StreamResponse | None = None
         try:
             while time.monotonic() < deadline and exchange.attempts < MAX_ATTEMPTS:
@@ -350,7 +294,7 @@ class Gateway:
                 try:
                     response = await self._attempt(request, body, endpoint, exchange, state, reservation)
                     return response
-                except _AttemptFailed as failure:
+                except AttemptFailed as failure:
                     last_failure = failure
                     exchange.reasons.append(failure.verdict.reason)
                     self.metrics.fallbacks.labels(route.model, failure.verdict.reason).inc()
@@ -363,18 +307,18 @@ class Gateway:
             exchange.status = 503
             if last_failure is not None and last_failure.verdict.reason == "context_exceeded" and not self._candidates(route, excluded):
                 exchange.status = 400
-                raise _Reject(400, f"the request does not fit the context of any target for {route.model!r}: {last_failure.detail}", "invalid_request_error", "context_length_exceeded", should_retry=False)
+                raise Reject(400, f"the request does not fit the context of any target for {route.model!r}: {last_failure.detail}", "invalid_request_error", "context_length_exceeded", should_retry=False)
             moment = now()
             waits = [self.states[t].cooldown_until - moment for t in route.targets if self.states[t].cooling(moment)]
             missing = [t.api_key_env or t.api_key_credential for t in route.targets if self.states[t].missing_key]
             detail = f"; last failure: {last_failure.verdict.reason} ({last_failure.detail})" if last_failure else ""
             if missing and len(missing) == len(route.targets):
                 detail = f"; the upstream key is not set (set {missing[0]} in the gateway's environment)"
-            raise _Reject(
+            raise Reject(
                 503, f"no upstream for {route.model!r} answered after {exchange.attempts} attempt(s){detail}", "service_unavailable_error", "no_upstream",
                 retry_after_s=min(waits) if waits else 1.0, should_retry=True,
             )  # fmt: skip
-        except _Reject as reject:
+        except Reject as reject:
             exchange.status = reject.status
             await self._settle(exchange, reservation)
             raise
@@ -383,7 +327,7 @@ class Gateway:
                 exchange.status = 500
                 await self._settle(exchange, reservation)
 
-    def _upstream_request(self, body: dict[str, object], exchange: _Exchange, state: TargetState) -> tuple[bytes, dict[str, str]]:
+    def _upstream_request(self, body: dict[str, object], exchange: Exchange, state: TargetState) -> tuple[bytes, dict[str, str]]:
         upstream = dict(body)
         upstream["model"] = state.target.model
         if exchange.stream:
@@ -394,7 +338,7 @@ class Gateway:
             headers["Authorization"] = f"Bearer {state.key}"
         return json.dumps(upstream, ensure_ascii=False).encode(), headers
 
-    async def _attempt(self, request: web.Request, body: dict[str, object], endpoint: str, exchange: _Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
+    async def _attempt(self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
         assert self._session is not None
         payload, headers = self._upstream_request(body, exchange, state)
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.config.server.upstream_timeout_s)
@@ -406,10 +350,10 @@ class Gateway:
                 upstream = await self._session.post(state.target.url + endpoint, data=payload, headers=headers, timeout=timeout, allow_redirects=False)
             except asyncio.TimeoutError:
                 self.metrics.upstream.labels(state.label, "timeout").inc()
-                raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "timeout"), "no answer in time") from None
+                raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "timeout"), "no answer in time") from None
             except aiohttp.ClientError as exc:
                 self.metrics.upstream.labels(state.label, "connect_error").inc()
-                raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "connect_error"), self._clean(str(exc) or type(exc).__name__)) from None
+                raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "connect_error"), self._clean(str(exc) or type(exc).__name__)) from None
             self.metrics.first_byte.labels(state.label).observe(time.monotonic() - started)
             async with upstream:
                 if upstream.status != 200:
@@ -430,9 +374,9 @@ class Gateway:
         cap = route.max_stored_body_bytes
         return protocol.sanitise(data[:cap].decode("utf-8", "replace"), self.secrets, limit=cap)
 
-    async def _upstream_error(self, upstream: aiohttp.ClientResponse, exchange: _Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
+    async def _upstream_error(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
         try:
-            error_bytes = await upstream.content.read(MAX_ERROR_BYTES)
+            error_bytes, _more = await read_bounded(upstream.content, MAX_ERROR_BYTES)
         except (aiohttp.ClientError, asyncio.TimeoutError):
             error_bytes = b""
         type_, message, code = protocol.upstream_error_fields(error_bytes)
@@ -440,43 +384,43 @@ class Gateway:
         verdict = protocol.classify(upstream.status, type_, message, code, {k.lower(): v for k, v in upstream.headers.items()}, self.config.server.error_cooldown_s)
         self.metrics.upstream.labels(state.label, str(upstream.status)).inc()
         if verdict.fall_back:
-            raise _AttemptFailed(verdict, f"HTTP {upstream.status} {type_ or code or ''}: {message}".strip())
+            raise AttemptFailed(verdict, f"HTTP {upstream.status} {type_ or code or ''}: {message}".strip())
         if upstream.status in (401, 403):
             message = f"the upstream for {exchange.route.model!r} refused the gateway's own key ({message or upstream.status}); tell the gateway's operator"
         exchange.target = state
-        raise _Reject(upstream.status, message or f"upstream answered HTTP {upstream.status}", type_ or "invalid_request_error", code, should_retry=False)
+        raise Reject(upstream.status, message or f"upstream answered HTTP {upstream.status}", type_ or "invalid_request_error", code, should_retry=False)
 
-    async def _relay_whole(self, upstream: aiohttp.ClientResponse, exchange: _Exchange, state: TargetState, reservation: int | None) -> web.Response:
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.Response:
         try:
-            data = await upstream.content.read(MAX_RESPONSE_BYTES + 1)
-            if not upstream.content.at_eof() or len(data) > MAX_RESPONSE_BYTES:
-                raise _AttemptFailed(protocol.Verdict(True, 0.0, "response_too_large"), f"more than {MAX_RESPONSE_BYTES} bytes")
+            data, more = await read_bounded(upstream.content, MAX_RESPONSE_BYTES)
+            if more:
+                raise AttemptFailed(protocol.Verdict(True, 0.0, "response_too_large"), f"more than {MAX_RESPONSE_BYTES} bytes")
             document = json.loads(data)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
         except (ValueError, UnicodeDecodeError):
-            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON") from None
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON") from None
         exchange.target, exchange.status = state, 200
         exchange.usage = usage_from(document)
-        exchange.request_id = _response_id(document)
+        exchange.request_id = response_id(document)
         exchange.keep_response(data)
         await self._settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
 
-    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: _Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
-        batches = _sse_batches(upstream)
+    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
+        batches = sse_batches(upstream)
         # Before the first event reaches the client, a failure still falls back.
         try:
             batch = await anext(batches, None)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
         if batch is None:
-            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), "the stream ended before its first event")
-        in_band = _event_error(batch[0])
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), "the stream ended before its first event")
+        in_band = event_error(batch[0])
         if in_band is not None:
-            raise _AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "stream_error"), self._clean(in_band))
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "stream_error"), self._clean(in_band))
         exchange.target, exchange.status = state, 200
-        exchange.request_id = _response_id(_json_or_none(_event_data(batch[0]) or b""))
+        exchange.request_id = response_id(json_or_none(event_data(batch[0]) or b""))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})
         await response.prepare(request)
         failure: str | None = None
@@ -488,18 +432,18 @@ class Gateway:
                     break
                 out: list[bytes] = []  # the events that arrived together leave together
                 for event in batch:
-                    data = _event_data(event)
+                    data = event_data(event)
                     if data == b"[DONE]":
                         done = True
                         break
                     forward = True
                     if b"error" in event or (data is not None and b'"usage"' in data):
                         # Parse only the chunks that can matter: most are one token of content.
-                        message = _event_error(event)
+                        message = event_error(event)
                         if message is not None:
                             failure = self._clean(message)
                             break
-                        document = None if data is None else _json_or_none(data)
+                        document = None if data is None else json_or_none(data)
                         usage = usage_from(document)
                         if usage is not None:
                             exchange.usage = usage
@@ -547,13 +491,13 @@ class Gateway:
             pass
         return response
 
-    def _estimate_usage(self, exchange: _Exchange) -> None:
+    def _estimate_usage(self, exchange: Exchange) -> None:
         """Without the upstream's usage: the input bound and one token per content event."""
         if exchange.usage is None:
             exchange.usage = Usage(exchange.input_bound, 0, exchange.content_events)
             exchange.usage_estimated = True
 
-    async def _settle(self, exchange: _Exchange, reservation: int | None) -> None:
+    async def _settle(self, exchange: Exchange, reservation: int | None) -> None:
         route, state = exchange.route, exchange.target
         usage = exchange.usage or Usage()
         prices = None if state is None or not state.target.hosted else self._price(route, state.target)
@@ -584,59 +528,3 @@ class Gateway:
             exchange.user.name, route.model, "-" if state is None else state.label, exchange.status, exchange.attempts, reason or "-",
             usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms,
         )  # fmt: skip
-
-
-async def _sse_batches(upstream: aiohttp.ClientResponse):  # type: ignore[no-untyped-def]
-    """An upstream SSE body as lists of whole events (each ending in a blank line, line ends
-    made ``\\n``), one list per read, so events that arrive together are handled and sent
-    together; a partial event at the end of the stream is dropped."""
-    buffer = b""
-    while True:
-        chunk = await upstream.content.readany()
-        if not chunk:
-            return
-        buffer += chunk
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n")
-        events: list[bytes] = []
-        start = 0
-        while (end := buffer.find(b"\n\n", start)) >= 0:
-            if end > start:
-                events.append(buffer[start : end + 2])
-            start = end + 2
-        buffer = buffer[start:]
-        if len(buffer) > MAX_SSE_EVENT_BYTES:
-            raise ValueError("an SSE event longer than the gateway's limit")
-        if events:
-            yield events
-
-
-def _response_id(document: object) -> str | None:
-    value = document.get("id") if isinstance(document, dict) else None
-    return value[:200] if isinstance(value, str) else None
-
-
-def _event_data(event: bytes) -> bytes | None:
-    """The joined ``data:`` payload of one SSE event, if it has one."""
-    parts = [line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")]
-    return b"\n".join(parts) if parts else None
-
-
-def _json_or_none(data: bytes) -> object:
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def _event_error(event: bytes) -> str | None:
-    """An in-band error: an ``error:`` field, or a data document with an ``error`` member."""
-    for line in event.splitlines():
-        if line.startswith(b"error:"):
-            return line[6:].strip().decode("utf-8", "replace") or "error"
-    data = _event_data(event)
-    document = _json_or_none(data) if data is not None and data != b"[DONE]" else None
-    if isinstance(document, dict) and "error" in document:
-        _type, message, _code = protocol.upstream_error_fields(json.dumps(document).encode())
-        return message or "error"
-    return None
