@@ -1,8 +1,8 @@
 """One exchange on the wire, apart from routing: the errors a request ends with, its running
 accounting, bounded reads of upstream bodies, and SSE events.
 
-Server-sent events are split on blank lines (line ends made ``\\n``); an event is kept whole
-(``data:`` lines and all) so it is forwarded byte for byte.
+Server-sent events are split on blank lines; an event is kept whole (``data:`` lines and all)
+and forwarded as it came, except that ``\\r\\n`` line ends become ``\\n``.
 """
 
 from __future__ import annotations
