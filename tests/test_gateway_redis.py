@@ -143,3 +143,36 @@ def test_two_replicas_share_keys_budget_and_usage(tmp_path: Path, assets: Assets
             assert client.zcard("tierlocal:gateway:holds:bob") == 0  # every hold settled
         for log in ("r0.log", "r1.log"):
             assert "status=200" in (tmp_path / log).read_text()  # both replicas served
+
+
+def test_rate_limits_are_shared_by_replicas(tmp_path: Path, assets: Assets, clean_redis: str) -> None:
+    engine_port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, engine_port, ctx=1024, parallel=2)
+    with running(argv, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
+        ports = [free_port(), free_port()]
+        configs = []
+        for index, port in enumerate(ports):
+            config = tmp_path / f"replica{index}.toml"
+            config.write_text(
+                f'[server]\nport = {port}\nstate_dir = "{tmp_path / f"state{index}"}"\nredis_url_env = "TIERLOCAL_REDIS_URL"\n'
+                f'[[routes]]\nmodel = "local"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "local" }} ]\n'
+                '[[users]]\nname = "carol"\nrequests_per_minute = 3\n'
+            )
+            configs.append(config)
+        env = {"TIERLOCAL_REDIS_URL": clean_redis}
+        added = run_cli("gateway", "keys", "add", "carol", "--config", str(configs[0]), "--json", env=env)
+        assert added.returncode == 0, added.stderr
+        key = json.loads(added.stdout)["key"]
+        command = [sys.executable, "-m", "tierlocal", "gateway", "--config"]
+        with started([*command, str(configs[0])], tmp_path / "r0.log", f"http://127.0.0.1:{ports[0]}/health", {**env, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=60):
+            with started([*command, str(configs[1])], tmp_path / "r1.log", f"http://127.0.0.1:{ports[1]}/health", {**env, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=60):
+                request = {"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+                statuses = []
+                for index in range(4):  # alternating replicas: 3 per minute in all, not per replica
+                    answer = httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+                    statuses.append(answer.status_code)
+                assert statuses == [200, 200, 200, 429]
+                assert 1 <= int(answer.headers["Retry-After"]) <= 60
+        with redis.Redis.from_url(clean_redis) as client:
+            assert client.zcard("tierlocal:gateway:limit:carol:flight") == 0  # every ticket released
+            assert client.zcard("tierlocal:gateway:limit:carol:requests") == 3

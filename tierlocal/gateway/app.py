@@ -64,6 +64,7 @@ class Gateway:
         self.store = store
         self.metrics = Metrics()
         self.limiter = RateLimiter()
+        self.shared_limiter = store.shared_limiter()  # Redis: one sliding minute for every replica
         self.states: dict[Target, TargetState] = {}
         for route in config.routes:
             for target in route.targets:
@@ -208,8 +209,12 @@ class Gateway:
             if user.budget_usd is not None:  # what is reserved is what may be generated
                 body["max_tokens"] = output_bound
 
-        ticket = self.limiter.admit(user, exchange.input_bound + output_bound, time.monotonic())
-        if not isinstance(ticket, Ticket):
+        limited = user.requests_per_minute or user.tokens_per_minute or user.concurrent_requests
+        if self.shared_limiter is not None and limited:
+            ticket = await self._in_store(self.shared_limiter.admit, user, exchange.input_bound + output_bound, time.time())
+        else:
+            ticket = self.limiter.admit(user, exchange.input_bound + output_bound, time.monotonic())
+        if isinstance(ticket, float):
             self.metrics.requests.labels(model, "429").inc()
             raise Reject(429, f"rate limit for user {user.name!r} reached; retry after {ticket:.0f} s", "rate_limit_error", "rate_limit_exceeded", retry_after_s=ticket, should_retry=True)
         reservation: int | None = None
@@ -219,7 +224,10 @@ class Gateway:
             return await self._serve(request, body, endpoint, exchange, reservation)
         finally:
             tokens = None if exchange.usage is None else exchange.usage.prompt_tokens + exchange.usage.completion_tokens
-            self.limiter.release(ticket, tokens)
+            if isinstance(ticket, Ticket):
+                self.limiter.release(ticket, tokens)
+            else:
+                await self._in_store(self.shared_limiter.release, ticket, tokens)  # type: ignore[union-attr]
 
     async def _reserve(self, user: User, route: Route, input_bound: int, output_bound: int) -> int:
         worst = 0.0

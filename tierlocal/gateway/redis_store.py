@@ -6,7 +6,8 @@ of the spend and holds and the new hold are one step for every replica.
 Layout under ``tierlocal:gateway:``: ``keys`` (hash: key sha256 → JSON), ``holds:USER`` (sorted
 set: hold id by creation time) with ``amounts:USER`` (hash: hold id → USD), ``spend:USER:PERIOD:
 START`` (USD spent in that period, for day, week and month), ``usage`` (a stream: one entry per
-finished request). Rate limits stay per replica (limits.py).
+finished request), and ``limit:USER:requests|tokens|flight`` (sorted sets: the shared sliding
+minute of RedisRateLimiter).
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import hashlib
 import json
 import secrets
 import time
+from dataclasses import dataclass
 
+from .config import User
+from .limits import WINDOW_S
 from .store import KEY_PREFIX, RESERVATION_TTL_S, KeyInfo, UsageRecord, period_start
 
 try:
@@ -23,7 +27,7 @@ try:
 except ImportError:  # the optional extra
     redis = None  # type: ignore[assignment]
 
-__all__ = ["RedisStore"]
+__all__ = ["RedisStore", "RedisRateLimiter", "SharedTicket"]
 
 PREFIX = "tierlocal:gateway:"
 _PERIODS = ("day", "week", "month")
@@ -49,6 +53,96 @@ return id
 """
 
 
+_ADMIT = """
+local requests, tokens, flight = KEYS[1], KEYS[2], KEYS[3]
+local now, window, id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local rpm, tpm, concurrent, wanted, flight_ttl = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+redis.call('ZREMRANGEBYSCORE', requests, '-inf', now - window)
+redis.call('ZREMRANGEBYSCORE', tokens, '-inf', now - window)
+redis.call('ZREMRANGEBYSCORE', flight, '-inf', now - flight_ttl)
+if concurrent > 0 and redis.call('ZCARD', flight) >= concurrent then return '1' end
+if rpm > 0 and redis.call('ZCARD', requests) >= rpm then
+  local oldest = redis.call('ZRANGE', requests, 0, 0, 'WITHSCORES')
+  return tostring(math.max(tonumber(oldest[2]) + window - now, 0.001))
+end
+if tpm > 0 then
+  local entries = redis.call('ZRANGE', tokens, 0, -1, 'WITHSCORES')
+  local used = 0
+  for i = 1, #entries, 2 do used = used + tonumber(string.match(entries[i], ':(.+)$')) end
+  if #entries > 0 and used + wanted > tpm then
+    local freed = 0
+    for i = 1, #entries, 2 do
+      freed = freed + tonumber(string.match(entries[i], ':(.+)$'))
+      if used - freed + wanted <= tpm then return tostring(math.max(tonumber(entries[i + 1]) + window - now, 0.001)) end
+    end
+    return tostring(window)
+  end
+end
+redis.call('ZADD', requests, now, id)
+redis.call('ZADD', tokens, now, id .. ':' .. wanted)
+redis.call('ZADD', flight, now, id)
+redis.call('EXPIRE', requests, window * 2)
+redis.call('EXPIRE', tokens, window * 2)
+redis.call('EXPIRE', flight, flight_ttl)
+return 'ok'
+"""
+
+_RELEASE = """
+local tokens, flight = KEYS[1], KEYS[2]
+local id, wanted, used = ARGV[1], ARGV[2], ARGV[3]
+redis.call('ZREM', flight, id)
+if used ~= '' then
+  local score = redis.call('ZSCORE', tokens, id .. ':' .. wanted)
+  if score then
+    redis.call('ZREM', tokens, id .. ':' .. wanted)
+    redis.call('ZADD', tokens, score, id .. ':' .. used)
+  end
+end
+return 1
+"""
+
+
+@dataclass
+class SharedTicket:
+    """An admitted request in the shared limiter: release it once with the tokens it used."""
+
+    user: str
+    id: str
+    tokens: int
+    released: bool = False
+
+
+class RedisRateLimiter:
+    """Per-user limits over a sliding minute shared by every replica: one Lua script checks
+    requests, tokens and requests in flight and admits, so replicas cannot interleave past a
+    limit. An in-flight entry left by a replica that died stops counting after 15 minutes."""
+
+    def __init__(self, client: redis.Redis) -> None:  # type: ignore[name-defined]
+        self._redis = client
+        self._admit = client.register_script(_ADMIT)
+        self._release = client.register_script(_RELEASE)
+
+    @staticmethod
+    def _keys(user: str) -> list[str]:
+        return [f"{PREFIX}limit:{user}:{kind}" for kind in ("requests", "tokens", "flight")]
+
+    def admit(self, user: User, tokens: int, now: float) -> SharedTicket | float:
+        """A ticket, or the seconds to wait (for Retry-After)."""
+        ticket_id = secrets.token_hex(8)
+        result = self._admit(
+            keys=self._keys(user.name),
+            args=[now, WINDOW_S, ticket_id, user.requests_per_minute or 0, user.tokens_per_minute or 0, user.concurrent_requests or 0, tokens, RESERVATION_TTL_S],
+        )  # fmt: skip
+        return SharedTicket(user.name, ticket_id, tokens) if result == "ok" else float(result)
+
+    def release(self, ticket: SharedTicket, tokens_used: int | None) -> None:
+        if ticket.released:
+            return
+        ticket.released = True
+        _requests, tokens, flight = self._keys(ticket.user)
+        self._release(keys=[tokens, flight], args=[ticket.id, ticket.tokens, "" if tokens_used is None else tokens_used])
+
+
 def _hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -67,6 +161,10 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
+
+    def shared_limiter(self) -> RedisRateLimiter:
+        """Rate limits every replica shares."""
+        return RedisRateLimiter(self._redis)
 
     # --- keys ---------------------------------------------------------------------------------
 

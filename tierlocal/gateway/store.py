@@ -26,6 +26,7 @@ from .. import constants
 
 if TYPE_CHECKING:
     from .config import GatewayConfig
+    from .redis_store import RedisRateLimiter
 
 __all__ = ["GatewayStore", "Store", "open_store", "KeyInfo", "UsageRecord", "period_start", "KEY_PREFIX"]
 
@@ -139,6 +140,10 @@ class GatewayStore:
     def close(self) -> None:
         self._connection.close()
 
+    def shared_limiter(self) -> None:
+        """None: one process, whose own limiter (limits.py) is the whole truth."""
+        return None
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         self._connection.execute("BEGIN IMMEDIATE")
@@ -241,6 +246,7 @@ class Store(Protocol):
     """What the gateway needs of its state: SQLite (GatewayStore) or Redis (RedisStore)."""
 
     def close(self) -> None: ...
+    def shared_limiter(self) -> RedisRateLimiter | None: ...
     def add_key(self, user: str) -> str: ...
     def list_keys(self) -> list[KeyInfo]: ...
     def revoke(self, user_or_prefix: str) -> int: ...
