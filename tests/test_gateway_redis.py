@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -96,43 +97,51 @@ def test_racing_processes_cannot_overrun_a_budget_in_redis(clean_redis: str) -> 
         store.close()
 
 
+@contextmanager
+def replicas(tmp_path: Path, body: str, user: str, env: dict[str, str]) -> Iterator[tuple[list[int], list[Path], str]]:
+    """Two `tierlocal gateway` processes with the same routes and users, sharing the Redis in
+    ``env``; a key for ``user`` made through the first. Yields their ports, configs and the key."""
+    ports = [free_port(), free_port()]
+    configs = []
+    for index, port in enumerate(ports):
+        config = tmp_path / f"replica{index}.toml"
+        config.write_text(f'[server]\nport = {port}\nstate_dir = "{tmp_path / f"state{index}"}"\nredis_url_env = "TIERLOCAL_REDIS_URL"\n{body}')
+        configs.append(config)
+    added = run_cli("gateway", "keys", "add", user, "--config", str(configs[0]), "--json", env=env)
+    assert added.returncode == 0, added.stderr
+    command = [sys.executable, "-m", "tierlocal", "gateway", "--config"]
+    environment = {**env, "PYTHONPATH": str(REPO_ROOT)}
+    with started([*command, str(configs[0])], tmp_path / "r0.log", f"http://127.0.0.1:{ports[0]}/health", environment, timeout_s=60):
+        with started([*command, str(configs[1])], tmp_path / "r1.log", f"http://127.0.0.1:{ports[1]}/health", environment, timeout_s=60):
+            yield ports, configs, json.loads(added.stdout)["key"]
+
+
 def test_two_replicas_share_keys_budget_and_usage(tmp_path: Path, assets: Assets, clean_redis: str) -> None:
     budget = 0.004
     engine_port = free_port()
     argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, engine_port, "--api-key", HOSTED_KEY, ctx=2048, parallel=4)
     with running(argv, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
-        ports = [free_port(), free_port()]
-        configs = []
-        for index, port in enumerate(ports):
-            config = tmp_path / f"replica{index}.toml"
-            config.write_text(
-                f'[server]\nport = {port}\nstate_dir = "{tmp_path / f"state{index}"}"\nredis_url_env = "TIERLOCAL_REDIS_URL"\n'
-                f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "HOSTED_KEY" }} ]\n'
-                f'[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.00\noutput = 15.00\n'
-                f'[[users]]\nname = "bob"\nbudget_usd = {budget}\nbudget_period = "day"\n'
-            )
-            configs.append(config)
+        body = (
+            f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "HOSTED_KEY" }} ]\n'
+            f'[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.00\noutput = 15.00\n'
+            f'[[users]]\nname = "bob"\nbudget_usd = {budget}\nbudget_period = "day"\n'
+        )
         env = {"TIERLOCAL_REDIS_URL": clean_redis, "HOSTED_KEY": HOSTED_KEY}
-        added = run_cli("gateway", "keys", "add", "bob", "--config", str(configs[0]), "--json", env=env)
-        assert added.returncode == 0, added.stderr
-        key = json.loads(added.stdout)["key"]
-        command = [sys.executable, "-m", "tierlocal", "gateway", "--config"]
-        with started([*command, str(configs[0])], tmp_path / "r0.log", f"http://127.0.0.1:{ports[0]}/health", {**env, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=60):
-            with started([*command, str(configs[1])], tmp_path / "r1.log", f"http://127.0.0.1:{ports[1]}/health", {**env, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=60):
-                request = {"model": "kimi-k3", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4}
+        with replicas(tmp_path, body, "bob", env) as (ports, configs, key):
+            request = {"model": "kimi-k3", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4}
 
-                def send(index: int) -> httpx2.Response:
-                    return httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+            def send(index: int) -> httpx2.Response:
+                return httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=120)
 
-                served = 0
-                for _ in range(20):  # bursts until the shared budget runs out
-                    with ThreadPoolExecutor(20) as pool:
-                        statuses = [answer.status_code for answer in pool.map(send, range(20))]
-                    assert set(statuses) <= {200, 429}, statuses
-                    served += statuses.count(200)
-                    if statuses.count(200) == 0:
-                        break
-                usage = run_cli("usage", "--config", str(configs[1]), "--period", "day", "--json", env=env)
+            served = 0
+            for _ in range(20):  # bursts until the shared budget runs out
+                with ThreadPoolExecutor(20) as pool:
+                    statuses = [answer.status_code for answer in pool.map(send, range(20))]
+                assert set(statuses) <= {200, 429}, statuses
+                served += statuses.count(200)
+                if statuses.count(200) == 0:
+                    break
+            usage = run_cli("usage", "--config", str(configs[1]), "--period", "day", "--json", env=env)
         assert usage.returncode == 0, usage.stderr
         bob = json.loads(usage.stdout)["users"]["bob"]
         assert bob["requests"] == served > 5
@@ -149,30 +158,16 @@ def test_rate_limits_are_shared_by_replicas(tmp_path: Path, assets: Assets, clea
     engine_port = free_port()
     argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, engine_port, ctx=1024, parallel=2)
     with running(argv, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
-        ports = [free_port(), free_port()]
-        configs = []
-        for index, port in enumerate(ports):
-            config = tmp_path / f"replica{index}.toml"
-            config.write_text(
-                f'[server]\nport = {port}\nstate_dir = "{tmp_path / f"state{index}"}"\nredis_url_env = "TIERLOCAL_REDIS_URL"\n'
-                f'[[routes]]\nmodel = "local"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "local" }} ]\n'
-                '[[users]]\nname = "carol"\nrequests_per_minute = 3\n'
-            )
-            configs.append(config)
+        body = f'[[routes]]\nmodel = "local"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "local" }} ]\n[[users]]\nname = "carol"\nrequests_per_minute = 3\n'
         env = {"TIERLOCAL_REDIS_URL": clean_redis}
-        added = run_cli("gateway", "keys", "add", "carol", "--config", str(configs[0]), "--json", env=env)
-        assert added.returncode == 0, added.stderr
-        key = json.loads(added.stdout)["key"]
-        command = [sys.executable, "-m", "tierlocal", "gateway", "--config"]
-        with started([*command, str(configs[0])], tmp_path / "r0.log", f"http://127.0.0.1:{ports[0]}/health", {**env, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=60):
-            with started([*command, str(configs[1])], tmp_path / "r1.log", f"http://127.0.0.1:{ports[1]}/health", {**env, "PYTHONPATH": str(REPO_ROOT)}, timeout_s=60):
-                request = {"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-                statuses = []
-                for index in range(4):  # alternating replicas: 3 per minute in all, not per replica
-                    answer = httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-                    statuses.append(answer.status_code)
-                assert statuses == [200, 200, 200, 429]
-                assert 1 <= int(answer.headers["Retry-After"]) <= 60
+        with replicas(tmp_path, body, "carol", env) as (ports, _configs, key):
+            request = {"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+            statuses = []
+            for index in range(4):  # alternating replicas: 3 per minute in all, not per replica
+                answer = httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+                statuses.append(answer.status_code)
+            assert statuses == [200, 200, 200, 429]
+            assert 1 <= int(answer.headers["Retry-After"]) <= 60
         with redis.Redis.from_url(clean_redis) as client:
             assert client.zcard("tierlocal:gateway:limit:carol:flight") == 0  # every ticket released
             assert client.zcard("tierlocal:gateway:limit:carol:requests") == 3
