@@ -3,12 +3,12 @@
 Runs the prepared Vulkan build of llama-server (Mesa's software device with
 GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np, -ngl and
 cache types on the real Gemma 3 model and on sparse GGUFs of real architectures
-(tests/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite, LFM2-1.2B), parses the buffer sizes it
+(tests/support/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite, LFM2-1.2B), parses the buffer sizes it
 reports in its load log, and prints them beside tierlocal's estimate and, where Go is
 available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
 with the error of each against llama.cpp.
 
-    .venv/bin/python bench/estimate_accuracy.py [--json]
+    .venv/bin/python -m bench.estimate_accuracy [--json]
 
 Needs the test assets (bash tests/run.sh, or python tests/assets/prepare.py). Components not
 estimated (the CPU build's compute buffer beside Vulkan loads) are printed as actual only.
@@ -30,16 +30,14 @@ from pathlib import Path
 
 import httpx2
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "assets"))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-import prepare  # noqa: E402
-from engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port  # noqa: E402
-from sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf  # noqa: E402
+from tests.assets import prepare
+from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port
+from tests.support.sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf
 
-from tierlocal.gguf import read_headers  # noqa: E402
-from tierlocal.estimate import Machine, RunRequest, estimate_run, plan_run  # noqa: E402
-from tierlocal.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split  # noqa: E402
-from tierlocal.model import model_spec  # noqa: E402
+from tierlocal.gguf import read_headers
+from tierlocal.estimate import Machine, RunRequest, estimate_run, plan_run
+from tierlocal.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split
+from tierlocal.model import model_spec
 
 MIB = 1024 * 1024
 LINES = {

@@ -10,7 +10,7 @@ each stream, the added latency (gateway − direct) and requests/s. Then it soak
 50 streams for --soak-s seconds, sampling its RSS. With --litellm PATH (a LiteLLM proxy binary,
 installed apart: it is not a tierlocal dependency) the same load runs through LiteLLM too.
 
-    .venv/bin/python bench/gateway_overhead.py [--requests 2000] [--soak-s 600] [--litellm /tmp/llvenv/bin/litellm]
+    .venv/bin/python -m bench.gateway_overhead [--requests 2000] [--soak-s 600] [--litellm /tmp/llvenv/bin/litellm]
 
 Everything shares this machine's cores, so absolute times drift; the ratios are the figure.
 """

@@ -1,11 +1,11 @@
 """tierlocal's resumable downloader against huggingface_hub's own, side by side, in one run.
 
-Both fetch the Gemma file (253 MB) from the same Hub stand-in on loopback (tests/servers.py:
+Both fetch the Gemma file (253 MB) from the same Hub stand-in on loopback (tests/support/servers.py:
 listing, resolve with a redirect to a CDN host, Range), five times each, alternating, into
 fresh directories; prints the median seconds and MB/s of each and the ratio. Loopback takes
 the network out, so this measures the client's own cost (writing, hashing, verifying).
 
-    .venv/bin/python bench/pull_throughput.py
+    .venv/bin/python -m bench.pull_throughput
 
 Needs the test assets (bash tests/run.sh, or python tests/assets/prepare.py).
 """
@@ -22,10 +22,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
-sys.path.insert(0, str(HERE.parent / "tests" / "assets"))
-import prepare  # noqa: E402
-from servers import HubRepo, fake_hub  # noqa: E402
+from tests.assets import prepare
+from tests.support.servers import HubRepo, fake_hub
 
 REPO = "bench/gemma-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"

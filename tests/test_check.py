@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import run_cli
+from tests.support.cli import run_cli
 
 _GIB = 1024**3
 _OVERHEAD = 2 * _GIB  # MISSION.md: ~2 GB runtime overhead

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Assets, run_cli
-from engines import free_port, running
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
+from tests.support.engines import free_port, running
 
 _MIB = 1024 * 1024
 _KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
@@ -86,7 +87,7 @@ def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
     """A sparse Llama-3-8B header on a 16 GB card: 128k tokens of f16 KV (16 GiB) cannot stay
     on the GPU; the plan says how much slower the spilled layers make it, and that q8_0 K/V
     changes the answer."""
-    from sparse_models import LLAMA3_8B, write_sparse_gguf
+    from tests.support.sparse_models import LLAMA3_8B, write_sparse_gguf
 
     path = write_sparse_gguf(tmp_path / "llama3.gguf", LLAMA3_8B)
     result = run_cli("check", str(path), "--ctx", "131072", "--gpu", "RTX 4060 Ti", "--json", env={"PATH": "/usr/bin:/bin"})
@@ -107,7 +108,7 @@ def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
 def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
     import numpy as np
 
-    from small_gguf import write_small_gguf
+    from tests.support.small_gguf import write_small_gguf
 
     metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4, "{arch}.ssm.state_size": 16}
     path = write_small_gguf(tmp_path / "hybrid.gguf", "nemotron_h", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, Assets, run_cli
-from engines import first_json_document, free_port
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import first_json_document, free_port
 
-pytestmark = pytest.mark.engines
 
 
 @pytest.mark.parametrize(("tools", "backend"), [(["nvcc", "glslc"], "cuda"), (["hipcc"], "rocm"), (["glslc"], "vulkan"), ([], "cpu")])

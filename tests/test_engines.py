@@ -12,8 +12,8 @@ import httpx2
 import ollama
 import pytest
 
-from conftest import Assets
-from engines import free_port, llama_server_argv, running
+from tests.support.assets import Assets
+from tests.support.engines import free_port, llama_server_argv, running
 
 def test_cpu_llama_server_serves_gemma(assets: Assets, tmp_path: Path) -> None:
     port = free_port()

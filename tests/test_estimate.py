@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
+from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
 from tierlocal.estimate import Machine, RunRequest, estimate_run, plan_run
 from tierlocal.gguf import read_headers
 from tierlocal.model import ModelSpec, model_spec

@@ -23,9 +23,10 @@ import httpx2
 import openai
 import pytest
 
-from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port, llama_server_argv, running
-from faultproxy import (
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import free_port, llama_server_argv, running
+from tests.support.faultproxy import (
     LLAMA_CONTEXT,
     LLAMA_LOADING,
     MOONSHOT_CONTENT_FILTER,
@@ -37,9 +38,8 @@ from faultproxy import (
     Fault,
     FaultProxy,
 )
-from gatewayrun import RunningGateway, add_key, gateway, write_config
+from tests.support.gatewayrun import RunningGateway, add_key, gateway, write_config
 
-pytestmark = pytest.mark.engines
 
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
 # The price table (USD per million tokens), read here independently of the gateway.

@@ -19,12 +19,12 @@ import httpx2
 import pytest
 import redis
 
-from conftest import REPO_ROOT, Assets, run_cli
-from engines import free_port, llama_server_argv, running, started
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import free_port, llama_server_argv, running, started
 from tierlocal.gateway.redis_store import RedisStore
 from tierlocal.gateway.store import UsageRecord
 
-pytestmark = pytest.mark.engines
 
 HOSTED_KEY = "sk-hosted-redis-" + os.urandom(8).hex()
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from faultproxy import LLAMA_CONTEXT, MOONSHOT_OVERLOADED, MOONSHOT_QUOTA, MOONSHOT_RATE_LIMIT
+from tests.support.faultproxy import LLAMA_CONTEXT, MOONSHOT_OVERLOADED, MOONSHOT_QUOTA, MOONSHOT_RATE_LIMIT
 from tierlocal.gateway.config import User
 from tierlocal.gateway.limits import RateLimiter, Ticket
 from tierlocal.gateway.pricing import Usage, cost_usd, usage_from, worst_case_input_tokens

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, run_cli
+from tests.support.cli import REPO_ROOT, run_cli
 from tierlocal.errors import UsageError
 from tierlocal.gateway.config import load_config, parse_config
 from tierlocal.gateway.store import GatewayStore, UsageRecord

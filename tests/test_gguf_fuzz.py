@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from small_gguf import write_small_gguf
+from tests.support.small_gguf import write_small_gguf
 from tierlocal.errors import HeaderError
 from tierlocal.gguf import parse_header
 

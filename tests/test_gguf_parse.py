@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from small_gguf import write_small_gguf
+from tests.support.small_gguf import write_small_gguf
 
 from tierlocal.errors import HeaderError
 from tierlocal.gguf import ArraySummary, HeaderLimits, parse_header, read_headers, summarize

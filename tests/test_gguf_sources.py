@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Assets, run_cli
-from servers import COMMIT, HubRepo, fake_hub, static_server
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
+from tests.support.servers import COMMIT, HubRepo, fake_hub, static_server
 from tierlocal.errors import SourceError, UsageError
 from tierlocal.gguf import parse_source, read_headers, shard_names, summarize
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Assets, run_cli
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
 from tierlocal.errors import HardwareError
 from tierlocal.hardware import detect, parse_gpu_override, probe_amd_sysfs, probe_nvml
 

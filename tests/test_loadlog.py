@@ -1,5 +1,5 @@
 """The load-log parser on real logs captured from the built engines
-(tests/fixtures/capture_loadlogs.py says how each was provoked)."""
+(tests/support/capture_loadlogs.py says how each was provoked)."""
 
 from __future__ import annotations
 

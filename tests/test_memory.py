@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Assets
-from engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
+from tests.support.assets import Assets
+from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
 from tierlocal.gguf import read_headers
 from tierlocal.memory import (
     compute_buffer_bytes,
@@ -91,7 +91,7 @@ def test_kv_and_weights_match_llama_server(assets: Assets, tmp_path: Path, ctx: 
 def test_sparse_llama3_8b_kv_and_layers_match_llama_server(assets: Assets, tmp_path: Path) -> None:
     """A real Llama-3-8B header with a sparse data region: llama.cpp loads it and allocates
     for real. At -ngl 3 the last two blocks and the output layer are offloaded."""
-    from sparse_models import LLAMA3_8B, write_sparse_gguf
+    from tests.support.sparse_models import LLAMA3_8B, write_sparse_gguf
 
     path = write_sparse_gguf(tmp_path / "llama3.gguf", LLAMA3_8B)
     spec = model_spec(read_headers(str(path)))
@@ -128,7 +128,7 @@ _COMPUTE_LINE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d
 )
 def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path, model_key: str, ctx: int, n_ubatch: int, flash_attn: str) -> None:
     """The compute buffer formula (calibrated on the CPU backend) against the CPU build."""
-    from sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, write_sparse_gguf
+    from tests.support.sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, write_sparse_gguf
 
     sparse = {"llama3": LLAMA3_8B, "deepseek": DEEPSEEK_V2_LITE}
     path = assets.gemma_gguf if model_key == "gemma" else write_sparse_gguf(tmp_path / f"{model_key}.gguf", sparse[model_key])
@@ -147,7 +147,7 @@ def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path,
 def test_moe_expert_offload_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
     """--n-cpu-moe on a sparse Qwen3-30B-A3B: every layer on the device, the experts of the
     first 46 blocks on the CPU."""
-    from sparse_models import QWEN3_30B_A3B, write_sparse_gguf
+    from tests.support.sparse_models import QWEN3_30B_A3B, write_sparse_gguf
 
     path = write_sparse_gguf(tmp_path / "qwen3moe.gguf", QWEN3_30B_A3B)
     spec = model_spec(read_headers(str(path)))
@@ -171,7 +171,7 @@ def test_mla_latent_cache_matches_llama_server(assets: Assets, tmp_path: Path) -
     """DeepSeek-V2-Lite (MLA): the cache holds K only — the 512 latent + 64 rope dims — and
     no V: 27 layers × 4096 cells × 576 × 2 bytes = 121.5 MiB. On the CPU build: llvmpipe
     compiles MLA's shaders for minutes."""
-    from sparse_models import DEEPSEEK_V2_LITE, write_sparse_gguf
+    from tests.support.sparse_models import DEEPSEEK_V2_LITE, write_sparse_gguf
 
     path = write_sparse_gguf(tmp_path / "deepseek.gguf", DEEPSEEK_V2_LITE)
     spec = model_spec(read_headers(str(path)))
@@ -196,7 +196,7 @@ _RS_LINE = re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s+([\d.
 def test_hybrid_recurrent_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
     """LFM2-1.2B: 6 attention blocks with a KV cache and 10 short-convolution blocks whose
     state is n_embd × (l_cache − 1) float32 values per sequence, whatever the context."""
-    from sparse_models import LFM2_1_2B, write_sparse_gguf
+    from tests.support.sparse_models import LFM2_1_2B, write_sparse_gguf
 
     path = write_sparse_gguf(tmp_path / "lfm2.gguf", LFM2_1_2B)
     spec = model_spec(read_headers(str(path)))

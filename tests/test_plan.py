@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
-from servers import HubRepo, fake_hub
-from small_gguf import write_small_gguf
+from tests.support.cli import run_cli
+from tests.support.servers import HubRepo, fake_hub
+from tests.support.small_gguf import write_small_gguf
 
 _GIB = 1024**3
 K3_PARAMS = 2_779_900_000_000

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from huggingface_hub import hf_hub_download
 
-from conftest import REPO_ROOT, Assets, run_cli
-from servers import COMMIT, HubRepo, ServerState, fake_hub
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.servers import COMMIT, HubRepo, ServerState, fake_hub
 from tierlocal.gguf import read_headers, summarize
 
-pytestmark = pytest.mark.engines
 
 REPO = "acme/gemma-3-270m-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"

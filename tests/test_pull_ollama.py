@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Assets, run_cli
-from engines import free_port, running
-from servers import ServerState, static_server
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
+from tests.support.engines import free_port, running
+from tests.support.servers import ServerState, static_server
 
-pytestmark = pytest.mark.engines
 
 TAG = "library/gemma3:270m"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import REPO_ROOT, Assets, run_cli
-from engines import first_json_document, free_port, process_gone
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import first_json_document, free_port, process_gone
 
-pytestmark = pytest.mark.engines
 
 
 @contextmanager

@@ -13,10 +13,10 @@ from pathlib import Path
 import ollama
 import pytest
 
-from conftest import REPO_ROOT, Assets, run_cli
-from engines import first_json_document, free_port, process_gone, running
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import first_json_document, free_port, process_gone, running
 
-pytestmark = pytest.mark.engines
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

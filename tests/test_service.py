@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from conftest import REPO_ROOT, Assets, run_cli
-from engines import first_json_document, free_port, running
+from tests.support.assets import Assets
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import first_json_document, free_port, running
 
-pytestmark = pytest.mark.engines
 
 KEY = "tl-service-key-9876543210"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, SparseArch, write_sparse_gguf
+from tests.support.sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, SparseArch, write_sparse_gguf
 from tierlocal.gguf import read_headers, summarize
 
 

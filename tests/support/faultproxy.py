@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from engines import free_port
+from tests.support.engines import free_port
 
 # Moonshot's error bodies (shared/notes/gateway-anchors.md), account ids included.
 MOONSHOT_OVERLOADED = {"error": {"type": "engine_overloaded_error", "message": "The engine is currently overloaded, please try again later"}}

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import REPO_ROOT, run_cli
-from engines import free_port, started
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.engines import free_port, started
 
 
 @dataclass

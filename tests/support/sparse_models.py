@@ -218,7 +218,7 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     return path
 
 
-if __name__ == "__main__":  # write them for a look: python tests/sparse_models.py DIR
+if __name__ == "__main__":  # write them for a look: python -m tests.support.sparse_models DIR
     import sys
 
     directory = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
