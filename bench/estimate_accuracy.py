@@ -33,11 +33,10 @@ import httpx2
 from tests.assets import prepare
 from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port
 from tests.support.sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf
-
-from tierlocal.gguf import read_headers
-from tierlocal.estimate import Machine, RunRequest, estimate_run, plan_run
-from tierlocal.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split
-from tierlocal.model import model_spec
+from tierlocal.fit.estimate import Machine, RunRequest, estimate_run, plan_run
+from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split
+from tierlocal.fit.model import model_spec
+from tierlocal.gguf.sources import read_headers
 
 MIB = 1024 * 1024
 LINES = {
@@ -194,7 +193,7 @@ def _by_device(pattern: re.Pattern[str], log: str) -> dict[str, float]:
 
 
 def predicted_host_kv(kv: object, on_gpu: tuple[bool, ...]) -> int:
-    return sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu) if not offloaded)  # type: ignore[attr-defined]
+    return sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu, strict=False) if not offloaded)  # type: ignore[attr-defined]
 
 
 def _error(value: float, real: float) -> float:
@@ -208,7 +207,13 @@ def main() -> None:
     binary = Path(assets["llama_server_vulkan"])
     sparse_dir = Path(tempfile.mkdtemp(prefix="tierlocal-bench-"))
     models = {"gemma-3-270m": Path(assets["gemma_gguf"])}
-    for key, arch in (("llama-3-8b", LLAMA3_8B), ("qwen3-8b", QWEN3_8B), ("qwen3-30b-a3b", QWEN3_30B_A3B), ("deepseek-v2-lite", DEEPSEEK_V2_LITE), ("lfm2-1.2b", LFM2_1_2B)):
+    for key, arch in (
+        ("llama-3-8b", LLAMA3_8B),
+        ("qwen3-8b", QWEN3_8B),
+        ("qwen3-30b-a3b", QWEN3_30B_A3B),
+        ("deepseek-v2-lite", DEEPSEEK_V2_LITE),
+        ("lfm2-1.2b", LFM2_1_2B),
+    ):
         models[key] = write_sparse_gguf(sparse_dir / f"{key}.gguf", arch)
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}
     peer = _peer_binary()
@@ -223,8 +228,8 @@ def main() -> None:
         predicted = {
             ("weights", "Vulkan0"): weights.gpu_bytes / MIB,
             ("weights", "CPU_Mapped"): weights.cpu_mapped_bytes / MIB,
-            ("kv", "Vulkan0"): sum(b for b, g in zip(kv.layer_bytes, on_gpu) if g) / MIB,
-            ("kv", "CPU"): sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g) / MIB,
+            ("kv", "Vulkan0"): sum(b for b, g in zip(kv.layer_bytes, on_gpu, strict=False) if g) / MIB,
+            ("kv", "CPU"): sum(b for b, g in zip(kv.layer_bytes, on_gpu, strict=False) if not g) / MIB,
             ("output", "host"): output_buffer_bytes(spec, params) / MIB,
         }
         # gguf-parser-go takes no --n-cpu-moe: it is compared on the other cases.
@@ -237,7 +242,11 @@ def main() -> None:
         # for the GPU (weights + KV + compute, with its partial-offload allowance) and the host
         # (mapped weights + KV/state + host compute; the logits buffer is not in the breakdown).
         flash = True  # -fa auto turns flash attention on for every model here; q8_0/q4_0 run with -fa on
-        planned = estimate_run(spec, RunRequest(ctx=ctx, parallel=parallel, ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=flash), LLVMPIPE)
+        planned = estimate_run(
+            spec,
+            RunRequest(ctx=ctx, parallel=parallel, ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type, cache_type_v=cache_type, flash_attn=flash),
+            LLVMPIPE,
+        )
         gpu_device = planned.devices[0]
         predicted[("total", "Vulkan0")] = (gpu_device.weights_bytes + gpu_device.kv_bytes + gpu_device.compute_bytes) / MIB
         predicted[("compute", "Vulkan0")] = gpu_device.compute_bytes / MIB
@@ -266,7 +275,18 @@ def main() -> None:
             )
         for (component, device), real in sorted(actual.items()):
             if component == "compute" and (component, device) not in predicted:
-                rows.append({"case": case, "component": component, "device": device, "predicted_mib": None, "actual_mib": real, "error": None, "gguf_parser_mib": None, "gguf_parser_error": None})
+                rows.append(
+                    {
+                        "case": case,
+                        "component": component,
+                        "device": device,
+                        "predicted_mib": None,
+                        "actual_mib": real,
+                        "error": None,
+                        "gguf_parser_mib": None,
+                        "gguf_parser_error": None,
+                    }
+                )
     cpu_binary = Path(assets["llama_server_cpu"])
     for model_key, ctx, n_ubatch, flash_attn in COMPUTE_MATRIX:
         spec = specs[model_key]
@@ -275,7 +295,18 @@ def main() -> None:
         log = _load_log(cpu_binary, models[model_key], ctx, 1, "f16", 0, ("-ub", str(n_ubatch), "-fa", flash_attn, "--no-repack"))
         real = _by_device(LINES["compute"], log).get("CPU", 0.0)
         case = f"{model_key} -c {ctx} -ub {n_ubatch} -fa {flash_attn} (CPU build)"
-        rows.append({"case": case, "component": "compute", "device": "CPU", "predicted_mib": round(predicted, 2), "actual_mib": real, "error": _error(predicted, real), "gguf_parser_mib": None, "gguf_parser_error": None})
+        rows.append(
+            {
+                "case": case,
+                "component": "compute",
+                "device": "CPU",
+                "predicted_mib": round(predicted, 2),
+                "actual_mib": real,
+                "error": _error(predicted, real),
+                "gguf_parser_mib": None,
+                "gguf_parser_error": None,
+            }
+        )
     planned_loads = _planned_loads(binary, models, specs)
     for path in sparse_dir.iterdir():
         path.unlink()
@@ -297,7 +328,9 @@ def main() -> None:
         errors = sorted(row["error"] for row in totals if row["device"] == device and row["actual_mib"] > 0)
         if errors:
             print(f"per-device total, {device}: {len(errors)} loads, error {errors[0]:+.1%} … {errors[-1]:+.1%} (llama.cpp's integer-MiB breakdown)")
-    print(f"\n{len(estimated)} estimated components over {len(MATRIX) + len(COMPUTE_MATRIX)} loads; tierlocal's worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)")
+    print(
+        f"\n{len(estimated)} estimated components over {len(MATRIX) + len(COMPUTE_MATRIX)} loads; tierlocal's worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)"
+    )
     compared = [row for row in rows if row["gguf_parser_error"] is not None and row["actual_mib"] > 0]
     if compared:
         median = sorted(abs(row["gguf_parser_error"]) for row in compared)[len(compared) // 2]
@@ -310,7 +343,9 @@ def main() -> None:
     print("\nPlanned -ngl on llvmpipe (2048 MiB, 5% margin, --fit off); Vulkan0 totals in MiB:")
     print(f"  {'case':44} {'plan':24} {'predicted':>9} {'llama.cpp':>9} {'offloaded':>9} loaded")
     for load in planned_loads:
-        print(f"  {load['case']:44} {load['planned']:24} {load['predicted_gpu_mib']:>9} {load['vulkan0_total_mib'] or '-':>9} {load['offloaded']:>9} {'yes' if load['loaded'] else 'NO'}")
+        print(
+            f"  {load['case']:44} {load['planned']:24} {load['predicted_gpu_mib']:>9} {load['vulkan0_total_mib'] or '-':>9} {load['offloaded']:>9} {'yes' if load['loaded'] else 'NO'}"
+        )
     print("Compute buffers: calibrated formulas (tierlocal/memory.py): the CPU backend's, and on the Vulkan device the partial-offload rule.")
 
 

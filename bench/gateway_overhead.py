@@ -36,7 +36,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-UPSTREAM = r'''
+UPSTREAM = r"""
 import json, sys
 from aiohttp import web
 CHUNK = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
@@ -70,7 +70,7 @@ app.router.add_get("/health", health)
 app.router.add_get("/props", props)
 app.router.add_get("/v1/models", models)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None, backlog=2048)
-'''
+"""
 
 REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8, "stream": True}
 
@@ -136,7 +136,13 @@ def start_gateway(directory: Path, upstream_port: int) -> tuple[subprocess.Popen
         f'[[routes]]\nmodel = "bench"\ntargets = [ {{ url = "http://127.0.0.1:{upstream_port}/v1", model = "bench" }} ]\n'
         '[[users]]\nname = "bench"\n'
     )
-    added = subprocess.run([sys.executable, "-m", "tierlocal", "gateway", "keys", "add", "bench", "--config", str(config), "--json"], capture_output=True, text=True, check=True, cwd=ROOT)
+    added = subprocess.run(
+        [sys.executable, "-m", "tierlocal", "gateway", "keys", "add", "bench", "--config", str(config), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     key = json.loads(added.stdout)["key"]
     log = (directory / "gateway.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -153,7 +159,9 @@ def start_litellm(binary: str, directory: Path, upstream_port: int) -> tuple[sub
         "general_settings:\n  master_key: sk-bench\nlitellm_settings:\n  num_retries: 0\n"
     )
     log = (directory / "litellm.log").open("wb")
-    process = subprocess.Popen([binary, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=directory)
+    process = subprocess.Popen(
+        [binary, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=directory
+    )
     wait_for(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=300)
     return process, f"http://127.0.0.1:{port}/v1/chat/completions", "sk-bench"
 
@@ -180,7 +188,7 @@ def main() -> None:
                 litellm, litellm_url, litellm_key = start_litellm(args.litellm, directory, upstream_port)
                 processes.append(litellm)
                 targets["litellm"] = (litellm_url, {"Authorization": f"Bearer {litellm_key}"})
-            for name, (url, headers) in targets.items():
+            for _name, (url, headers) in targets.items():
                 asyncio.run(load(url, headers, 4, 40))  # warm up connections and code paths
             print(f"{'streams':>7} {'path':>9} {'p50 ms':>8} {'p99 ms':>8} {'added p50':>10} {'added p99':>10} {'req/s':>8} {'req/s ratio':>11}")
             for concurrency in (1, 50, 200):

@@ -21,9 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 from tests.assets import prepare
 from tests.support.servers import HubRepo, fake_hub
+
+HERE = Path(__file__).resolve().parent
 
 REPO = "bench/gemma-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: virtual environment, dependencies, the real test
-# engines and model (built and cached outside the checkout by tests/assets/prepare.py), then
-# pytest. Extra arguments go to pytest (e.g. `bash tests/run.sh -k parse`).
+# The whole test suite on a fresh machine: virtual environment, dependencies, the linters (ruff
+# format and check, mypy), the real test engines and model (built and cached outside the
+# checkout by tests/assets/prepare.py), then pytest. Extra arguments go to pytest (e.g.
+# `bash tests/run.sh -k parse`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,10 @@ fi
 echo "[run] installing tierlocal and test dependencies"
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
+echo "[run] lint: ruff format --check, ruff check, mypy"
+.venv/bin/ruff format --check --quiet .
+.venv/bin/ruff check --quiet .
+.venv/bin/mypy
 
 .venv/bin/python tests/assets/prepare.py
 # The `--engine python` tests need llama-cpp-python's server: the wheel prepare.py compiled.

@@ -57,7 +57,13 @@ def test_user_settings_are_honoured_not_replanned(assets: Assets) -> None:
     assert plan["ollama"] == {
         "num_gpu": 7,
         "num_ctx": 2048,
-        "env": {"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_CONTEXT_LENGTH": "2048", "OLLAMA_MAX_QUEUE": "8", "OLLAMA_FLASH_ATTENTION": "1", "OLLAMA_KV_CACHE_TYPE": "q8_0"},
+        "env": {
+            "OLLAMA_NUM_PARALLEL": "2",
+            "OLLAMA_CONTEXT_LENGTH": "2048",
+            "OLLAMA_MAX_QUEUE": "8",
+            "OLLAMA_FLASH_ATTENTION": "1",
+            "OLLAMA_KV_CACHE_TYPE": "q8_0",
+        },
     }
 
 
@@ -110,7 +116,13 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
 
     from tests.support.small_gguf import write_small_gguf
 
-    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4, "{arch}.ssm.state_size": 16}
+    metadata = {
+        "{arch}.block_count": 2,
+        "{arch}.context_length": 4096,
+        "{arch}.embedding_length": 64,
+        "{arch}.attention.head_count": 4,
+        "{arch}.ssm.state_size": 16,
+    }
     path = write_small_gguf(tmp_path / "hybrid.gguf", "nemotron_h", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     result = run_cli("check", str(path))
     assert result.returncode == 2

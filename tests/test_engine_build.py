@@ -17,14 +17,13 @@ from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import first_json_document, free_port
 
 
-
 @pytest.mark.parametrize(("tools", "backend"), [(["nvcc", "glslc"], "cuda"), (["hipcc"], "rocm"), (["glslc"], "vulkan"), ([], "cpu")])
 def test_backend_follows_the_tools_on_path(tmp_path: Path, tools: list[str], backend: str) -> None:
     for tool in tools:
         stub = tmp_path / tool
         stub.write_text("#!/bin/sh\nexit 0\n")
         stub.chmod(0o755)
-    probe = "from tierlocal.engine_build import choose_backend; print(choose_backend())"
+    probe = "from tierlocal.engines.build import choose_backend; print(choose_backend())"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, "PATH": str(tmp_path)}, check=True)
     assert result.stdout.strip() == backend
 
@@ -62,7 +61,7 @@ def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Pa
 
 
 def test_cpu_features_become_switches_without_native_or_amx() -> None:
-    from tierlocal.engine_build import cpu_feature_flags
+    from tierlocal.engines.build import cpu_feature_flags
 
     cpuinfo = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2 avx512f avx512vbmi amx_int8 amx_tile\n"
     flags = cpu_feature_flags(cpuinfo)

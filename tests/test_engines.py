@@ -15,6 +15,7 @@ import pytest
 from tests.support.assets import Assets
 from tests.support.engines import free_port, llama_server_argv, running
 
+
 def test_cpu_llama_server_serves_gemma(assets: Assets, tmp_path: Path) -> None:
     port = free_port()
     argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port)

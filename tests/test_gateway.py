@@ -40,7 +40,6 @@ from tests.support.faultproxy import (
 )
 from tests.support.gatewayrun import RunningGateway, add_key, gateway, write_config
 
-
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
 # The issue's price table (USD per million tokens), read here independently of the gateway.
 PRICES = {"input_cache_hit": 0.30, "input_cache_miss": 3.00, "output": 15.00}
@@ -93,7 +92,9 @@ def hosted(url: str) -> str:
 
 def cost(usage: dict) -> float:  # type: ignore[type-arg]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return (cached * PRICES["input_cache_hit"] + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"] + usage["completion_tokens"] * PRICES["output"]) / 1e6
+    return (
+        cached * PRICES["input_cache_hit"] + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"] + usage["completion_tokens"] * PRICES["output"]
+    ) / 1e6
 
 
 def usage_rows(gw: RunningGateway) -> list[sqlite3.Row]:
@@ -116,15 +117,27 @@ ENV = {"HOSTED_KEY": HOSTED_KEY}
 # --- the happy path with the official client ------------------------------------------------
 
 
-def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: Path, local_engine: Engine, hosted_engine: Engine, embedding_engine: Engine) -> None:
+def test_openai_client_local_and_hosted_with_usage_and_key_injection(
+    tmp_path: Path, local_engine: Engine, hosted_engine: Engine, embedding_engine: Engine
+) -> None:
     with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream:
-        body = route("qwen3-14b", local(local_engine.url)) + route("kimi-k3", hosted(upstream.url + "/v1")) + route("embed", local(embedding_engine.url)) + PRICES_TOML + '[[users]]\nname = "alice"\n'
+        body = (
+            route("qwen3-14b", local(local_engine.url))
+            + route("kimi-k3", hosted(upstream.url + "/v1"))
+            + route("embed", local(embedding_engine.url))
+            + PRICES_TOML
+            + '[[users]]\nname = "alice"\n'
+        )
         with gateway(tmp_path, body, env=ENV) as gw:
             api = client(gw, max_retries=0)
             assert {model.id for model in api.models.list()} == {"qwen3-14b", "kimi-k3", "embed"}
             answer = api.chat.completions.create(model="qwen3-14b", messages=[{"role": "user", "content": "Say hello"}], max_tokens=4)
             assert answer.choices[0].message.content and answer.usage is not None and answer.usage.completion_tokens == 4
-            chunks = list(api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Say hello"}], max_tokens=5, stream=True, stream_options={"include_usage": True}))
+            chunks = list(
+                api.chat.completions.create(
+                    model="kimi-k3", messages=[{"role": "user", "content": "Say hello"}], max_tokens=5, stream=True, stream_options={"include_usage": True}
+                )
+            )
             text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
             streamed_usage = chunks[-1].usage
             assert text and streamed_usage is not None and streamed_usage.completion_tokens == 5
@@ -137,7 +150,13 @@ def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: P
             assert legacy.usage is not None
             # Fields the gateway does not know pass through untouched (the engine may ignore them).
             tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
-            api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, tools=tools, extra_body={"reasoning_effort": "low", "x_custom": [1, {"a": None}]})
+            api.chat.completions.create(
+                model="kimi-k3",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=2,
+                tools=tools,
+                extra_body={"reasoning_effort": "low", "x_custom": [1, {"a": None}]},
+            )
             passed = upstream.seen[-1].body
             assert passed["tools"] == tools and passed["reasoning_effort"] == "low" and passed["x_custom"] == [1, {"a": None}]
 
@@ -160,7 +179,10 @@ def test_openai_client_local_and_hosted_with_usage_and_key_injection(tmp_path: P
             assert report.returncode == 0, report.stderr
             totals = json.loads(report.stdout)
             assert totals["users"]["alice"]["requests"] == 6
-            assert totals["models"]["kimi-k3"]["completion_tokens"] == 5 + rows[2]["completion_tokens"] + legacy.usage.completion_tokens + rows[5]["completion_tokens"]
+            assert (
+                totals["models"]["kimi-k3"]["completion_tokens"]
+                == 5 + rows[2]["completion_tokens"] + legacy.usage.completion_tokens + rows[5]["completion_tokens"]
+            )
             assert totals["users"]["alice"]["cost_usd"] == pytest.approx(sum(row["cost_usd"] for row in rows), abs=1e-6)
 
             metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers()).text
@@ -175,7 +197,11 @@ FALLBACKS = {
     "loading-503": (Fault(status=503, body=LLAMA_LOADING), "unavailable", True),
     "server-500": (Fault(status=500, body=MOONSHOT_SERVER_ERROR), "server_error", True),
     "overloaded-429": (Fault(status=429, body=MOONSHOT_OVERLOADED, headers={"Retry-After": "30"}), "rate_limited", True),
-    "rpm-429-after-n-seconds": (Fault(status=429, body=json.loads(json.dumps(MOONSHOT_RATE_LIMIT).replace("after 2 seconds", "after 20 seconds"))), "rate_limited", True),
+    "rpm-429-after-n-seconds": (
+        Fault(status=429, body=json.loads(json.dumps(MOONSHOT_RATE_LIMIT).replace("after 2 seconds", "after 20 seconds"))),
+        "rate_limited",
+        True,
+    ),
     "context-400": (Fault(status=400, body=LLAMA_CONTEXT), "context_exceeded", False),
 }
 
@@ -228,7 +254,10 @@ def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byt
 
 
 def test_mid_stream_cut_ends_with_one_error_frame_and_done(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
-    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first, gateway(tmp_path, route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+    with (
+        FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first,
+        gateway(tmp_path, route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw,
+    ):
         # Measure a whole stream through the proxy first, then cut the next one halfway.
         whole = httpx2.post(first.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 12, "stream": True}, timeout=60).content
         first.reset()
@@ -343,7 +372,16 @@ def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted
             pytest.fail("the budget never ran out")
         rows = usage_rows(gw)
         assert len(rows) == served
-        spent = sum(cost({"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"], "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]}}) for row in rows)
+        spent = sum(
+            cost(
+                {
+                    "prompt_tokens": row["prompt_tokens"],
+                    "completion_tokens": row["completion_tokens"],
+                    "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
+                }
+            )
+            for row in rows
+        )
         assert spent <= budget
         assert spent == pytest.approx(sum(row["cost_usd"] for row in rows), rel=1e-9)
         # No reservation is left behind, and no false rejection: what was refused at the end
@@ -362,7 +400,11 @@ def test_secret_leak_scan_over_every_error_path(tmp_path: Path, hosted_engine: E
     seen_text: list[str] = []
     with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream:
         # Bodies are stored for this route, so the stored rows are scanned too.
-        body = route("kimi-k3", hosted(upstream.url + "/v1")).replace("[[routes]]\n", "[[routes]]\nstore_bodies = true\n") + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
+        body = (
+            route("kimi-k3", hosted(upstream.url + "/v1")).replace("[[routes]]\n", "[[routes]]\nstore_bodies = true\n")
+            + PRICES_TOML
+            + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
+        )
         with gateway(tmp_path, body, env=ENV, server="retry_deadline_s = 3") as gw:
             faults = [
                 Fault(echo_key=True, status=400),  # passed back: must be scrubbed
@@ -427,7 +469,7 @@ def test_bad_requests_get_clear_errors_and_the_gateway_keeps_serving(tmp_path: P
 
 
 def test_refuses_a_public_address_without_a_key_and_makes_one_on_loopback(tmp_path: Path, local_engine: Engine) -> None:
-    config, port = write_config(tmp_path, route("qwen3-14b", local(local_engine.url)))
+    config, _port = write_config(tmp_path, route("qwen3-14b", local(local_engine.url)))
     refused = run_cli("gateway", "--config", str(config), "--host", "0.0.0.0", timeout=30)
     assert refused.returncode != 0 and "no gateway key exists" in refused.stderr and "keys add" in refused.stderr
     with gateway(tmp_path, route("qwen3-14b", local(local_engine.url)), user=None) as gw:
@@ -570,7 +612,9 @@ def test_a_real_context_overflow_goes_to_the_larger_context_target(tmp_path: Pat
 def test_a_client_that_leaves_mid_stream_is_charged_what_it_got_and_its_hold_released(tmp_path: Path, hosted_engine: Engine) -> None:
     body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
     with gateway(tmp_path, body, env=ENV) as gw:
-        with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "max_tokens": 400, "stream": True}, headers=gw.headers(), timeout=60) as response:
+        with httpx2.stream(
+            "POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "max_tokens": 400, "stream": True}, headers=gw.headers(), timeout=60
+        ) as response:
             received = 0
             for line in response.iter_lines():
                 if line.startswith("data: {"):
@@ -600,7 +644,9 @@ def test_serves_tls_itself_when_given_a_certificate(tmp_path: Path, local_engine
     gateway_key = add_key(config, "alice")
     log = tmp_path / "gateway.log"
     with log.open("wb") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)], stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)], stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+        )
     try:
         deadline = time.monotonic() + 60
         while "gateway on https://" not in log.read_text():
@@ -623,7 +669,9 @@ def test_bodies_are_stored_only_where_enabled_capped_and_redacted(tmp_path: Path
         secretive = {"messages": [{"role": "user", "content": "my key is sk-live-abcdef123456 for org-7a7a7a7a, " + "pad " * 200}], "max_tokens": 3}
         for model in ("qwen3-14b", "kept"):
             assert httpx2.post(gw.url + "/chat/completions", json={**secretive, "model": model}, headers=gw.headers(), timeout=60).status_code == 200
-        with httpx2.stream("POST", gw.url + "/chat/completions", json={**secretive, "model": "kept", "stream": True}, headers=gw.headers(), timeout=60) as response:
+        with httpx2.stream(
+            "POST", gw.url + "/chat/completions", json={**secretive, "model": "kept", "stream": True}, headers=gw.headers(), timeout=60
+        ) as response:
             streamed = "".join(response.iter_text())
         plain, whole, stream = usage_rows(gw)
         assert plain["request_body"] is None and plain["response_body"] is None
@@ -636,7 +684,10 @@ def test_bodies_are_stored_only_where_enabled_capped_and_redacted(tmp_path: Path
 
 
 def test_a_single_target_is_retried_with_backoff_within_the_deadline(tmp_path: Path, hosted_engine: Engine) -> None:
-    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream, gateway(tmp_path, route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML, env=ENV) as gw:
+    with (
+        FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream,
+        gateway(tmp_path, route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML, env=ENV) as gw,
+    ):
         upstream.queue(Fault(status=500, body=MOONSHOT_SERVER_ERROR))
         started_at = time.monotonic()
         answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
@@ -667,11 +718,16 @@ def test_a_budget_fails_closed_when_a_target_has_no_price(tmp_path: Path, hosted
 def test_a_body_that_arrives_in_pieces_is_read_whole(tmp_path: Path, hosted_engine: Engine) -> None:
     """An upstream answer split into 64-byte pieces (as a slow link delivers it) is relayed
     whole, streaming or not — one read() returns what has arrived, not the whole body."""
-    with FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream, gateway(tmp_path, route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML, env=ENV) as gw:
+    with (
+        FaultProxy(f"http://127.0.0.1:{hosted_engine.port}") as upstream,
+        gateway(tmp_path, route("kimi-k3", hosted(upstream.url + "/v1")) + PRICES_TOML, env=ENV) as gw,
+    ):
         upstream.always = Fault(trickle=True)
         whole = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
         assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 4
-        with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "stream": True}, headers=gw.headers(), timeout=60) as response:
+        with httpx2.stream(
+            "POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "stream": True}, headers=gw.headers(), timeout=60
+        ) as response:
             lines = sse_lines(response)
         assert lines[-1] == "data: [DONE]" and not any('"error"' in line for line in lines)
         assert len(upstream.seen) == 2  # no attempt failed on the way

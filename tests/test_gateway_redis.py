@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
@@ -22,9 +22,8 @@ import redis
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import free_port, llama_server_argv, running, started
-from tierlocal.gateway.redis_store import RedisStore
 from tierlocal.gateway.store import UsageRecord
-
+from tierlocal.gateway.store.redis import RedisStore
 
 HOSTED_KEY = "sk-hosted-redis-" + os.urandom(8).hex()
 
@@ -131,7 +130,9 @@ def test_two_replicas_share_keys_budget_and_usage(tmp_path: Path, assets: Assets
             request = {"model": "kimi-k3", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4}
 
             def send(index: int) -> httpx2.Response:
-                return httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+                return httpx2.post(
+                    f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=120
+                )
 
             served = 0
             for _ in range(20):  # bursts until the shared budget runs out
@@ -164,7 +165,9 @@ def test_rate_limits_are_shared_by_replicas(tmp_path: Path, assets: Assets, clea
             request = {"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
             statuses = []
             for index in range(4):  # alternating replicas: 3 per minute in all, not per replica
-                answer = httpx2.post(f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+                answer = httpx2.post(
+                    f"http://127.0.0.1:{ports[index % 2]}/v1/chat/completions", json=request, headers={"Authorization": f"Bearer {key}"}, timeout=60
+                )
                 statuses.append(answer.status_code)
             assert statuses == [200, 200, 200, 429]
             assert 1 <= int(answer.headers["Retry-After"]) <= 60

@@ -12,7 +12,7 @@ from tierlocal.gateway.config import User
 from tierlocal.gateway.limits import RateLimiter, Ticket
 from tierlocal.gateway.pricing import Usage, cost_usd, usage_from, worst_case_input_tokens
 from tierlocal.gateway.protocol import classify, retry_after_s, sanitise, upstream_error_fields
-from tierlocal.tiers import ApiPrices
+from tierlocal.tiers.arithmetic import ApiPrices
 
 
 def verdict(status: int, body: dict, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def, type-arg]

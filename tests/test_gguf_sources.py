@@ -13,7 +13,8 @@ from tests.support.assets import Assets
 from tests.support.cli import run_cli
 from tests.support.servers import COMMIT, HubRepo, fake_hub, static_server
 from tierlocal.errors import SourceError, UsageError
-from tierlocal.gguf import parse_source, read_headers, shard_names, summarize
+from tierlocal.gguf import summarize
+from tierlocal.gguf.sources import parse_source, read_headers, shard_names
 
 
 def _inspect_json(source: str, env: dict[str, str] | None = None) -> dict[str, object]:
@@ -106,9 +107,8 @@ def test_hub_errors_are_one_line(served_dir: Path, source: str, message: str) ->
 
 
 def test_server_without_range_support_is_refused(served_dir: Path) -> None:
-    with static_server(served_dir, ranges=False) as (url, _):
-        with pytest.raises(SourceError, match="does not support Range requests"):
-            read_headers(f"{url}/gemma.gguf")
+    with static_server(served_dir, ranges=False) as (url, _), pytest.raises(SourceError, match="does not support Range requests"):
+        read_headers(f"{url}/gemma.gguf")
 
 
 def test_missing_url_is_a_clear_error(served_dir: Path) -> None:

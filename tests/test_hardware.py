@@ -14,7 +14,8 @@ import pytest
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
 from tierlocal.errors import HardwareError
-from tierlocal.hardware import detect, parse_gpu_override, probe_amd_sysfs, probe_nvml
+from tierlocal.hardware.detect import detect, probe_amd_sysfs, probe_nvml
+from tierlocal.hardware.override import parse_gpu_override
 
 _GIB = 1024**3
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tierlocal.history import GpuCorrection, gpu_correction
+from tierlocal.serve.history import GpuCorrection, gpu_correction
 
 KEY = {"model": "/m.gguf", "file_bytes": 10, "engine": "/bin/llama-server", "engine_version": "b1", "ctx": "4096", "parallel": "1", "gpus": []}
 

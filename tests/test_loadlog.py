@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tierlocal.loadlog import LoadLogParser, is_host_buffer, parse_load_log
+from tierlocal.engines.loadlog import LoadLogParser, is_host_buffer, parse_load_log
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "loadlogs"
 MIB = 1024 * 1024
@@ -96,6 +96,18 @@ def test_lines_without_prefix_and_hostile_lengths() -> None:
     assert report.buffers["CUDA0"].kv == 512 * MIB
 
 
-@pytest.mark.parametrize(("name", "host"), [("CPU", True), ("CPU_Mapped", True), ("CPU_REPACK", True), ("Vulkan_Host", True), ("CUDA_Host", True), ("Vulkan0", False), ("CUDA0", False), ("ROCm0", False)])
+@pytest.mark.parametrize(
+    ("name", "host"),
+    [
+        ("CPU", True),
+        ("CPU_Mapped", True),
+        ("CPU_REPACK", True),
+        ("Vulkan_Host", True),
+        ("CUDA_Host", True),
+        ("Vulkan0", False),
+        ("CUDA0", False),
+        ("ROCm0", False),
+    ],
+)
 def test_host_buffer_names(name: str, host: bool) -> None:
     assert is_host_buffer(name) is host

@@ -12,17 +12,9 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
-from tierlocal.gguf import read_headers
-from tierlocal.memory import (
-    compute_buffer_bytes,
-    gpu_layers,
-    kv_cache,
-    output_buffer_bytes,
-    partial_offload_compute_bytes,
-    server_context,
-    weights_split,
-)
-from tierlocal.model import model_spec
+from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, partial_offload_compute_bytes, server_context, weights_split
+from tierlocal.fit.model import model_spec
+from tierlocal.gguf.sources import read_headers
 
 _MIB = 1024 * 1024
 _KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
@@ -63,7 +55,10 @@ def test_kv_and_weights_match_llama_server(assets: Assets, tmp_path: Path, ctx: 
     params = server_context(spec, ctx=ctx, parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type)
     kv = kv_cache(spec, params)
     on_gpu = gpu_layers(spec, ngl)
-    predicted_kv = {"Vulkan0": sum(b for b, g in zip(kv.layer_bytes, on_gpu) if g), "CPU": sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g)}
+    predicted_kv = {
+        "Vulkan0": sum(b for b, g in zip(kv.layer_bytes, on_gpu, strict=False) if g),
+        "CPU": sum(b for b, g in zip(kv.layer_bytes, on_gpu, strict=False) if not g),
+    }
     weights = weights_split(spec, ngl, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
 
     port = free_port()
@@ -105,8 +100,8 @@ def test_sparse_llama3_8b_kv_and_layers_match_llama_server(assets: Assets, tmp_p
     actual_kv = _buffers(_KV_LINE, log)
     # 32 layers × 4096 cells × (8 KV heads × 128) × 2 (K, V) × 2 bytes = 512 MiB, 16 MiB a layer.
     assert kv.total_bytes == 512 * _MIB
-    assert actual_kv["Vulkan0"] == pytest.approx(sum(b for b, g in zip(kv.layer_bytes, on_gpu) if g) / _MIB, abs=0.006)
-    assert actual_kv["CPU"] == pytest.approx(sum(b for b, g in zip(kv.layer_bytes, on_gpu) if not g) / _MIB, abs=0.006)
+    assert actual_kv["Vulkan0"] == pytest.approx(sum(b for b, g in zip(kv.layer_bytes, on_gpu, strict=False) if g) / _MIB, abs=0.006)
+    assert actual_kv["CPU"] == pytest.approx(sum(b for b, g in zip(kv.layer_bytes, on_gpu, strict=False) if not g) / _MIB, abs=0.006)
     # The two offloaded blocks and the output norm are on the device; the 411 MiB output matrix
     # is larger than llvmpipe can bind, so it stays on the CPU, and the mapped span is the file.
     weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
@@ -203,7 +198,7 @@ def test_hybrid_recurrent_state_matches_llama_server(assets: Assets, tmp_path: P
     assert sum(spec.is_recurrent) == 10 and spec.n_embd_r == 2048 * 2
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
-    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent) if recurrent)
+    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
     assert state == 10 * 2048 * 2 * 4 * 2
     port = free_port()
     argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=2)

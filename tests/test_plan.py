@@ -129,7 +129,13 @@ def test_catalog_model_with_published_attention() -> None:
 
 
 def test_plan_a_gguf_header(tmp_path: Path, gemma: Path) -> None:
-    metadata = {"{arch}.block_count": 2, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 8, "{arch}.attention.head_count_kv": 4, "{arch}.context_length": 4096}
+    metadata = {
+        "{arch}.block_count": 2,
+        "{arch}.embedding_length": 64,
+        "{arch}.attention.head_count": 8,
+        "{arch}.attention.head_count_kv": 4,
+        "{arch}.context_length": 4096,
+    }
     path = write_small_gguf(tmp_path / "gqa.gguf", "llama", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     payload = _plan(str(path))
     assert payload["model"]["params"] == 64 * 64
@@ -191,7 +197,15 @@ def test_human_report_answers_first_and_shows_sources() -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Kimi K3 needs ≥ 1.39 TB for weights alone")
     text = result.stdout
-    for section in ("1. Weights by precision", "2. GPUs just to hold", "3. KV cache per concurrent user", "4. Rental", "5. Break-even", "6. Download", "7. Tier-1 launch"):
+    for section in (
+        "1. Weights by precision",
+        "2. GPUs just to hold",
+        "3. KV cache per concurrent user",
+        "4. Rental",
+        "5. Break-even",
+        "6. Download",
+        "7. Tier-1 launch",
+    ):
         assert section in text
     assert "Kimi K3 facts: Moonshot AI model card" in text and "(2026-08)" in text
     assert "API prices: Moonshot AI pricing page (via shared/MISSION.md) (2026-08)" in text

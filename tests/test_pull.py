@@ -18,8 +18,8 @@ from huggingface_hub import hf_hub_download
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.servers import COMMIT, HubRepo, ServerState, fake_hub
-from tierlocal.gguf import read_headers, summarize
-
+from tierlocal.gguf import summarize
+from tierlocal.gguf.sources import read_headers
 
 REPO = "acme/gemma-3-270m-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"
@@ -59,7 +59,9 @@ def test_pull_by_quant_into_a_directory_is_verified(assets: Assets, repo_dir: Pa
     payload = json.loads(result.stdout)
     final = tmp_path / "models" / FILE
     assert payload["source"] == f"hf://{REPO}"
-    assert payload["files"] == [{"path": str(final), "bytes": assets.gemma_gguf.stat().st_size, "sha256": assets.gemma_sha256, "fetched_bytes": assets.gemma_gguf.stat().st_size}]
+    assert payload["files"] == [
+        {"path": str(final), "bytes": assets.gemma_gguf.stat().st_size, "sha256": assets.gemma_sha256, "fetched_bytes": assets.gemma_gguf.stat().st_size}
+    ]
     assert final.read_bytes() == assets.gemma_gguf.read_bytes()
     assert sorted(p.name for p in final.parent.iterdir()) == [FILE]  # no partial or sidecar left
     assert _cdn_bytes(state) == final.stat().st_size

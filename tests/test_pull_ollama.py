@@ -23,7 +23,6 @@ from tests.support.cli import run_cli
 from tests.support.engines import free_port, running
 from tests.support.servers import ServerState, static_server
 
-
 TAG = "library/gemma3:270m"
 
 
@@ -71,7 +70,9 @@ def pushed(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         (root / "Modelfile").write_text(f"FROM {assets.gemma_gguf}\n")
         name = f"{registry.host}/{TAG}"
         for argv in (["create", name, "-f", str(root / "Modelfile")], ["push", "--insecure", name]):
-            done = subprocess.run([str(assets.ollama), *argv], env={**source.env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=300, check=False)
+            done = subprocess.run(
+                [str(assets.ollama), *argv], env={**source.env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=300, check=False
+            )
             assert done.returncode == 0, done.stderr[-2000:]
         yield registry, root
 

@@ -14,16 +14,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import openai
-import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import first_json_document, free_port, process_gone
 
 
-
 @contextmanager
-def serving(assets: Assets, home: Path, *args: str, vulkan: bool = False, extra_env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
+def serving(
+    assets: Assets, home: Path, *args: str, vulkan: bool = False, extra_env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
     """Run `tierlocal serve --json`, yield the process and its ready object; stop it after."""
     binary = assets.llama_server_vulkan if vulkan else assets.llama_server_cpu
     env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary), **(extra_env or {})}

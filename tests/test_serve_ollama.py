@@ -11,12 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ollama
-import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import first_json_document, free_port, process_gone, running
-
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -30,7 +28,21 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def _start_serve(assets: Assets, tmp_path: Path, port: int, *args: str) -> tuple[subprocess.Popen[str], dict]:  # type: ignore[type-arg]
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ollama", str(assets.ollama), "--port", str(port), "--json", *args],
+        [
+            sys.executable,
+            "-m",
+            "tierlocal",
+            "serve",
+            str(assets.gemma_gguf),
+            "--engine",
+            "ollama",
+            "--ollama",
+            str(assets.ollama),
+            "--port",
+            str(port),
+            "--json",
+            *args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -54,7 +66,9 @@ def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:
         assert actual["size_vram_bytes"] == 0  # CPU only here, as planned (num_gpu 0)
         client = ollama.Client(host=f"http://127.0.0.1:{port}")
         with ThreadPoolExecutor(2) as pool:
-            replies = list(pool.map(lambda p: client.generate(model=actual["ollama_model"], prompt=p, options={"num_predict": 3, "temperature": 0}), ["One", "Two"]))
+            replies = list(
+                pool.map(lambda p: client.generate(model=actual["ollama_model"], prompt=p, options={"num_predict": 3, "temperature": 0}), ["One", "Two"])
+            )
         (loaded,) = client.ps().models
         client.close()
         assert all(reply.done and reply.eval_count == 3 for reply in replies)

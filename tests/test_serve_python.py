@@ -12,12 +12,10 @@ from pathlib import Path
 
 import httpx2
 import openai
-import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import first_json_document, free_port
-
 
 # Gemma 3 270M (its GGUF header): 18 layers, 1 KV head of 256 for K and for V, f16 cache.
 # llama-cpp-python keeps full-size sliding-window KV, so every layer holds the whole context.

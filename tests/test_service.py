@@ -15,12 +15,10 @@ import sys
 from pathlib import Path
 
 import httpx2
-import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import first_json_document, free_port, running
-
 
 KEY = "tl-service-key-9876543210"
 
@@ -78,7 +76,9 @@ def test_the_units_command_serves_with_the_credential_and_notifies(assets: Asset
             url = f"http://127.0.0.1:{port}/v1/models"
             assert httpx2.get(url, timeout=10).status_code in (200, 401)  # model listing may be open
             denied = httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
-            allowed = httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+            allowed = httpx2.post(
+                f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+            )
             assert (denied.status_code, allowed.status_code) == (401, 200)
         finally:
             process.send_signal(signal.SIGTERM)
@@ -157,7 +157,13 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
         receiver.settimeout(60)
         engine = [str(assets.llama_server_cpu), "-m", str(assets.gemma_gguf), "--port", str(engine_port), "-c", "1024", "-t", "2", "--api-key", upstream_key]
         with running(engine, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
-            process = subprocess.Popen(argv, env={**env, "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": notify_path}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            process = subprocess.Popen(
+                argv,
+                env={**env, "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": notify_path},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             try:
                 assert "READY=1" in receiver.recv(4096).decode().splitlines()
                 key = (tmp_path / "state" / "local.key").read_text().strip()
@@ -174,20 +180,26 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
 
 
 def test_service_status_reads_systemctl_show_and_fails_clearly_without_systemd() -> None:
-    from tierlocal.service import describe_unit, parse_systemctl_show
+    from tierlocal.serve.systemd import describe_unit, parse_systemctl_show
 
     # systemctl show's Name=value lines (systemctl(1)); a value may contain "=".
-    shown = "LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nMainPID=4242\nNRestarts=2\nExecMainStatus=0\n" \
+    shown = (
+        "LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nMainPID=4242\nNRestarts=2\nExecMainStatus=0\n"
         "ActiveEnterTimestamp=Sun 2026-11-29 21:00:00 UTC\nStatusText=serving gemma.gguf on http://127.0.0.1:8080 (plan: -ngl=19)\n"
+    )
     properties = parse_systemctl_show(shown)
     assert properties["MainPID"] == "4242" and properties["StatusText"].endswith("(plan: -ngl=19)")
     line = describe_unit("tierlocal-serve.service", properties)
     assert line.startswith("tierlocal-serve.service: active (running), pid 4242, restarted 2 time(s), since Sun 2026-11-29")
     assert line.endswith("— serving gemma.gguf on http://127.0.0.1:8080 (plan: -ngl=19)")
-    failed = describe_unit("tierlocal-serve.service", {**properties, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1", "MainPID": "0"})
+    failed = describe_unit(
+        "tierlocal-serve.service", {**properties, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1", "MainPID": "0"}
+    )
     assert "last result exit-code (exit status 1)" in failed and "pid" not in failed
     # The command itself, against this machine's systemctl: here systemd is not PID 1 (or, on
     # a machine where it is, the unit is not installed) — either way one clear line and exit 2.
     result = run_cli("service", "status", "serve")
     assert result.returncode == 2, result.stdout
-    assert result.stderr.startswith(("error: systemctl show tierlocal-serve.service failed: ", "error: tierlocal-serve.service is not installed")), result.stderr
+    assert result.stderr.startswith(("error: systemctl show tierlocal-serve.service failed: ", "error: tierlocal-serve.service is not installed")), (
+        result.stderr
+    )

@@ -16,7 +16,9 @@ def test_parse_bytes(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize(("text", "expected"), [("2.8T", 2_800_000_000_000), ("104B", 104_000_000_000), ("270M", 270_000_000), ("5e9", 5_000_000_000), ("1000", 1000)])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("2.8T", 2_800_000_000_000), ("104B", 104_000_000_000), ("270M", 270_000_000), ("5e9", 5_000_000_000), ("1000", 1000)]
+)
 def test_parse_count(text: str, expected: int) -> None:
     assert parse_count(text) == expected
 
@@ -26,7 +28,9 @@ def test_parse_bandwidth(text: str, expected: float) -> None:
     assert parse_bandwidth(text) == expected
 
 
-@pytest.mark.parametrize(("parse", "text"), [(parse_bytes, "24 GiBs"), (parse_bytes, "lots"), (parse_count, "2.8 trillion"), (parse_bandwidth, "1GB"), (parse_bandwidth, "0GB/s")])
+@pytest.mark.parametrize(
+    ("parse", "text"), [(parse_bytes, "24 GiBs"), (parse_bytes, "lots"), (parse_count, "2.8 trillion"), (parse_bandwidth, "1GB"), (parse_bandwidth, "0GB/s")]
+)
 def test_bad_values_say_how_to_write_them(parse: object, text: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse(text)  # type: ignore[operator]

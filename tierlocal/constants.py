@@ -13,14 +13,57 @@ ENV_HOME = "TIERLOCAL_HOME"
 ENV_DEBUG = "TIERLOCAL_DEBUG"
 ENV_LLAMA_SERVER = "TIERLOCAL_LLAMA_SERVER"
 
+# --- what a run is planned with -------------------------------------------------------------
+#: Context tokens planned when none is given (per slot for the catalog recommendation).
+DEFAULT_CTX = 8192
+#: llama.cpp's physical batch (``-ub``), tokens.
+DEFAULT_UBATCH = 512
+#: llama-server's slot count when ``-np`` is left at auto (they share one unified KV cache).
+AUTO_SLOTS = 4
+#: Slowest decode speed (tokens/s) the catalog recommendation accepts.
+DEFAULT_MIN_TOKENS_PER_S = 5.0
+
+# --- where servers listen ---------------------------------------------------------------------
+#: The address servers bind unless told otherwise: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+#: llama-server's own default port.
+LLAMA_SERVER_PORT = 8080
+#: Ollama's own port.
+OLLAMA_PORT = 11434
+#: The gateway's port.
+GATEWAY_PORT = 8088
+#: Output tokens the gateway reserves (and sends upstream) for a budgeted request naming none.
+GATEWAY_DEFAULT_MAX_TOKENS = 8192
+
+# --- timeouts and sizes -----------------------------------------------------------------------
 #: Seconds to wait for one HTTP request (connect and each read).
 DEFAULT_HTTP_TIMEOUT_S = 30.0
 #: Seconds to wait for ``llama-server --list-devices``.
 DEFAULT_LIST_DEVICES_TIMEOUT_S = 30.0
+#: Seconds to wait for ``llama-server --help`` / ``--version``.
+HELP_TIMEOUT_S = 30.0
+#: Seconds a model load may take at least, plus one per LOAD_BYTES_PER_S bytes of model file.
+LOAD_TIMEOUT_BASE_S = 120.0
+LOAD_BYTES_PER_S = 50_000_000
+#: Seconds systemd's start timeout is extended by, each time a load reports progress.
+EXTEND_TIMEOUT_S = 60
+#: Seconds to wait for a started ``ollama serve`` to answer /api/version.
+OLLAMA_START_TIMEOUT_S = 60.0
 #: First ranged read of a remote header, in bytes; later reads grow with what was read.
 REMOTE_FIRST_READ_BYTES = 256 * 1024
 #: Largest single ranged read of a remote header, in bytes.
 REMOTE_MAX_READ_BYTES = 8 * 1024 * 1024
+#: Free disk kept after a download unless --keep-free says otherwise (bytes).
+DEFAULT_KEEP_FREE_BYTES = 1 << 30
+
+# --- tier-1 / tier-3 assumptions (``tierlocal plan``) -------------------------------------------
+#: Download bandwidths the plan shows when none is given.
+DEFAULT_DOWNLOAD_BANDWIDTHS = ("125MB/s", "1GB/s", "10GB/s")
+#: Share of tokens that are input, and of input tokens that hit the API's cache.
+DEFAULT_INPUT_SHARE = 0.75
+DEFAULT_CACHE_HIT = 0.5
+#: Context lengths (tokens) the KV-cache-per-user table shows.
+PLAN_KV_CONTEXTS = (8_192, 32_768, 131_072, 1_048_576)
 
 
 def _is_true(value: str | None) -> bool:

@@ -2,17 +2,25 @@
 
 The tree::
 
-    TierlocalError                 base; ``hint`` says what to do next
-    ├── UsageError                 a bad option value (size, GPU name, source spec)
-    ├── HeaderError                a GGUF header that is truncated, corrupt or hostile
-    ├── SourceError                a file, URL or hub repo that cannot be read
-    ├── HardwareError              a GPU override that names nothing we know
-    ├── UnsupportedModelError      a model whose memory rules the estimator does not know yet
-    └── CatalogError               recipes/ data that is missing or malformed
+    TierlocalError                 base; ``hint`` says what to do next (exit code 1)
+    ├── UsageError                 a bad option value (size, GPU name, source spec)       exit 2
+    ├── HeaderError                a GGUF header that is truncated, corrupt or hostile   exit 2
+    ├── SourceError                a file, URL or hub repo that cannot be read           exit 2
+    ├── HardwareError              a GPU override that names nothing we know             exit 2
+    ├── UnsupportedModelError      a model whose memory rules the estimator lacks        exit 2
+    ├── CatalogError               recipes/ data that is missing or malformed
+    ├── EngineError                an engine binary that cannot be run, built or used
+    │   └── EngineFailed           the engine died, or never became healthy
+    │       └── AllocationFailed   it could not allocate a buffer while loading
+    ├── DownloadError              a download that could not finish
+    │   ├── PartialDownload        the connection kept failing; the bytes so far are kept
+    │   └── DiskFullError          not enough free disk for it
+    └── Interrupted                Ctrl-C during long work (what was done is kept)      exit 130
 
 The CLI catches ``TierlocalError`` in one place, prints ``error: <message>`` and
 ``hint: <hint>`` to stderr and exits with ``exit_code``. Anything else is a bug and
-keeps its traceback.
+keeps its traceback. Private control-flow exceptions (a retry signal inside one module) live
+where they are raised and never reach the user.
 """
 
 from __future__ import annotations
@@ -25,6 +33,13 @@ __all__ = [
     "HardwareError",
     "CatalogError",
     "UnsupportedModelError",
+    "EngineError",
+    "EngineFailed",
+    "AllocationFailed",
+    "DownloadError",
+    "PartialDownload",
+    "DiskFullError",
+    "Interrupted",
 ]
 
 
@@ -84,3 +99,39 @@ class UnsupportedModelError(TierlocalError):
 
 class CatalogError(TierlocalError):
     """recipes/ data that is missing or malformed."""
+
+
+class EngineError(TierlocalError):
+    """An engine binary (llama-server, ollama, llama-cpp-python) that cannot be run, built,
+    or does not accept what the plan needs."""
+
+
+class EngineFailed(EngineError):
+    """The engine died or never became healthy."""
+
+
+class AllocationFailed(EngineFailed):
+    """The engine could not allocate a buffer while loading; ``report`` is the load log so far
+    (a :class:`tierlocal.engines.loadlog.LoadReport`), which says what it refused."""
+
+    def __init__(self, message: str, report: object, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.report = report
+
+
+class DownloadError(TierlocalError):
+    """A download that could not finish."""
+
+
+class PartialDownload(DownloadError):
+    """The transfer stopped; the bytes so far are kept for the next run."""
+
+
+class DiskFullError(DownloadError):
+    """Not enough free disk for the download."""
+
+
+class Interrupted(TierlocalError):
+    """Ctrl-C during long work (a download): what was done so far is kept."""
+
+    exit_code = 130

@@ -161,9 +161,7 @@ def _apt_download_unpack(staging: Path, *packages: str, suite: str = DEBIAN_SUIT
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (apt_dir / sub).mkdir(parents=True)
     sources = apt_dir / "sources.list"
-    sources.write_text(
-        f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {suite} main\n"
-    )
+    sources.write_text(f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {suite} main\n")
     options = [
         "-o", f"Dir::Etc::SourceList={sources}",
         "-o", "Dir::Etc::SourceParts=/dev/null",
@@ -303,7 +301,12 @@ def build_ollama(staging: Path, llama_cpu_bin: Path) -> None:
             path.chmod(path.stat().st_mode | 0o200)
     (staging / "bin").mkdir()
     ldflags = f"-X github.com/ollama/ollama/version.Version={OLLAMA_VERSION}"
-    run(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / "bin" / "ollama"), "."], cwd=work, env={"CGO_ENABLED": "1"}, log_file=staging / "build.log")
+    run(
+        ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(staging / "bin" / "ollama"), "."],
+        cwd=work,
+        env={"CGO_ENABLED": "1"},
+        log_file=staging / "build.log",
+    )
     shutil.rmtree(work)
     lib = staging / "lib" / "ollama"
     lib.mkdir(parents=True)

@@ -27,7 +27,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def started(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None, timeout_s: float = _LOAD_TIMEOUT_S) -> Iterator[subprocess.Popen[bytes]]:
+def started(
+    argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None, timeout_s: float = _LOAD_TIMEOUT_S
+) -> Iterator[subprocess.Popen[bytes]]:
     """Start a server with its output going to a file (never a pipe that can fill), wait until
     ``ready_url`` answers 200, stop it gracefully afterwards (unless the test already did)."""
     with log_path.open("w") as log:

@@ -34,7 +34,15 @@ MOONSHOT_SERVER_ERROR = {"error": {"type": "server_error", "message": "Internal 
 MOONSHOT_INVALID = {"error": {"type": "invalid_request_error", "message": "Invalid request: temperature must be in [0, 1]"}}
 MOONSHOT_CONTENT_FILTER = {"error": {"type": "content_filter", "message": "The request was rejected because it was considered high risk"}}
 LLAMA_LOADING = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
-LLAMA_CONTEXT = {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 1024}}
+LLAMA_CONTEXT = {
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5000,
+        "n_ctx": 1024,
+    }
+}
 
 
 @dataclass(frozen=True)

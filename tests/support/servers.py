@@ -53,7 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
     state: ServerState
     server_version = "tierlocal-test"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - quiet
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def _send_file(
@@ -278,7 +278,7 @@ class _HubHandler(_Handler):
         if file_path.suffix == ".gguf":
             # LFS file: the hub answers with a redirect to its CDN (another host) and carries
             # the file's metadata on that redirect.
-            host, port = self.server.server_address[:2]  # type: ignore[misc]
+            _host, port = self.server.server_address[:2]  # type: ignore[misc]
             location = f"http://localhost:{port}/cdn/{repo.repo_id}/{match['file']}?X-Amz-Signature=secret-signature"
             self.send_response(302)
             self.send_header("Location", location)

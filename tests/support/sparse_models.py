@@ -111,7 +111,11 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
         if spec.mla:
             tensors += _mla_block(spec, blk)
             if il < spec.dense_lead:
-                tensors += [(blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w), (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w), (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), _block_quant(w, (spec.n_ff,)))]
+                tensors += [
+                    (blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w),
+                    (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
+                    (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), _block_quant(w, (spec.n_ff,))),
+                ]
                 continue
             assert spec.experts is not None
             n_expert, _, n_ff_exp = spec.experts

@@ -1,24 +1,27 @@
-"""What a llama-server binary accepts, read once from its ``--help`` (llama.cpp renames flags
-between releases: ``--no-mmap`` became ``--load-mode``, ``-fa`` took a value, ``--fit``
-appeared), and the argv that realises a plan with it."""
+"""llama-server's command line, built once from a plan.
+
+What a binary accepts is read from its ``--help`` (llama.cpp renames flags between releases:
+``--no-mmap`` became ``--load-mode``, ``-fa`` took a value, ``--fit`` appeared);
+:func:`tierlocal.engines.llama_server.read_engine_flags` runs it, :func:`parse_help` reads it.
+Pure: no process is started here.
+"""
 
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import TierlocalError
+from .. import constants
+from ..errors import EngineError
+from ..fit.estimate import RunEstimate
 
-__all__ = ["EngineFlags", "read_engine_flags", "parse_help", "plan_argv"]
+__all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv"]
 
 # "-fa,   --flash-attn [on|off|auto]   set ..." : an option, an optional argument after one
 # space, then ", " and the next alias; the description starts after two or more spaces.
 _ALIAS = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*)(?: [^\s,-][^\s,]*)?(?:,\s+|(?=\s{2,})|$)")
 _VERSION = re.compile(r"version: (\S+) \(build (\d+), commit (\S+)\)")
-#: Seconds to wait for ``--help`` / ``--version``.
-HELP_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -52,38 +55,53 @@ def parse_help(help_text: str, version_text: str = "") -> EngineFlags:
     return EngineFlags(frozenset(options), flash_takes_value, f"{version.group(1)}-b{version.group(2)}-{version.group(3)}" if version else "unknown")
 
 
-def read_engine_flags(binary: Path) -> EngineFlags:
-    """Run ``binary --help`` and ``--version`` once."""
-    try:
-        help_run = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=HELP_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-        version_run = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=HELP_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise TierlocalError(f"{binary}: cannot run it ({type(exc).__name__})", hint="check the path, or pass --llama-server PATH") from None
-    flags = parse_help(help_run.stdout + help_run.stderr, version_run.stdout + version_run.stderr)
-    if not flags.knows("--port") or not flags.knows("-ngl"):
-        raise TierlocalError(f"{binary}: its --help does not look like llama-server's", hint="pass the llama-server binary with --llama-server PATH")
-    return flags
+def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_takes_value: bool = True) -> list[str]:
+    """The planned options after ``-m MODEL``: context, ``-dev none`` for a CPU-only plan on a
+    machine with a GPU, slots (none for llama-server's auto), layers, flash attention (as
+    ``-fa on|off``, or a bare ``-fa`` for binaries whose flag takes no value), experts on the
+    CPU, cache types and micro-batch when not the defaults."""
+    request, params = estimate.request, estimate.params
+    args = ["-c", str(params.n_ctx_padded)]
+    args += ["-dev", "none"] if host_only else []
+    args += ["-np", str(params.n_seq_max)] if not params.kv_unified else []
+    args += ["-ngl", str(request.ngl)]
+    if flash_attn_takes_value:
+        args += ["-fa", "on" if request.flash_attn else "off"]
+    elif request.flash_attn:
+        args += ["-fa"]
+    args += ["--n-cpu-moe", str(request.n_cpu_moe)] if request.n_cpu_moe else []
+    if request.cache_type_k != "f16" or request.cache_type_v != "f16":
+        args += ["-ctk", request.cache_type_k, "-ctv", request.cache_type_v]
+    if request.n_ubatch != constants.DEFAULT_UBATCH:
+        args += ["-ub", str(request.n_ubatch)]
+    return args
 
 
-def plan_argv(
+def planned_command(model_path: str, estimate: RunEstimate, *, host_only: bool = False) -> list[str]:
+    """The command ``check`` prints: ``llama-server -m MODEL`` and the planned options."""
+    return ["llama-server", "-m", model_path, *server_args(estimate, host_only=host_only)]
+
+
+def launch_argv(
     binary: Path,
     flags: EngineFlags,
-    command: list[str],
+    model: Path,
+    estimate: RunEstimate,
     *,
+    host_only: bool,
     host: str,
     port: int,
     api_key_file: Path | None,
     threads: int | None = None,
 ) -> list[str]:
-    """The planned ``llama-server`` command (``check``'s ``command``) adapted to ``binary``:
-    its path, the bind address, ``--fit off`` so llama.cpp does not re-plan what we planned,
-    verbose load lines for the log parser, the key by file (never on the command line)."""
-    argv = [str(binary), *command[1:]]
-    if not flags.flash_attn_takes_value and "-fa" in argv:
-        index = argv.index("-fa")
-        value = argv.pop(index + 1)
-        if value != "on":
-            argv.pop(index)
+    """The planned run as ``binary`` takes it: the planned options in its spelling, the bind
+    address, ``--fit off`` so llama.cpp does not re-plan what we planned, verbose load lines
+    for the log parser, the key by file (never on the command line).
+
+    Raises:
+        EngineError: a key file is given and the binary cannot read one.
+    """
+    argv = [str(binary), "-m", str(model), *server_args(estimate, host_only=host_only, flash_attn_takes_value=flags.flash_attn_takes_value)]
     argv += ["--host", host, "--port", str(port)]
     if flags.knows("--fit"):
         argv += ["--fit", "off"]
@@ -93,6 +111,6 @@ def plan_argv(
         argv += ["-t", str(threads)]
     if api_key_file is not None:
         if not flags.knows("--api-key-file"):
-            raise TierlocalError(f"{binary} has no --api-key-file", hint="use a newer llama-server; tierlocal never puts the key on the command line")
+            raise EngineError(f"{binary} has no --api-key-file", hint="use a newer llama-server; tierlocal never puts the key on the command line")
         argv += ["--api-key-file", str(api_key_file)]
     return argv

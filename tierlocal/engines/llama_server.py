@@ -1,4 +1,5 @@
-"""Finding the llama-server binary and asking it which devices it sees."""
+"""The llama-server binary: finding it, asking it which devices it sees and which options it
+accepts (``--help`` and ``--version``, read once). I/O: runs the binary."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import constants
+from ..errors import EngineError
+from .flags import EngineFlags, parse_help
 
-__all__ = ["EngineDevice", "find_llama_server", "parse_list_devices", "list_devices", "RunCommand"]
+__all__ = ["EngineDevice", "find_llama_server", "parse_list_devices", "list_devices", "read_engine_flags", "RunCommand"]
 
 #: Runs argv with a timeout in seconds and returns (exit code, stdout + stderr).
 RunCommand = Callable[[list[str], float], tuple[int, str]]
@@ -81,3 +84,24 @@ def list_devices(binary: Path, *, run: RunCommand = _run) -> list[EngineDevice]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return parse_list_devices(output) if code == 0 else []
+
+
+def read_engine_flags(binary: Path) -> EngineFlags:
+    """Run ``binary --help`` and ``--version`` once.
+
+    Raises:
+        EngineError: it does not run, or its help is not llama-server's.
+    """
+    try:
+        help_run = subprocess.run(
+            [str(binary), "--help"], capture_output=True, text=True, timeout=constants.HELP_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL
+        )
+        version_run = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=constants.HELP_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EngineError(f"{binary}: cannot run it ({type(exc).__name__})", hint="check the path, or pass --llama-server PATH") from None
+    flags = parse_help(help_run.stdout + help_run.stderr, version_run.stdout + version_run.stderr)
+    if not flags.knows("--port") or not flags.knows("-ngl"):
+        raise EngineError(f"{binary}: its --help does not look like llama-server's", hint="pass the llama-server binary with --llama-server PATH")
+    return flags

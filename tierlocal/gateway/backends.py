@@ -9,7 +9,6 @@ they are taken out of rotation only by their own failures, for as long as they a
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
@@ -118,7 +117,7 @@ async def poll_target(session: aiohttp.ClientSession, state: TargetState, timeou
                     slots = (await props.json(content_type=None)).get("total_slots")
                     if isinstance(slots, int) and 0 < slots < 4096:
                         state.slots = slots
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         state.health = DOWN
         state.slots = None
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from .. import constants
 from ..catalog import load_apis
 from ..errors import UsageError
-from ..tiers import ApiPrices
+from ..tiers.arithmetic import ApiPrices
 
 __all__ = ["ServerConfig", "Target", "Route", "User", "GatewayConfig", "load_config", "default_config", "BUDGET_PERIODS"]
 
@@ -26,22 +26,34 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
 MAX_USERS = 100_000
-_SERVER_KEYS = {"host", "port", "state_dir", "tls_cert", "tls_key", "default_max_tokens", "max_body_bytes", "upstream_timeout_s", "retry_deadline_s", "redis_url_env", "error_cooldown_s"}
+_SERVER_KEYS = {
+    "host",
+    "port",
+    "state_dir",
+    "tls_cert",
+    "tls_key",
+    "default_max_tokens",
+    "max_body_bytes",
+    "upstream_timeout_s",
+    "retry_deadline_s",
+    "redis_url_env",
+    "error_cooldown_s",
+}
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """Where the gateway listens and keeps its SQLite database and logs."""
 
-    host: str = "127.0.0.1"
-    port: int = 8088
+    host: str = constants.DEFAULT_HOST
+    port: int = constants.GATEWAY_PORT
     state_dir: Path = Path("/var/lib/tierlocal")
     #: Serve TLS itself with this certificate chain and key (PEM files); else plain HTTP.
     tls_cert: Path | None = None
     tls_key: Path | None = None
     #: Output tokens reserved (and sent upstream as max_tokens) for a user with a budget
     #: whose request names no max_tokens.
-    default_max_tokens: int = 8192
+    default_max_tokens: int = constants.GATEWAY_DEFAULT_MAX_TOKENS
     #: Longest request body, in bytes.
     max_body_bytes: int = 8 * 1024 * 1024
     #: Seconds an upstream may stay silent (between bytes) before the attempt fails.
@@ -139,7 +151,12 @@ def _name(value: object, source: str, where: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or "/" in value:
-        raise _error(source, where, f"must name an environment variable, not {value!r}", 'e.g. "TIERLOCAL_REDIS_URL" (the URL itself, with its password, stays out of this file)')
+        raise _error(
+            source,
+            where,
+            f"must name an environment variable, not {value!r}",
+            'e.g. "TIERLOCAL_REDIS_URL" (the URL itself, with its password, stays out of this file)',
+        )
     return value
 
 
@@ -154,7 +171,12 @@ def _positive_number(value: object, source: str, where: str) -> float | None:
 def _target(raw: object, source: str, where: str) -> Target:
     table = _table(raw, source, where)
     if "api_key" in table:
-        raise _error(source, f"{where}.api_key", "keys never go in the config file", "name the environment variable with api_key_env (or a systemd credential with api_key_credential)")
+        raise _error(
+            source,
+            f"{where}.api_key",
+            "keys never go in the config file",
+            "name the environment variable with api_key_env (or a systemd credential with api_key_credential)",
+        )
     unknown = set(table) - {"url", "model", "api_key_env", "api_key_credential"}
     if unknown:
         raise _error(source, where, f"unknown key {sorted(unknown)[0]!r}", "a target has url, model, and optionally api_key_env or api_key_credential")
@@ -168,7 +190,7 @@ def _target(raw: object, source: str, where: str) -> Target:
         if value is not None and (not isinstance(value, str) or not value):
             raise _error(source, f"{where}.{name}", "must be a non-empty name", "e.g. MOONSHOT_API_KEY")
     if urlsplit(url).scheme == "https" and urlsplit(url).hostname not in ("localhost", "127.0.0.1") and key_env is None and credential is None:
-        raise _error(source, where, f"the hosted target {url} has no key", "add api_key_env = \"…\" naming the variable that holds it")
+        raise _error(source, where, f"the hosted target {url} has no key", 'add api_key_env = "…" naming the variable that holds it')
     return Target(url.rstrip("/"), model, key_env, credential)  # type: ignore[arg-type]
 
 
@@ -200,17 +222,42 @@ def _prices(raw: object, source: str) -> dict[str, ApiPrices]:
         try:
             prices[model] = ApiPrices(float(table["input_cache_hit"]), float(table["input_cache_miss"]), float(table["output"]))  # type: ignore[arg-type]
         except (KeyError, TypeError, ValueError):
-            raise _error(source, f"prices.{model}", "needs input_cache_hit, input_cache_miss and output (USD per million tokens)", "see the README example") from None
+            raise _error(
+                source, f"prices.{model}", "needs input_cache_hit, input_cache_miss and output (USD per million tokens)", "see the README example"
+            ) from None
     return prices
 
 
 def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
-    """Validate a parsed TOML document."""
+    """Validate a parsed TOML document.
+
+    Raises:
+        UsageError: an unknown section or key, or a value that is not what it must be (the
+            message names the file and the key).
+    """
     unknown = set(data) - {"server", "routes", "prices", "users"}
     if unknown:
         raise _error(source, sorted(unknown)[0], "unknown section", "the sections are [server], [[routes]], [prices.MODEL] and [[users]]")
+    server = _server(data, source)
+    raw_routes = data.get("routes", [])
+    if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:
+        raise _error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")
+    routes: list[Route] = []
+    for index, raw in enumerate(raw_routes):
+        routes.append(_route(raw, source, f"routes[{index}]", routes))
+    raw_users = data.get("users", [])
+    if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
+        raise _error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")
+    users = [_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
+    if len({user.name for user in users}) != len(users):
+        raise _error(source, "users", "a name appears twice", "each [[users]] name must be unique")
+    return GatewayConfig(server, tuple(routes), _prices(data.get("prices", {}), source), tuple(users), source)
+
+
+def _server(data: dict[str, object], source: str) -> ServerConfig:
+    """The [server] table, with the defaults for what it leaves out."""
     server_table = _table(data.get("server", {}), source, "server")
-    port = server_table.get("port", 8088)
+    port = server_table.get("port", constants.GATEWAY_PORT)
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise _error(source, "server.port", f"{port!r} is not a port", "1 to 65535")
     unknown = set(server_table) - _SERVER_KEYS
@@ -221,8 +268,8 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
     if (tls_cert is None) != (tls_key is None):
         raise _error(source, "server", "tls_cert and tls_key go together", "give both PEM files, or neither (and put a TLS proxy in front)")
     defaults = ServerConfig()
-    server = ServerConfig(
-        str(server_table.get("host", "127.0.0.1")),
+    return ServerConfig(
+        str(server_table.get("host", constants.DEFAULT_HOST)),
         port,
         Path(str(state_dir)),
         None if tls_cert is None else Path(str(tls_cert)),
@@ -234,35 +281,33 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
         _name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
         _positive_number(server_table.get("error_cooldown_s"), source, "server.error_cooldown_s") or defaults.error_cooldown_s,
     )
-    raw_routes = data.get("routes", [])
-    if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:
-        raise _error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")
-    routes: list[Route] = []
-    for index, raw in enumerate(raw_routes):
-        where = f"routes[{index}]"
-        table = _table(raw, source, where)
-        model, targets = table.get("model"), table.get("targets")
-        if not isinstance(model, str) or not model:
-            raise _error(source, f"{where}.model", "is missing", "the model id clients send")
-        if any(route.model == model for route in routes):
-            raise _error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
-        if not isinstance(targets, list) or not 1 <= len(targets) <= MAX_TARGETS:
-            raise _error(source, f"{where}.targets", f"must list 1 to {MAX_TARGETS} targets", "e.g. targets = [ { url = \"http://127.0.0.1:8080/v1\", model = \"qwen3-14b\" } ]")
-        unknown = set(table) - {"model", "targets", "store_bodies", "max_stored_body_bytes"}
-        if unknown:
-            raise _error(source, f"{where}.{sorted(unknown)[0]}", "unknown key", "a route has model, targets, and optionally store_bodies and max_stored_body_bytes")
-        store_bodies = table.get("store_bodies", False)
-        if not isinstance(store_bodies, bool):
-            raise _error(source, f"{where}.store_bodies", f"must be true or false, not {store_bodies!r}", "bodies are not stored unless it is true")
-        cap = _positive_int(table.get("max_stored_body_bytes"), source, f"{where}.max_stored_body_bytes") or Route.max_stored_body_bytes
-        routes.append(Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets)), store_bodies, min(cap, 1 << 20)))
-    raw_users = data.get("users", [])
-    if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
-        raise _error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")
-    users = [_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
-    if len({user.name for user in users}) != len(users):
-        raise _error(source, "users", "a name appears twice", "each [[users]] name must be unique")
-    return GatewayConfig(server, tuple(routes), _prices(data.get("prices", {}), source), tuple(users), source)
+
+
+def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
+    """One [[routes]] entry (its model not routed by an ``earlier`` one)."""
+    table = _table(raw, source, where)
+    model, targets = table.get("model"), table.get("targets")
+    if not isinstance(model, str) or not model:
+        raise _error(source, f"{where}.model", "is missing", "the model id clients send")
+    if any(route.model == model for route in earlier):
+        raise _error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
+    if not isinstance(targets, list) or not 1 <= len(targets) <= MAX_TARGETS:
+        raise _error(
+            source,
+            f"{where}.targets",
+            f"must list 1 to {MAX_TARGETS} targets",
+            'e.g. targets = [ { url = "http://127.0.0.1:8080/v1", model = "qwen3-14b" } ]',
+        )
+    unknown = set(table) - {"model", "targets", "store_bodies", "max_stored_body_bytes"}
+    if unknown:
+        raise _error(
+            source, f"{where}.{sorted(unknown)[0]}", "unknown key", "a route has model, targets, and optionally store_bodies and max_stored_body_bytes"
+        )
+    store_bodies = table.get("store_bodies", False)
+    if not isinstance(store_bodies, bool):
+        raise _error(source, f"{where}.store_bodies", f"must be true or false, not {store_bodies!r}", "bodies are not stored unless it is true")
+    cap = _positive_int(table.get("max_stored_body_bytes"), source, f"{where}.max_stored_body_bytes") or Route.max_stored_body_bytes
+    return Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets)), store_bodies, min(cap, 1 << 20))
 
 
 def load_config(path: Path) -> GatewayConfig:
@@ -281,4 +326,6 @@ def default_config() -> GatewayConfig:
     MOONSHOT_API_KEY), on loopback, state in tierlocal's data directory. Local engines are
     added by the server when it finds them."""
     routes = tuple(Route(api.model, (Target(api.base_url.rstrip("/"), api.model_id, api.key_env),)) for api in load_apis())
-    return GatewayConfig(ServerConfig(state_dir=constants.home_dir() / "gateway"), routes, {api.model: api.prices for api in load_apis()}, (), "(built-in default)")
+    return GatewayConfig(
+        ServerConfig(state_dir=constants.home_dir() / "gateway"), routes, {api.model: api.prices for api in load_apis()}, (), "(built-in default)"
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..tiers import ApiPrices
+from ..tiers.arithmetic import ApiPrices
 
 __all__ = ["Usage", "usage_from", "cost_usd", "worst_case_input_tokens", "requested_max_tokens"]
 

@@ -4,7 +4,6 @@ built-in configuration, TLS, readiness for systemd, a clean stop on SIGTERM/SIGI
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -22,10 +21,11 @@ except ImportError:  # not on Windows
     uvloop = None  # type: ignore[assignment]
 
 from .. import constants
-from ..addresses import is_loopback
 from ..errors import UsageError
-from ..sdnotify import notify
-from .app import Gateway
+from ..serve.exposure import is_loopback
+from ..serve.state import running_servers
+from ..serve.systemd import notify
+from .app import create_app
 from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
 from .store import Store, open_store
@@ -36,7 +36,7 @@ log = logging.getLogger("tierlocal.gateway")
 
 #: Where the built-in configuration looks for local engines: llama-server's and Ollama's
 #: default ports, OpenAI-compatible base URLs.
-LOCAL_ENGINES = ("http://127.0.0.1:8080/v1", "http://127.0.0.1:11434/v1")
+LOCAL_ENGINES = tuple(f"http://{constants.DEFAULT_HOST}:{port}/v1" for port in (constants.LLAMA_SERVER_PORT, constants.OLLAMA_PORT))
 #: Most models taken from one engine's /v1/models.
 MAX_DISCOVERED = 64
 
@@ -47,7 +47,7 @@ async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]
             if response.status != 200:
                 return []
             data = (await response.json(content_type=None)).get("data")
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+    except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
         return []
     if not isinstance(data, list):
         return []
@@ -58,18 +58,8 @@ async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]
 def served_engines() -> tuple[str, ...]:
     """OpenAI base URLs of the servers `tierlocal serve` runs now (its state files whose
     process is alive)."""
-    directory = constants.run_dir()
-    urls: list[str] = []
-    for path in sorted(directory.glob("serve-*.json"))[:MAX_DISCOVERED] if directory.is_dir() else []:
-        try:
-            state = json.loads(path.read_bytes()[:1 << 20])
-            os.kill(int(state["pid"]), 0)
-            url = str(state["url"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if url.startswith("http://"):
-            urls.append(url.rstrip("/") + "/v1")
-    return tuple(urls)
+    urls = [str(state.get("url")) for state in running_servers()[:MAX_DISCOVERED]]
+    return tuple(url.rstrip("/") + "/v1" for url in urls if url.startswith("http://"))
 
 
 def route_id(model: str) -> str:
@@ -111,7 +101,7 @@ def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -
 
 
 def _machine_memory_bytes() -> int:
-    from ..hardware import detect
+    from ..hardware.detect import detect
 
     machine = detect()
     return sum(gpu.total_bytes for gpu in machine.gpus) + machine.ram_total_bytes
@@ -143,19 +133,23 @@ def _ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
     try:
         context.load_cert_chain(server.tls_cert, server.tls_key)
     except (OSError, ssl.SSLError) as exc:
-        raise UsageError(f"cannot load the TLS certificate {server.tls_cert} / key {server.tls_key}: {exc}", hint="give PEM files the gateway's user can read") from None
+        raise UsageError(
+            f"cannot load the TLS certificate {server.tls_cert} / key {server.tls_key}: {exc}", hint="give PEM files the gateway's user can read"
+        ) from None
     return context
 
 
-async def _serve(gateway: Gateway, config: GatewayConfig, context: ssl.SSLContext | None) -> None:
-    runner = web.AppRunner(gateway.app(), access_log=None, handler_cancellation=False)
+async def _serve(app: web.Application, config: GatewayConfig, context: ssl.SSLContext | None) -> None:
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
     await runner.setup()
     site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=context, backlog=1024)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise UsageError(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}", hint="choose another --port, or stop what holds it") from None
+        raise UsageError(
+            f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}", hint="choose another --port, or stop what holds it"
+        ) from None
     scheme = "https" if context else "http"
     routes = ", ".join(route.model for route in config.routes) or "none"
     print(f"gateway on {scheme}://{config.server.host}:{config.server.port}/v1 — models: {routes}", file=sys.stderr, flush=True)
@@ -187,7 +181,7 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
     store = open_store(config)
     try:
         _ensure_key(config, store)
-        serving = _serve(Gateway(config, store), config, context)
+        serving = _serve(create_app(config, store), config, context)
         if uvloop is not None:
             uvloop.run(serving)  # libuv's loop: measurably less overhead per request (bench/gateway_overhead.py)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -17,9 +18,21 @@ from aiohttp import web
 from . import protocol
 from .backends import TargetState
 from .config import Route, User
-from .pricing import Usage
+from .pricing import Usage, usage_from
 
-__all__ = ["Reject", "AttemptFailed", "Exchange", "read_bounded", "sse_batches", "response_id", "event_data", "json_or_none", "event_error", "MAX_SSE_EVENT_BYTES"]
+__all__ = [
+    "Reject",
+    "AttemptFailed",
+    "Exchange",
+    "read_bounded",
+    "sse_batches",
+    "response_id",
+    "event_data",
+    "json_or_none",
+    "event_error",
+    "forward_batch",
+    "MAX_SSE_EVENT_BYTES",
+]
 
 #: Longest SSE event, in bytes.
 MAX_SSE_EVENT_BYTES = 4 * 1024 * 1024
@@ -28,7 +41,9 @@ MAX_SSE_EVENT_BYTES = 4 * 1024 * 1024
 class Reject(Exception):
     """A request refused with an OpenAI-shaped error."""
 
-    def __init__(self, status: int, message: str, type_: str, code: str | None = None, *, retry_after_s: float | None = None, should_retry: bool | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, type_: str, code: str | None = None, *, retry_after_s: float | None = None, should_retry: bool | None = None
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type_, self.code = status, message, type_, code
         self.retry_after_s, self.should_retry = retry_after_s, should_retry
@@ -72,14 +87,18 @@ class Exchange:
     response_kept: list[bytes] = field(default_factory=list)
     response_kept_bytes: int = 0
 
+    def estimate_usage(self) -> None:
+        """Without the upstream's usage: the input bound and one token per content event."""
+        if self.usage is None:
+            self.usage = Usage(self.input_bound, 0, self.content_events)
+            self.usage_estimated = True
+
     def keep_response(self, data: bytes) -> None:
         """Keep the response's first bytes when its route stores bodies."""
         room = self.route.max_stored_body_bytes - self.response_kept_bytes
         if self.route.store_bodies and room > 0:
             self.response_kept.append(data[:room])
             self.response_kept_bytes += min(len(data), room)
-
-
 
 
 async def read_bounded(content: aiohttp.StreamReader, limit: int) -> tuple[bytes, bool]:
@@ -150,3 +169,33 @@ def event_error(event: bytes) -> str | None:
         _type, message, _code = protocol.upstream_error_fields(json.dumps(document).encode())
         return message or "error"
     return None
+
+
+def forward_batch(batch: list[bytes], exchange: Exchange, clean: Callable[[str], str]) -> tuple[list[bytes], bool, str | None]:
+    """What of one batch of upstream events goes to the client, whether ``[DONE]`` came, and
+    the upstream's in-band error (``clean``-ed) if one came. Only chunks that can matter are
+    parsed (an error, or usage): most carry one token of content. The usage is kept on
+    ``exchange``; the usage-only chunk is held back from a client that did not ask for it."""
+    out: list[bytes] = []
+    for event in batch:
+        data = event_data(event)
+        if data == b"[DONE]":
+            return out, True, None
+        forward = True
+        if b"error" in event or (data is not None and b'"usage"' in data):
+            message = event_error(event)
+            if message is not None:
+                return out, False, clean(message)
+            document = None if data is None else json_or_none(data)
+            usage = usage_from(document)
+            if usage is not None:
+                exchange.usage = usage
+            if isinstance(document, dict) and document.get("choices"):
+                exchange.content_events += 1
+            elif usage is not None and not exchange.include_usage:
+                forward = False
+        elif data is not None:
+            exchange.content_events += 1
+        if forward:
+            out.append(event)
+    return out, False, None

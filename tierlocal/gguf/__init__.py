@@ -1,7 +1,10 @@
-"""GGUF headers: bounded parsing, sources (local, HTTP Range, hf://) and summaries."""
+"""GGUF headers: bounded parsing and summaries (pure, over bytes a reader hands in).
+
+Where the bytes come from (a local path, HTTP Range requests, ``hf://``) is I/O and lives in
+:mod:`tierlocal.gguf.sources`, which this package face does not import.
+"""
 
 from .parse import ArraySummary, GGUFHeader, HeaderLimits, RangeReader, TensorInfo, parse_header
-from .sources import parse_source, read_headers, shard_names
 from .summary import ModelSummary, QuantShare, summarize
 
 __all__ = [
@@ -13,8 +16,5 @@ __all__ = [
     "RangeReader",
     "TensorInfo",
     "parse_header",
-    "parse_source",
-    "read_headers",
-    "shard_names",
     "summarize",
 ]

@@ -20,7 +20,7 @@ from huggingface_hub import get_session
 
 from .. import constants
 from ..errors import SourceError, UsageError
-from ..hub import locate_file
+from ..fetch.hub import locate_file
 from .parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
 
 __all__ = ["SourceSpec", "parse_source", "shard_names", "read_headers", "LocalFileReader", "HttpRangeReader"]

@@ -68,10 +68,7 @@ class ModelSummary:
             "header_bytes": self.header_bytes,
             "file_bytes": self.file_bytes,
             "gguf_version": self.gguf_version,
-            "quant_mix": [
-                {"type": q.ggml_type, "tensors": q.tensors, "bytes": q.n_bytes, "elements": q.n_elements}
-                for q in self.quant_mix
-            ],
+            "quant_mix": [{"type": q.ggml_type, "tensors": q.tensors, "bytes": q.n_bytes, "elements": q.n_elements} for q in self.quant_mix],
         }
 
 
@@ -167,8 +164,7 @@ def summarize(headers: Sequence[GGUFHeader]) -> ModelSummary:
         share[1] += tensor.n_bytes
         share[2] += tensor.n_elements
     quant_mix = tuple(
-        QuantShare(name, count, n_bytes, n_elements)
-        for name, (count, n_bytes, n_elements) in sorted(by_type.items(), key=lambda item: -item[1][1])
+        QuantShare(name, count, n_bytes, n_elements) for name, (count, n_bytes, n_elements) in sorted(by_type.items(), key=lambda item: -item[1][1])
     )
     name = metadata.get(Keys.General.NAME)
     return ModelSummary(

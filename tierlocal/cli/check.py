@@ -1,0 +1,240 @@
+"""``tierlocal check``: the catalog recommendation for this machine (no SOURCE), or the
+per-device plan for one model (SOURCE), as tables or ``--json``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .. import constants
+from ..catalog import find_model, load_gpus, load_host_defaults, load_models
+from ..errors import UsageError
+from ..fit.estimate import RunRequest
+from ..fit.rule_of_thumb import CatalogFit, Recommendation, recommend
+from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
+from ..gguf.sources import read_headers
+from ..hardware.types import Hardware
+from ..units import format_bytes, format_count, format_decimal_bytes
+from .common import console, gpu_option, json_option, machine, print_json
+
+__all__ = ["check", "render_recommendation", "render_source_check"]
+
+
+@click.command()
+@click.argument("source", required=False)
+@gpu_option
+@click.option("--ctx", default=str(constants.DEFAULT_CTX), show_default=True, help="Context tokens (per slot for the catalog), or 'max' with SOURCE.")
+@click.option(
+    "--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'."
+)
+@click.option("--ngl", type=click.IntRange(0, 10_000), help="Layers on the GPU (default: the most that fit).")
+@click.option("--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned).")
+@click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...).")
+@click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V.")
+@click.option(
+    "--flash-attn",
+    type=click.Choice(["on", "off", "auto"]),
+    default="auto",
+    show_default=True,
+    help="Flash attention (auto = on, as llama-server decides on CPU and GPU).",
+)
+@click.option("--ubatch", type=click.IntRange(1, 65536), default=constants.DEFAULT_UBATCH, show_default=True, help="Physical batch size (-ub).")
+@click.option(
+    "--min-speed",
+    type=click.FloatRange(0),
+    default=constants.DEFAULT_MIN_TOKENS_PER_S,
+    show_default=True,
+    help="Slowest acceptable decode speed, tokens/s (bandwidth bound), for the catalog recommendation.",
+)
+@json_option
+def check(
+    source: str | None,
+    gpus: tuple[str, ...],
+    ctx: str,
+    parallel: str,
+    ngl: int | None,
+    n_cpu_moe: int | None,
+    cache_type_k: str,
+    cache_type_v: str,
+    flash_attn: str,
+    ubatch: int,
+    min_speed: float,
+    as_json: bool,
+) -> None:
+    """What fits this machine (or the one --gpu describes), and how to run it.
+
+    Without SOURCE: recommend a model and quantisation from the built-in catalog
+    (recipes/models.toml), offline, showing the arithmetic, and say plainly which
+    frontier models can never fit one machine.
+
+    With SOURCE (a GGUF path, URL or hf:// file — header only — or a catalog name): the
+    per-device estimate of weights, KV cache, compute and output buffers, the largest -ngl
+    that fits (or the one you give), --ctx max / --parallel max solved, the llama-server
+    command line and the Ollama settings.
+
+    \b
+    Examples:
+      tierlocal check
+      tierlocal check --gpu 24GiB --ctx 32768
+      tierlocal check ./model.gguf --ctx max --json
+      tierlocal check kimi-k3
+    """
+    hardware = machine(gpus)
+    if len(hardware.gpus) > 1 and not as_json:
+        largest = max(hardware.gpus, key=lambda device: device.free_bytes)
+        click.echo(f"note: planning for one GPU ({largest.name}); tierlocal does not split a model across {len(hardware.gpus)} GPUs yet", err=True)
+    if source is not None and not find_model(source):
+        request = RunRequest(
+            ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch
+        )
+        result = _check_one_source(source, hardware, ctx, parallel, request)
+        print_json(result.to_json()) if as_json else render_source_check(result)
+        return
+    entries = find_model(source) if source is not None else list(load_models())
+    if not ctx.isdigit() or not parallel.isdigit():
+        raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
+    host = load_host_defaults()
+    recommendation = recommend(
+        entries, hardware, host, load_gpus(), ctx=parse_ctx(ctx) or constants.DEFAULT_CTX, parallel=int(parallel), min_tokens_per_s=min_speed
+    )
+    print_json(recommendation.to_json()) if as_json else render_recommendation(recommendation)
+
+
+def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, request: RunRequest) -> SourceCheck:
+    if "/" not in source and not source.endswith(".gguf"):
+        hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
+        raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
+    machine_ = machine_for(hardware, load_host_defaults())
+    return check_source(source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request)
+
+
+def render_source_check(check: SourceCheck) -> None:
+    """One table per device, the verdict and the command line."""
+    out = console()
+    estimate = check.estimate
+    if estimate is None:
+        out.print(f"[bold]{check.source}[/bold]: does not fit — {check.reason}.")
+        return
+    params = estimate.params
+    out.print(
+        f"[bold]{check.source}[/bold] ({check.architecture}): {params.n_ctx_padded:,} tokens of context, "
+        f"{params.n_seq_max} slot(s){' sharing one KV cache' if params.kv_unified else ''}, "
+        f"{estimate.layers_offloaded}/{estimate.layers_total} layers on the GPU"
+        + (f", experts of the first {estimate.request.n_cpu_moe} blocks on the CPU" if estimate.request.n_cpu_moe else "")
+    )
+    table = Table()
+    for column in ("device", "weights", "KV cache", "compute", "output", "overhead", "needed", "free"):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for device in estimate.devices:
+        sizes = (
+            device.weights_bytes,
+            device.kv_bytes,
+            device.compute_bytes,
+            device.output_bytes,
+            device.overhead_bytes,
+            device.total_needed_bytes,
+            device.free_bytes,
+        )
+        table.add_row(device.name, *(format_bytes(v) for v in sizes))
+    out.print(table)
+    speed = f"~{estimate.est_decode_tokens_per_s:,.1f} tok/s (memory-bandwidth bound)" if estimate.est_decode_tokens_per_s else "speed unknown"
+    verdict = "fits" if estimate.fits else f"does not fit: {check.reason}"
+    out.print(f"Verdict: {verdict}; {speed}.")
+    spilled = estimate.layers_total - estimate.layers_offloaded
+    all_on_gpu = check.speed.all_on_gpu_tokens_per_s if check.speed else None
+    if spilled and estimate.layers_offloaded and estimate.est_decode_tokens_per_s and all_on_gpu:
+        out.print(
+            f"[bold]{spilled} layers run from system RAM[/bold]: expect ~{estimate.est_decode_tokens_per_s:,.1f} tok/s instead of ~{all_on_gpu:,.0f} with every layer on the GPU."
+        )
+    if check.suggestion:
+        hint = check.suggestion
+        out.print(
+            f"Suggestion: -ctk q8_0 -ctv q8_0 -fa on gives {hint.layers_offloaded}/{estimate.layers_total} layers on the GPU "
+            f"at {hint.ctx:,} tokens{'' if hint.fits else ' (still does not fit)'}."
+        )
+    out.print("Command: " + " ".join(check.command))
+    if check.ollama is not None:
+        ollama = check.ollama
+        env = " ".join(f"{k}={v}" for k, v in ollama.env.items())
+        note = f" ({ollama.note})" if ollama.note else ""
+        out.print(f"Ollama: num_gpu {ollama.num_gpu}, num_ctx {ollama.num_ctx}; {env}{note}")
+
+
+def _fit_row(role: str, fit: CatalogFit) -> list[str]:
+    entry = fit.entry
+    kv = format_bytes(fit.kv_bytes) if fit.kv_bytes is not None else "unknown"
+    needed = format_bytes(fit.total_needed_bytes) if fit.total_needed_bytes is not None else "unknown"
+    return [
+        role,
+        entry.family,
+        entry.quant,
+        format_bytes(fit.weights_bytes) + ("" if entry.file_bytes_measured else " ≈"),
+        kv,
+        format_bytes(fit.overhead_bytes),
+        needed,
+        "yes" if fit.fits else "no",
+        f"{fit.est_decode_tokens_per_s:,.0f}" if fit.est_decode_tokens_per_s is not None else "-",
+    ]
+
+
+def render_recommendation(recommendation: Recommendation) -> None:
+    """What ``tierlocal check`` shows: the arithmetic behind the recommendation."""
+    out = console()
+    budget = recommendation.budget
+    if budget.bandwidth_bytes_per_s is None:
+        speed = "bandwidth unknown (no speed estimate)"
+    else:
+        speed = f"{budget.bandwidth_bytes_per_s / 1e9:.0f} GB/s" + (" (assumed, not measured)" if budget.bandwidth_assumed else "")
+    where = "from --gpu" if recommendation.hardware.overridden else "detected"
+    out.print(f"[bold]Machine[/bold] ({where}): {budget.device}, {format_bytes(budget.memory_bytes)} free, {speed}")
+    rows: Sequence[tuple[str, CatalogFit | None]] = (("best", recommendation.best), ("smaller", recommendation.smaller), ("larger", recommendation.larger))
+    fits = [(role, fit) for role, fit in rows if fit is not None]
+    if fits:
+        first = fits[0][1]
+        assert first is not None
+        out.print(
+            f"At {first.ctx:,} tokens of context × {first.parallel} slot(s): needed = weights + KV cache + overhead, "
+            f"leaving {format_bytes(first.margin_bytes)} free."
+        )
+        table = Table()
+        for column in ("", "model", "quant", "weights", "KV cache", "overhead", "needed", "fits", "~tok/s"):
+            table.add_column(column, justify="right" if column in ("weights", "KV cache", "overhead", "needed", "~tok/s") else "left")
+        for role, fit in fits:
+            assert fit is not None
+            table.add_row(*_fit_row(role, fit))
+        out.print(table)
+    _print_verdict(out, recommendation)
+
+
+def _print_verdict(out: Console, recommendation: Recommendation) -> None:
+    budget, best = recommendation.budget, recommendation.best
+    if best is None:
+        out.print(
+            f"[bold]Verdict:[/bold] no catalog model fits {format_bytes(budget.memory_bytes)} at this context and "
+            f"decodes ≥ {recommendation.min_tokens_per_s:g} tok/s; lower --ctx or --min-speed, or use tier 3 (a hosted API)."
+        )
+    else:
+        entry = best.entry
+        ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
+        speed = (
+            f"~{best.est_decode_tokens_per_s:,.0f} tok/s upper bound from memory bandwidth"
+            if best.est_decode_tokens_per_s is not None
+            else "speed unknown without the GPU's bandwidth (name the GPU with --gpu)"
+        )
+        out.print(
+            f"[bold]Verdict:[/bold] {entry.family} at {entry.quant} ({format_count(entry.params)} parameters, "
+            f"{entry.bits_per_weight:.2f} bits/weight){ollama}: needs {format_bytes(best.total_needed_bytes or 0)} of "
+            f"{format_bytes(budget.memory_bytes)}, {speed}."
+        )
+    out.print("≈ file size from parameters × bits/weight (llama.cpp's measured averages); tok/s = bandwidth ÷ active weight bytes.")
+    for verdict in recommendation.frontier:
+        entry = verdict.entry
+        out.print(
+            f"[bold]{entry.family}[/bold]: not tier 2 — never fits one machine. Memory floor {format_decimal_bytes(verdict.floor_bytes)} "
+            f"of weights alone ({format_count(entry.params)} parameters at {entry.quant}); ≥ {verdict.gpus_for_floor} × {verdict.largest_gpu} "
+            f"({format_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
+            f"(tier 3): `tierlocal plan {entry.family}` sizes both."
+        )

@@ -1,0 +1,149 @@
+"""The ``tierlocal gateway keys …`` and ``tierlocal usage`` commands."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from ..errors import UsageError
+from ..gateway.config import GatewayConfig, default_config, load_config
+from ..gateway.store import open_store, period_start
+from .common import print_json
+
+__all__ = ["gateway", "usage"]
+
+_config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration)."
+)
+
+
+def _config(path: Path | None) -> GatewayConfig:
+    return load_config(path) if path is not None else default_config()
+
+
+@click.group(invoke_without_command=True)
+@_config_option
+@click.option("--host", help="Listen address (default: the config's, else 127.0.0.1). Any non-loopback address needs a gateway key.")
+@click.option("--port", type=click.IntRange(1, 65535), help="Listen port (default: the config's, else 8088).")
+@click.pass_context
+def gateway(context: click.Context, config_path: Path | None, host: str | None, port: int | None) -> None:
+    """The OpenAI-compatible fallback gateway. Without a subcommand: serve in the foreground.
+
+    Clients send a gateway key as their API key; each model id routes to its targets in order
+    (local llama-server/Ollama, then a hosted API whose key the gateway holds). Without
+    --config: kimi-k3 → Moonshot (key from MOONSHOT_API_KEY) plus every model a local
+    llama-server (port 8080) or Ollama (11434) reports."""
+    if context.invoked_subcommand is not None:
+        return
+    from ..gateway.runner import run_gateway
+
+    config = _config(config_path)
+    server = config.server
+    config = replace(config, server=replace(server, host=host or server.host, port=port or server.port))
+    run_gateway(config, discover=config_path is None)
+
+
+@gateway.group()
+def keys() -> None:
+    """Gateway keys: clients send one as their API key; only its hash is stored."""
+
+
+@keys.command("add")
+@click.argument("name")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"user", "key"}.')
+def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
+    """Create a key for user NAME and print it — once: it cannot be shown again."""
+    config = _config(config_path)
+    if config.users and config.user(name) is None:
+        raise UsageError(f"{config.source}: no [[users]] entry named {name!r}", hint="add one (with its limits and budget) first")
+    store = open_store(config)
+    try:
+        key = store.add_key(name)
+    finally:
+        store.close()
+    if as_json:
+        print_json({"user": name, "key": key})
+    else:
+        click.echo(key)
+        click.echo(f"key for {name}: shown once; only its hash is stored in {config.server.state_dir}", err=True)
+
+
+@keys.command("list")
+@_config_option
+@click.option("--json", "as_json", is_flag=True)
+def list_keys(config_path: Path | None, as_json: bool) -> None:
+    """Keys by user, with the first characters of each (never the key)."""
+    config = _config(config_path)
+    store = open_store(config)
+    try:
+        infos = store.list_keys()
+    finally:
+        store.close()
+    if as_json:
+        print_json([info.to_json() for info in infos])
+        return
+    for info in infos:
+        state = "revoked" if info.revoked else "live"
+        click.echo(f"{info.user:20} {info.shown_prefix}…  {time.strftime('%Y-%m-%d %H:%M', time.gmtime(info.created))} UTC  {state}")
+
+
+@keys.command("revoke")
+@click.argument("user_or_prefix")
+@_config_option
+def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
+    """Revoke every key of a user, or the one whose shown prefix is given."""
+    config = _config(config_path)
+    store = open_store(config)
+    try:
+        count = store.revoke(user_or_prefix)
+    finally:
+        store.close()
+    if not count:
+        raise UsageError(f"no live key for {user_or_prefix!r}", hint="see `tierlocal gateway keys list`")
+    click.echo(f"revoked {count} key(s)")
+
+
+@click.command()
+@_config_option
+@click.option(
+    "--period",
+    type=click.Choice(["day", "week", "month", "all"]),
+    default="month",
+    show_default=True,
+    help="From the start of the current day/week/month (UTC), or everything.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users: {…}, models: {…}, break_even: {…}}.")
+def usage(config_path: Path | None, period: str, as_json: bool) -> None:
+    """Requests, tokens (prompt, cached, completion) and spend per user and per model, and for a
+    hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
+    config = _config(config_path)
+    since = 0.0 if period == "all" else period_start(period)
+    store = open_store(config)
+    try:
+        totals = store.totals(since)
+        if period == "all":
+            since = store.first_usage_time() or time.time()
+    finally:
+        store.close()
+    from ..tiers.break_even import break_even_verdicts  # recipes and the hub client: only for this report
+
+    verdicts = break_even_verdicts(totals["models"], config.prices, since, time.time())
+    if as_json:
+        print_json({"period": period, "since": since, **totals, "break_even": verdicts})
+        return
+    for label in ("users", "models"):
+        click.echo(f"{label}:")
+        for name, row in totals[label].items():
+            click.echo(
+                f"  {name:24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}"
+            )
+    for model, verdict in verdicts.items():
+        click.echo(
+            f"{model}: at the measured volume (~{verdict['tokens_per_month']:,.0f} tokens/month) the API costs ${verdict['api_usd_per_month']:,.2f}/month;"
+            f" renting {verdict['rent']} costs ${verdict['rent_usd_per_month']:,.0f}/month — {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"
+            f" (break-even ~{verdict['break_even_tokens_per_month']:,.0f} tokens/month)"
+        )

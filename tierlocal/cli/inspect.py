@@ -1,0 +1,123 @@
+"""``tierlocal inspect`` (what a GGUF header says) and ``tierlocal hw`` (what this machine has)."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from ..gguf import ModelSummary, summarize
+from ..gguf.sources import read_headers
+from ..hardware.types import Hardware
+from ..units import format_bytes, format_count
+from .common import console, gpu_option, json_option, machine, print_json
+
+__all__ = ["inspect", "hw"]
+
+
+@click.command()
+@click.argument("source")
+@json_option
+def inspect(source: str, as_json: bool) -> None:
+    """Show what a GGUF header says, reading the header only.
+
+    SOURCE is a local path, an http(s):// URL (read with Range requests), or
+    hf://OWNER/REPO/FILE.gguf[@REVISION] (honours HF_ENDPOINT and HF_TOKEN).
+    Split models (NAME-00001-of-00003.gguf) are read as one: every shard's header.
+
+    \b
+    Examples:
+      tierlocal inspect ./gemma-3-270m-q4_k_m.gguf
+      tierlocal inspect hf://ggml-org/gemma-3-270m-GGUF/gemma-3-270m-Q8_0.gguf --json
+    """
+    summary = summarize(read_headers(source))
+    if as_json:
+        print_json(summary.to_json())
+    else:
+        render_summary(summary)
+
+
+@click.command()
+@gpu_option
+@json_option
+def hw(gpus: tuple[str, ...], as_json: bool) -> None:
+    """Show this machine's GPUs, RAM, free disk and cores (or what --gpu describes).
+
+    GPUs are found through NVML (NVIDIA), sysfs (AMD), unified memory (Apple) and
+    `llama-server --list-devices` when a llama-server binary is found
+    (TIERLOCAL_LLAMA_SERVER, PATH, or tierlocal's engine directory).
+    """
+    hardware = machine(gpus)
+    if as_json:
+        print_json(hardware.to_json())
+    else:
+        render_hardware(hardware)
+
+
+def _heads(value: int | list[int] | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        distinct = sorted(set(value))
+        return f"per layer: {', '.join(map(str, distinct))}" if len(distinct) > 1 else str(distinct[0])
+    return str(value)
+
+
+def render_summary(summary: ModelSummary) -> None:
+    """What ``tierlocal inspect`` shows."""
+    out = console()
+    facts = Table(show_header=False, box=None, pad_edge=False)
+    facts.add_column(style="bold", no_wrap=True)
+    facts.add_column(overflow="fold")
+    rows = [
+        ("source", "\n".join(summary.sources)),
+        ("architecture", summary.architecture),
+        ("name", summary.name or "-"),
+        ("parameters", f"{format_count(summary.params)} ({summary.params:,})"),
+        ("layers", str(summary.layers or "-")),
+        ("embedding", str(summary.embedding_length or "-")),
+        ("heads / KV heads", f"{_heads(summary.head_count)} / {_heads(summary.head_count_kv)}"),
+        ("context (trained)", f"{summary.context_length:,}" if summary.context_length else "-"),
+        ("vocabulary", f"{summary.vocab_size:,}" if summary.vocab_size else "-"),
+        ("file type", summary.file_type or "-"),
+        ("tensors", f"{summary.tensor_count:,} ({format_bytes(summary.tensor_bytes)})"),
+        ("header", format_bytes(summary.header_bytes)),
+        ("file size", f"{format_bytes(summary.file_bytes)} ({summary.file_bytes:,} bytes)"),
+        ("GGUF version", str(summary.gguf_version)),
+    ]
+    if summary.expert_count:
+        rows.insert(7, ("experts (used)", f"{summary.expert_count} ({summary.expert_used_count or '-'})"))
+    for key, value in rows:
+        facts.add_row(key, value)
+    out.print(facts)
+    mix = Table(title="quantisation mix (binary units)", title_justify="left")
+    for column in ("type", "tensors", "bytes", "share"):
+        mix.add_column(column, justify="left" if column == "type" else "right")
+    for share in summary.quant_mix:
+        mix.add_row(share.ggml_type, str(share.tensors), format_bytes(share.n_bytes), f"{share.n_bytes / max(summary.tensor_bytes, 1):.1%}")
+    out.print(mix)
+
+
+def render_hardware(hardware: Hardware) -> None:
+    """What ``tierlocal hw`` shows."""
+    out = console()
+    gpus = Table(title="accelerators" + (" (from --gpu)" if hardware.overridden else ""), title_justify="left")
+    for column in ("device", "backend", "total", "free", "bandwidth", "found by"):
+        gpus.add_column(column)
+    for gpu in hardware.gpus:
+        bandwidth = f"{gpu.bandwidth_bytes_per_s / 1e9:.0f} GB/s" if gpu.bandwidth_bytes_per_s else "-"
+        gpus.add_row(gpu.name, gpu.backend, format_bytes(gpu.total_bytes), format_bytes(gpu.free_bytes), bandwidth, gpu.source)
+    if hardware.gpus:
+        out.print(gpus)
+    else:
+        out.print("accelerators: none (models run from system RAM on the CPU)")
+    out.print(f"system RAM: {format_bytes(hardware.ram_total_bytes)} total, {format_bytes(hardware.ram_available_bytes)} available")
+    out.print(f"CPU: {hardware.cpu_cores} cores, {hardware.cpu_threads} threads")
+    disk = format_bytes(hardware.disk_free_bytes) if hardware.disk_free_bytes is not None else "unknown"
+    out.print(f"disk free for models ({hardware.disk_path}): {disk}")
+    if not hardware.overridden:
+        probes = Table(title="probes", title_justify="left")
+        for column in ("probe", "result", "detail"):
+            probes.add_column(column, overflow="fold")
+        for probe in hardware.probes:
+            probes.add_row(probe.name, probe.status, probe.detail)
+        out.print(probes)

@@ -1,0 +1,250 @@
+"""``tierlocal plan``: resolve the model and the recipes, build the tier-1 / tier-3 plan, print
+the report (or its ``--json``)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .. import constants
+from ..catalog import load_apis, load_precisions, load_rental_defaults
+from ..errors import UsageError
+from ..tiers.facts import gpu_options, resolve_model_facts
+from ..tiers.plan import KV_MEASURE_PROCEDURE, ModelFacts, PlanOptions, TierPlan, build_plan, headline
+from ..units import format_bytes, format_count, format_decimal_bytes, format_duration, parse_bandwidth, parse_count
+from .common import console, print_json
+
+__all__ = ["plan", "render_plan"]
+
+
+class _PrecisionChoice(click.Choice):
+    """The precisions in recipes/precisions.toml, read when help or parsing needs them rather
+    than when the module is imported."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(precision.name for precision in load_precisions())
+
+    @choices.setter
+    def choices(self, _value: object) -> None:
+        """click.Choice sets its choices in __init__; these come from recipes/ instead."""
+
+
+def _shares(input_share: float | None, output_share: float | None) -> float:
+    if input_share is not None and output_share is not None and abs(input_share + output_share - 1) > 1e-9:
+        raise UsageError("--input-share and --output-share must add up to 1", hint="give one of them; the other is the rest")
+    if input_share is not None:
+        return input_share
+    if output_share is not None:
+        return 1 - output_share
+    return constants.DEFAULT_INPUT_SHARE
+
+
+@click.command()
+@click.argument("model")
+@click.option("--params", help="Total parameters, e.g. 2.8T (overrides what MODEL says).")
+@click.option("--active", help="Active parameters per token, e.g. 104B.")
+@click.option("--precision", type=_PrecisionChoice(), help="Weight precision to size for (default: the shipped one).")
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    metavar="NAME|SIZE",
+    help="GPU to size with: a name from recipes/gpus.toml or a size (96GB). Repeatable. Default: the datacenter GPUs.",
+)
+@click.option("--rate", type=click.FloatRange(0, min_open=True), help="USD per GPU-hour (default: the low end of the dated range in recipes/gpus.toml).")
+@click.option("--hours-per-day", type=click.FloatRange(0, 24, min_open=True), help="Hours a day the cluster runs (adds your own scenario; default always on).")
+@click.option("--input-share", type=click.FloatRange(0, 1), help=f"Share of tokens that are input (default {constants.DEFAULT_INPUT_SHARE}).")
+@click.option("--output-share", type=click.FloatRange(0, 1), help="Share of tokens that are output.")
+@click.option(
+    "--cache-hit", type=click.FloatRange(0, 1), default=constants.DEFAULT_CACHE_HIT, show_default=True, help="Share of input tokens that hit the API's cache."
+)
+@click.option("--tokens-per-month", help="Your volume, e.g. 2B: gives the verdict for it.")
+@click.option("--monthly-cost", type=click.FloatRange(0, min_open=True), help="Cluster cost per month in USD for the break-even (e.g. a provider's quote).")
+@click.option("--bandwidth", "bandwidths", multiple=True, help="Download bandwidth, e.g. 1GB/s or 10Gbit/s. Repeatable.")
+@click.option("--model-path", default="<path-or-repo-of-the-weights>", show_default=True, help="Weights path or repo for the launch commands.")
+@click.option("--sources", "show_sources", is_flag=True, help="List the dated sources of every fact used.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
+def plan(
+    model: str,
+    params: str | None,
+    active: str | None,
+    precision: str | None,
+    gpus: tuple[str, ...],
+    rate: float | None,
+    hours_per_day: float | None,
+    input_share: float | None,
+    output_share: float | None,
+    cache_hit: float,
+    tokens_per_month: str | None,
+    monthly_cost: float | None,
+    bandwidths: tuple[str, ...],
+    model_path: str,
+    show_sources: bool,
+    as_json: bool,
+) -> None:
+    """Size a model that does not fit one machine: GPUs (tier 1), cost, and when the hosted
+    API (tier 3) is cheaper.
+
+    MODEL is a name from recipes (kimi-k3, llama-3.3-70b, ...), a GGUF source as for
+    `inspect`, or hf://OWNER/REPO of a safetensors repo (metadata requests only).
+
+    \b
+    Examples:
+      tierlocal plan kimi-k3
+      tierlocal plan kimi-k3 --gpu H200 --rate 3.5 --tokens-per-month 2B
+      tierlocal plan hf://OWNER/REPO --precision fp8 --json
+    """
+    facts = _facts(model, params, active, precision)
+    gpu_options_, specs = gpu_options(gpus)
+    rental = load_rental_defaults()
+    api = next((entry for entry in load_apis() if entry.model == facts.name), None)
+    sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
+    sources += [f"{spec.name}: {spec.memory_bytes / 1024**3:g} GiB, recipes/gpus.toml ({spec.spec_date})" for spec in specs]
+    sources.append("bytes per weight: recipes/precisions.toml (shared/MISSION.md, 2026-08)")
+    if api is not None:
+        sources.append(f"API prices: {api.source} ({api.prices_date})")
+    options = PlanOptions(
+        gpus=gpu_options_,
+        rate_usd_per_gpu_hour=rate if rate is not None else rental.low,
+        input_share=_shares(input_share, output_share),
+        cache_hit=cache_hit,
+        bandwidths_bytes_per_s=tuple(parse_bandwidth(text) for text in (bandwidths or constants.DEFAULT_DOWNLOAD_BANDWIDTHS)),
+        hours_per_day=hours_per_day,
+        tokens_per_month=float(parse_count(tokens_per_month)) if tokens_per_month else None,
+        monthly_cost_usd=monthly_cost,
+        api_prices=api.prices if api else None,
+        api_name=f"{api.name} {api.model_id}" if api else None,
+        model_path=model_path,
+        sources=tuple(sources),
+    )
+    result = build_plan(facts, options, load_precisions())
+    if as_json:
+        print_json(result.to_json())
+    else:
+        render_plan(result, show_sources=show_sources)
+
+
+def _facts(model: str, params: str | None, active: str | None, precision: str | None) -> ModelFacts:
+    """What is known about MODEL, with the parameter counts and precision the user gave."""
+    facts = resolve_model_facts(model)
+    overrides: dict[str, object] = {}
+    if params is not None:
+        overrides["params"] = parse_count(params)
+    if active is not None:
+        overrides["active_params"] = parse_count(active)
+    if precision is not None:
+        overrides["precision"] = precision
+    if overrides:
+        facts = replace(facts, **overrides)  # type: ignore[arg-type]
+    if facts.active_params > facts.params:
+        raise UsageError(f"active parameters ({facts.active_params:,}) exceed total ({facts.params:,})", hint="check --active and --params")
+    return facts
+
+
+def _table(*columns: str) -> Table:
+    table = Table()
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
+def render_plan(plan: TierPlan, *, show_sources: bool) -> None:
+    """The human report, in the order the questions come."""
+    out = console()
+    facts = plan.facts
+    out.print(f"[bold]{headline(plan)}[/bold]")
+    out.print(
+        f"{facts.display_name}: {format_count(facts.params)} parameters, {format_count(facts.active_params)} active per token; "
+        f"shipped as {plan.precision.name}" + (f" ({format_decimal_bytes(facts.shipped_bytes)})" if facts.shipped_bytes else "")
+    )
+    _print_weights(out, plan)
+    _print_kv(out, plan)
+    _print_costs(out, plan)
+    download = ", ".join(f"{format_decimal_bytes(bw)}/s: {format_duration(seconds)}" for bw, seconds in plan.download)
+    out.print(f"6. Download: {download}; plan {format_decimal_bytes(plan.disk_bytes)} of fast disk on a volume that outlives the instance.")
+    if plan.launch and plan.chosen is not None:
+        out.print(f"7. Tier-1 launch on {plan.chosen.count} × {plan.chosen.gpu}:")
+        for engine, argv in plan.launch.items():
+            out.print(f"   {engine}: {shlex.join(argv)}")
+        for key, text in facts.vllm_notes.items():
+            out.print(f"   vLLM {key.replace('_', ' ')}: {text}")
+        out.print("   Before traffic: " + "; ".join(plan.health))
+    if show_sources:
+        out.print("Sources:")
+        for source in (*facts.sources, *plan.options.sources):
+            out.print(f"   {source}")
+
+
+def _print_weights(out: Console, plan: TierPlan) -> None:
+    """1. weights by precision; 2. GPUs to hold them, the serving floor and the clusters that clear it."""
+    weights = _table("precision", "bytes/weight", "weights", "with block scales")
+    for line in plan.weights_by_precision:
+        scales = format_decimal_bytes(line.with_scales_bytes) if line.with_scales_bytes != line.weights_bytes else "-"
+        weights.add_row(line.precision, f"{line.bytes_per_weight:g}", format_decimal_bytes(line.weights_bytes), scales)
+    out.print("1. Weights by precision (decimal units)")
+    out.print(weights)
+    counts = _table("GPU", "memory", "GPUs to hold the weights (a floor, not a target)")
+    for count in plan.gpus_for_weights:
+        counts.add_row(count.gpu, format_bytes(count.memory_bytes), str(count.count))
+    out.print(f"2. GPUs just to hold {format_decimal_bytes(plan.weights_bytes)} of {plan.precision.name} weights")
+    out.print(counts)
+    floor_kind = "published" if plan.serving_floor_published else "weights + KV at 32k for one user + 2 GiB overhead"
+    out.print(f"   Serving floor {format_decimal_bytes(plan.serving_floor_bytes)} ({floor_kind}); clusters that clear it:")
+    configs = _table("GPU", "count", "memory")
+    for config in plan.serving_configs:
+        configs.add_row(config.gpu, str(config.count), f"{format_decimal_bytes(config.total_bytes)} ({format_bytes(config.total_bytes)})")
+    out.print(configs)
+    for published in plan.facts.published_configs:
+        out.print(f"   published: {published.label} ({format_decimal_bytes(published.memory_bytes)})")
+    for key, text in plan.facts.guidance.items():
+        out.print(f"   guidance ({key}): {text}")
+
+
+def _print_kv(out: Console, plan: TierPlan) -> None:
+    """3. KV cache per concurrent user, or why it is not computed and how to measure it."""
+    facts = plan.facts
+    out.print("3. KV cache per concurrent user")
+    if plan.kv_per_user is not None:
+        out.print("   " + ", ".join(f"{ctx:,} tokens: {format_decimal_bytes(n)}" for ctx, n in plan.kv_per_user))
+        return
+    out.print(f"   Not computed: {facts.kv_unknown_reason or 'the attention design is not known'}.")
+    if plan.kv_classic_example is not None and facts.classic_example is not None:
+        layers, kv_heads, head_dim, _ = facts.classic_example
+        example = ", ".join(f"{ctx:,}: {format_decimal_bytes(n)}" for ctx, n in plan.kv_classic_example)
+        out.print(f"   For comparison only, the classic formula for {layers} layers × {kv_heads} KV heads × {head_dim}: {example}.")
+    out.print(f"   Measure it: {KV_MEASURE_PROCEDURE}")
+
+
+def _print_costs(out: Console, plan: TierPlan) -> None:
+    """4. rental scenarios; 5. break-even against the hosted API, and the verdict for a volume."""
+    options = plan.options
+    rental = _table("scenario", "GPUs", "hours/month", "USD/month")
+    for line in plan.rental:
+        rental.add_row(line.label, str(line.gpus), f"{line.hours_per_month:g}", f"${line.usd_per_month:,.0f}")
+    out.print(f"4. Rental at ${options.rate_usd_per_gpu_hour:g} per GPU-hour (a month is 720 h; idle GPUs bill the same)")
+    out.print(rental)
+    even = plan.break_even
+    out.print("5. Break-even against the hosted API")
+    if even is None:
+        out.print("   No API prices for this model in recipes/apis.toml.")
+        return
+    out.print(
+        f"   Cluster ${even.monthly_cost_usd:,.0f}/month vs {options.api_name}: output-only {format_count(even.output_tokens_per_month)} "
+        f"tokens/month ({format_count(even.output_tokens_per_day)}/day); blended at ${even.blended_usd_per_million:.2f}/M "
+        f"({even.input_share:.0%} input, {even.cache_hit:.0%} of it cached) {format_count(even.blended_tokens_per_month)} "
+        f"tokens/month ({format_count(even.blended_tokens_per_day)}/day). Below that, the API is cheaper."
+    )
+    if plan.volume_verdict is not None:
+        verdict = plan.volume_verdict
+        out.print(
+            f"   At {format_count(float(verdict['tokens_per_month']))} tokens/month: API ${float(verdict['api_usd_per_month']):,.0f} vs "
+            f"rent ${float(verdict['rent_usd_per_month']):,.0f} → {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper."
+        )

@@ -1,0 +1,145 @@
+"""``tierlocal serve`` (plan, launch, verify, supervise: tierlocal.serve) and ``tierlocal status``
+(the running server's plan, load and delta)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from ..errors import TierlocalError, UsageError
+from ..fetch.resolve import resolve_model
+from ..serve import ENGINES
+from ..serve import serve as run_serve
+from ..serve.run import ServeOptions
+from ..serve.state import running_servers
+from .common import ollama_port, print_json, serve_options
+
+__all__ = ["serve", "status"]
+
+
+@click.command()
+@click.argument("source")
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINES),
+    default="llama-server",
+    show_default=True,
+    help="The engine: llama-server; Ollama (an Ollama at --host:--port is used as it is; else `ollama serve` is started with the plan's settings); or python: llama-cpp-python's server (pip install 'tierlocal[python-engine]'), one request at a time.",
+)
+@click.option("--ollama", "ollama_binary", metavar="PATH", help="--engine ollama: the ollama binary to start when none is running (default: PATH).")
+@serve_options
+@click.option("--pull", is_flag=True, help="Download an hf:// or catalog model first if it is not in the hub cache.")
+@click.option("--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model).")
+@click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
+@click.option("--json", "as_json", is_flag=True, help="Once ready, print the plan, what llama.cpp did and the delta as one JSON object.")
+def serve(
+    source: str,
+    engine: str,
+    ollama_binary: str | None,
+    llama_server: str | None,
+    ctx: str,
+    parallel: str,
+    host: str,
+    port: int,
+    gpus: tuple[str, ...],
+    api_key_file: Path | None,
+    pull: bool,
+    load_timeout: float | None,
+    threads: int | None,
+    as_json: bool,
+) -> None:
+    """Run llama-server with the planned -c, -np, -ngl (and --n-cpu-moe, cache types, -fa),
+    wait until it answers /health, check the load against the plan, and keep it running until
+    SIGTERM or Ctrl-C (systemd: Type=notify, READY=1 once verified).
+
+    \b
+    Examples:
+      tierlocal serve ./gemma-3-270m-Q4_K_M.gguf --ctx 8192 --parallel 2
+      tierlocal serve qwen3-8b --pull --ctx max
+      tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
+      tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
+    """
+    model = resolve_model(source, pull=pull, say=_say)
+    options = ServeOptions(
+        model=model,
+        engine=engine,
+        llama_server=llama_server,
+        ollama_binary=ollama_binary,
+        ollama_tag=source.removeprefix("ollama://") if engine == "ollama" and source.startswith("ollama://") else None,
+        ctx=ctx,
+        parallel=parallel,
+        host=host,
+        port=ollama_port(port) if engine == "ollama" else port,
+        gpus=gpus,
+        api_key_file=api_key_file,
+        load_timeout_s=load_timeout,
+        threads=threads,
+    )
+    code = run_serve(options, say=_say, on_ready=_on_ready(as_json, _render_ollama if engine == "ollama" else _render_status))
+    if code:
+        sys.exit(code)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _on_ready(as_json: bool, render: Callable[[dict[str, object]], None]) -> Callable[[dict[str, object]], None]:
+    """Once the engine is up: the JSON object on stdout (flushed: a supervisor may be reading
+    it while we keep running), or the human summary."""
+
+    def on_ready(payload: dict[str, object]) -> None:
+        if as_json:
+            print_json(payload)
+            sys.stdout.flush()
+        else:
+            render(payload)
+
+    return on_ready
+
+
+def _render_ollama(payload: dict[str, object]) -> None:
+    actual, delta = payload["actual"], payload["delta"]
+    assert isinstance(actual, dict) and isinstance(delta, dict)
+    click.echo(
+        f"serving {actual['ollama_model']} through Ollama at {payload['url']}: context {actual['context_length']}, "
+        f"{actual['size_vram_bytes'] / 2**20:.0f} of {actual['size_bytes'] / 2**20:.0f} MiB in VRAM"
+    )
+    click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
+    for warning in delta["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+
+
+def _render_status(payload: dict[str, object]) -> None:
+    delta = payload["delta"]
+    actual = payload["actual"]
+    assert isinstance(delta, dict) and isinstance(actual, dict)
+    click.echo(f"serving {payload['url']}  ({payload['engine']} pid {payload['engine_pid']}, log {payload['log']})")
+    click.echo(
+        f"layers on the GPU: {actual['layers_offloaded']}/{actual['layers_total'] or '-'}   context {actual['n_ctx']} = {actual['parallel']} slot(s) × {actual['n_ctx_per_slot']}"
+    )
+    for device in delta["devices"]:
+        error = "" if device["error"] is None else f" ({device['error']:+.1%})"
+        click.echo(f"  {device['name']}: planned {device['planned_bytes'] / 2**20:.0f} MiB, allocated {device['actual_bytes'] / 2**20:.0f} MiB{error}")
+    click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
+    for warning in delta["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
+
+
+@click.command()
+@click.option("--port", type=click.IntRange(1, 65535), help="The server's port (default: the only one running).")
+@click.option("--json", "as_json", is_flag=True, help="Print {plan, actual, delta, …} as one JSON object.")
+def status(port: int | None, as_json: bool) -> None:
+    """Show the running `tierlocal serve`: its plan, what llama.cpp did, and the delta."""
+    running = running_servers(port)
+    if not running:
+        raise TierlocalError("no tierlocal serve is running" + (f" on port {port}" if port else ""), hint="start one with `tierlocal serve MODEL`")
+    if len(running) > 1:
+        raise UsageError(f"{len(running)} servers are running", hint="choose one with --port")
+    if as_json:
+        print_json(running[0])
+    else:
+        _render_status(running[0])

@@ -1,0 +1,275 @@
+"""The per-device memory of one llama-server run, and the plan that fits a machine. Pure.
+
+Per device: weights + KV cache + compute buffer + output buffer + backend overhead, from the
+rules in memory.py. The GPU must keep ``margin`` bytes free (llama.cpp's fit target); the
+host must hold its resident part in available RAM. The planner picks the largest ``-ngl``
+that fits, and solves for the context (``--ctx max``) or the slots (``--parallel max``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .. import constants
+from .memory import (
+    ContextParams,
+    compute_buffer_bytes,
+    gpu_layers,
+    host_compute_bytes,
+    kv_cache,
+    output_buffer_bytes,
+    partial_offload_compute_bytes,
+    server_context,
+    weights_split,
+)
+from .model import ModelSpec
+
+__all__ = ["RunRequest", "Machine", "DeviceUsage", "RunEstimate", "estimate_run", "plan_run", "max_context", "max_parallel"]
+
+_CTX_STEP = 256
+_MAX_SLOTS = 256
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What llama-server is asked for. ``ctx`` 0 = the model's trained context; ``parallel``
+    None = llama-server's auto (4 slots, unified KV); ``ngl`` and ``n_cpu_moe`` None = let the
+    planner choose (``n_cpu_moe``: keep the experts of the first N blocks on the CPU)."""
+
+    ctx: int = 0
+    parallel: int | None = 1
+    ngl: int | None = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: bool = True
+    n_ubatch: int = constants.DEFAULT_UBATCH
+    n_cpu_moe: int | None = None
+    #: Full-size KV for sliding-window layers (llama.cpp's library default; llama-server turns
+    #: it off, llama-cpp-python's server leaves it on).
+    swa_full: bool = False
+    #: Logits for every micro-batch token (llama-cpp-python) rather than one per sequence.
+    all_outputs: bool = False
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One GPU (or none) and the host. Bytes; bandwidth in bytes/s (None: unknown)."""
+
+    gpu_name: str | None
+    gpu_backend: str | None
+    gpu_total_bytes: int
+    gpu_free_bytes: int
+    gpu_bandwidth: int | None
+    host_total_bytes: int
+    host_free_bytes: int
+    host_bandwidth: int
+    gpu_overhead_bytes: int
+    margin_bytes: int
+    max_tensor_bytes: int | None = None
+    #: Added to the GPU's compute buffer: what recorded loads of the same model with the same
+    #: engine showed the estimate to miss (bytes; 0 without a record).
+    gpu_compute_correction_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What one device holds, in bytes."""
+
+    name: str
+    backend: str
+    total_bytes: int
+    free_bytes: int
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_needed_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "compute_bytes": self.compute_bytes,
+            "output_bytes": self.output_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "total_needed_bytes": self.total_needed_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """The estimate of one configuration and whether it fits."""
+
+    request: RunRequest
+    params: ContextParams
+    devices: tuple[DeviceUsage, ...]
+    layers_offloaded: int
+    layers_total: int
+    fits: bool
+    est_decode_tokens_per_s: float | None
+    host_read_bytes_per_token: int = 0
+    gpu_read_bytes_per_token: int = 0
+
+
+def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
+    """Memory per device for ``request`` with ``request.ngl`` layers offloaded (0 without a GPU)."""
+    ngl = request.ngl if request.ngl is not None else 0
+    n_cpu_moe = request.n_cpu_moe or 0
+    if machine.gpu_name is None:
+        ngl = n_cpu_moe = 0
+    params = server_context(
+        spec, ctx=request.ctx, parallel=request.parallel, n_ubatch=request.n_ubatch, cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v,
+        swa_full=request.swa_full, all_outputs=request.all_outputs,
+    )  # fmt: skip
+    on_gpu = gpu_layers(spec, ngl)
+    kv = kv_cache(spec, params)
+    kv_gpu = sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu, strict=False) if offloaded)
+    weights = weights_split(spec, ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=machine.max_tensor_bytes)
+    compute = compute_buffer_bytes(spec, params, flash_attn=request.flash_attn)
+    output = output_buffer_bytes(spec, params)
+    offloaded = sum(on_gpu)
+    devices = []
+    if machine.gpu_name is not None:
+        gpu_compute = compute
+        if (offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
+            gpu_compute = partial_offload_compute_bytes(spec, params, compute, on_gpu, n_cpu_moe)
+        gpu_compute = max(0, gpu_compute + machine.gpu_compute_correction_bytes)
+        devices.append(
+            DeviceUsage(
+                machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes,
+                weights.gpu_bytes, kv_gpu, gpu_compute, 0, machine.gpu_overhead_bytes,
+            )
+        )  # fmt: skip
+        host_compute = host_compute_bytes(spec, params, flash_attn=request.flash_attn)
+    else:
+        host_compute = compute
+    devices.append(
+        DeviceUsage(
+            "host (CPU, RAM)", "cpu", machine.host_total_bytes, machine.host_free_bytes,
+            weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, 0,
+        )
+    )  # fmt: skip
+    gpu_ok = all(d.total_needed_bytes + machine.margin_bytes <= d.free_bytes for d in devices[:-1])
+    host_ok = devices[-1].total_needed_bytes <= devices[-1].free_bytes
+    seconds: float | None = weights.cpu_read_bytes / machine.host_bandwidth
+    if weights.gpu_read_bytes:
+        seconds = None if machine.gpu_bandwidth is None else seconds + weights.gpu_read_bytes / machine.gpu_bandwidth  # type: ignore[operator]
+    return RunEstimate(
+        request=replace(request, ngl=ngl, n_cpu_moe=n_cpu_moe),
+        params=params,
+        devices=tuple(devices),
+        layers_offloaded=offloaded,
+        layers_total=spec.n_layer + 1,
+        fits=gpu_ok and host_ok,
+        est_decode_tokens_per_s=None if not seconds else 1 / seconds,
+        host_read_bytes_per_token=weights.cpu_read_bytes,
+        gpu_read_bytes_per_token=weights.gpu_read_bytes,
+    )
+
+
+def _gpu_fits(candidate: RunEstimate, machine: Machine) -> bool:
+    gpu = candidate.devices[0]
+    return gpu.total_needed_bytes + machine.margin_bytes <= gpu.free_bytes
+
+
+def _faster(a: RunEstimate, b: RunEstimate) -> RunEstimate:
+    """The plan that decodes faster (bandwidth bound). Without the GPU's bandwidth, the one
+    that reads fewer weight bytes from system RAM per token (RAM is the slow side); ``a``
+    on a tie."""
+    if a.est_decode_tokens_per_s is None or b.est_decode_tokens_per_s is None:
+        return b if b.host_read_bytes_per_token < a.host_read_bytes_per_token else a
+    return b if b.est_decode_tokens_per_s > a.est_decode_tokens_per_s else a
+
+
+def plan_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
+    """The request with the largest ``-ngl`` that fits (the user's ``ngl`` is kept as given).
+    For a MoE model that does not fit whole, also every layer on the GPU with the experts of
+    the first N blocks on the CPU (``--n-cpu-moe N``, the smallest N that fits); the faster
+    of the two wins. If nothing fits, the CPU-only estimate (``fits`` False when even that
+    does not)."""
+    if machine.gpu_name is None or (request.ngl is not None and request.n_cpu_moe is not None):
+        return estimate_run(spec, request, machine)
+    by_layers = (
+        _largest_ngl(spec, replace(request, n_cpu_moe=request.n_cpu_moe or 0), machine)
+        if request.ngl is None
+        else estimate_run(spec, replace(request, n_cpu_moe=0), machine)
+    )
+    if request.n_cpu_moe is not None or not spec.n_expert or by_layers.layers_offloaded == by_layers.layers_total:
+        return by_layers
+    all_layers = replace(request, ngl=spec.n_layer + 1)
+    low, high, by_experts = 1, spec.n_layer, None
+    while low <= high:  # fewer blocks with experts on the CPU means more GPU memory
+        middle = (low + high) // 2
+        candidate = estimate_run(spec, replace(all_layers, n_cpu_moe=middle), machine)
+        if _gpu_fits(candidate, machine):
+            by_experts, high = candidate, middle - 1
+        else:
+            low = middle + 1
+    return by_layers if by_experts is None else _faster(by_layers, by_experts)
+
+
+def _largest_ngl(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
+    best = estimate_run(spec, replace(request, ngl=0), machine)
+    low, high = 1, spec.n_layer + 1
+    while low <= high:  # memory grows with -ngl on the GPU: binary search the largest that fits
+        middle = (low + high) // 2
+        candidate = estimate_run(spec, replace(request, ngl=middle), machine)
+        if _gpu_fits(candidate, machine):
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+def max_context(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate | None:
+    """The largest context (a multiple of 256, up to the trained one) that fits: keeping every
+    layer on the GPU when the smallest context allows that, else with -ngl re-planned for
+    each context (layers then run from RAM). None if even 256 tokens do not fit."""
+    floor = plan_run(spec, replace(request, ctx=_CTX_STEP), machine)
+    if not floor.fits:
+        return None
+    keep_full_offload = machine.gpu_name is not None and floor.layers_offloaded == floor.layers_total
+
+    def acceptable(candidate: RunEstimate) -> bool:
+        return candidate.fits and (not keep_full_offload or candidate.layers_offloaded == candidate.layers_total)
+
+    best = floor
+    low, high = 2, spec.n_ctx_train // _CTX_STEP
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = plan_run(spec, replace(request, ctx=middle * _CTX_STEP), machine)
+        if acceptable(candidate):
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+def max_parallel(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate | None:
+    """The most slots, each with ``request.ctx`` tokens of its own, that fit (None if one does not)."""
+    per_slot = request.ctx or spec.n_ctx_train
+
+    def with_slots(slots: int) -> RunEstimate:
+        return plan_run(spec, replace(request, ctx=per_slot * slots, parallel=slots), machine)
+
+    best = with_slots(1)
+    if not best.fits:
+        return None
+    low, high = 2, _MAX_SLOTS
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = with_slots(middle)
+        full_offload = candidate.layers_offloaded == best.layers_offloaded
+        if candidate.fits and full_offload:
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best

@@ -1,0 +1,335 @@
+"""Per-device memory of a llama.cpp load: layer placement and the KV cache. Pure.
+
+Rules from llama.cpp (vendored in llama-cpp-python 0.3.36), src/llama-context.cpp and
+src/llama-kv-cache-iswa.cpp:
+
+- n_ctx is padded to 256. With a unified KV cache every sequence shares one stream of n_ctx
+  cells; otherwise each of n_seq_max streams gets n_ctx_seq = pad(n_ctx / n_seq_max, 256).
+- llama-server: ``-np`` left at auto means 4 slots sharing a unified cache; an explicit
+  ``-np N`` means N separate streams.
+- Sliding-window layers keep pad(min(n_ctx_seq, n_swa × (unified ? n_seq_max : 1) + n_ubatch), 256)
+  cells per stream (all n_ctx_seq with ``--swa-full``).
+- A layer's K and V take head size × KV heads elements per cell in the cache type
+  (f16 2 bytes; q8_0 34 per 32; q4_0 18 per 32). MLA models (DeepSeek-V2 style GGUFs with
+  key_length_mla) cache only K: the latent plus its rope part (kv_lora_rank + rope dims).
+- Recurrent layers of hybrids keep (n_embd_r + n_embd_s) float32 values per sequence
+  (max(1, n_seq_max) cells), independent of the context.
+- ``-ngl N`` offloads the last N of the n_layer + 1 layers, the output layer first:
+  layers il ≥ max(n_layer + 1 − N, 0) go to the GPU. A layer's KV lives with the layer
+  (all on the CPU with ``--no-kv-offload``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .. import constants
+from ..errors import UsageError
+from .model import ModelSpec, PlacedTensor
+
+__all__ = [
+    "ContextParams",
+    "KvCache",
+    "WeightsSplit",
+    "server_context",
+    "kv_cache",
+    "gpu_layers",
+    "weights_split",
+    "output_buffer_bytes",
+    "compute_buffer_bytes",
+    "host_compute_bytes",
+    "cache_type_bytes",
+]
+
+_PAD = 256
+
+
+def _pad(value: int, multiple: int = _PAD) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """What a llama context is created with: tokens, sequences, cache layout and types."""
+
+    n_ctx: int
+    n_seq_max: int
+    kv_unified: bool
+    n_ubatch: int = constants.DEFAULT_UBATCH
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    swa_full: bool = False
+    kv_offload: bool = True
+    #: Logits reserved for every token of a micro-batch (llama.cpp's library default, which
+    #: llama-cpp-python keeps) instead of one per sequence (llama-server).
+    all_outputs: bool = False
+
+    @property
+    def n_ctx_padded(self) -> int:
+        """n_ctx as llama.cpp uses it: padded to 256, then rounded to whole streams."""
+        n_ctx = _pad(self.n_ctx)
+        return n_ctx if self.kv_unified else self.n_ctx_seq * self.n_seq_max
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """Cells per stream."""
+        n_ctx = _pad(self.n_ctx)
+        return n_ctx if self.kv_unified else _pad(n_ctx // self.n_seq_max)
+
+    @property
+    def n_stream(self) -> int:
+        return 1 if self.kv_unified else self.n_seq_max
+
+
+def server_context(
+    spec: ModelSpec,
+    *,
+    ctx: int = 0,
+    parallel: int | None = None,
+    n_ubatch: int = constants.DEFAULT_UBATCH,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    swa_full: bool = False,
+    kv_offload: bool = True,
+    all_outputs: bool = False,
+) -> ContextParams:
+    """The context llama-server creates for ``-c ctx -np parallel`` (0 / None: its defaults)."""
+    if parallel is not None and parallel < 1:
+        raise UsageError(f"parallel slots must be at least 1, not {parallel}")
+    return ContextParams(
+        n_ctx=ctx or spec.n_ctx_train,
+        n_seq_max=parallel or constants.AUTO_SLOTS,
+        kv_unified=parallel is None,
+        n_ubatch=n_ubatch,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        swa_full=swa_full,
+        kv_offload=kv_offload,
+        all_outputs=all_outputs,
+    )
+
+
+def cache_type_bytes(cache_type: str, elements: int) -> int:
+    """Bytes of ``elements`` values of a KV cache type (f16, bf16, f32, q8_0, q4_0 …).
+
+    Raises:
+        UsageError: an unknown type, or a row that is not whole blocks of the type.
+    """
+    try:
+        qtype = GGMLQuantizationType[cache_type.upper()]
+    except KeyError:
+        raise UsageError(f"unknown cache type {cache_type!r}", hint="use f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl") from None
+    block, size = GGML_QUANT_SIZES[qtype]
+    if elements % block:
+        raise UsageError(f"cache type {cache_type} needs rows in blocks of {block}; this model's rows are {elements}")
+    return elements // block * size
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """The KV cache of one context: cells per stream and bytes of every layer (all streams)."""
+
+    cells_full: int
+    cells_swa: int
+    n_stream: int
+    layer_bytes: tuple[int, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.layer_bytes)
+
+
+def _cache_cells(spec: ModelSpec, params: ContextParams) -> tuple[int, int]:
+    """Cells per stream of the full cache and of the sliding-window cache."""
+    cells_full = params.n_ctx_seq
+    window = spec.n_swa * (params.n_seq_max if params.kv_unified else 1) + params.n_ubatch
+    return cells_full, cells_full if params.swa_full else _pad(min(cells_full, window))
+
+
+def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
+    """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers), and of
+    the fixed-size recurrent state for recurrent layers (LFM2's short convolutions)."""
+    cells_full, cells_swa = _cache_cells(spec, params)
+    layers = []
+    for il in range(spec.n_layer):
+        if spec.is_recurrent and spec.is_recurrent[il]:
+            # Recurrent state: (n_embd_r + n_embd_s) float32 values per sequence, whatever the context.
+            layers.append((spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max))
+            continue
+        if spec.n_head_kv[il] == 0:
+            layers.append(0)
+            continue
+        cells = cells_swa if spec.is_swa[il] else cells_full
+        v_elements = spec.n_embd_v_gqa(il)
+        per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(params.cache_type_v, v_elements) if v_elements else 0)
+        layers.append(per_cell * cells * params.n_stream)
+    return KvCache(cells_full, cells_swa, params.n_stream, tuple(layers))
+
+
+def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
+    """Which of the n_layer + 1 layers (the last is the output layer) ``-ngl ngl`` puts on the GPU."""
+    start = max(spec.n_layer + 1 - max(ngl, 0), 0)
+    return tuple(il >= start for il in range(spec.n_layer + 1))
+
+
+#: llama.cpp's LLM_FFN_EXPS_REGEX: the expert tensors --n-cpu-moe keeps on the CPU.
+EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+
+
+@dataclass(frozen=True)
+class WeightsSplit:
+    """Model weights per side of a partial offload, in bytes.
+
+    ``cpu_bytes`` sums the tensors kept on the CPU; ``cpu_mapped_bytes`` is what llama.cpp
+    reports as CPU_Mapped with mmap: the span of each file from its first to its last CPU
+    tensor (offloaded tensors inside that span stay mapped, though they are not resident).
+    ``gpu_read_bytes`` / ``cpu_read_bytes`` are the bytes each side reads per generated token
+    (expert tensors count n_expert_used / n_expert of their size).
+    """
+
+    gpu_bytes: int
+    cpu_bytes: int
+    cpu_mapped_bytes: int
+    gpu_read_bytes: int = 0
+    cpu_read_bytes: int = 0
+
+
+def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> WeightsSplit:
+    """Where ``-ngl ngl --n-cpu-moe n_cpu_moe`` puts the weights.
+
+    Offloaded blocks, and with the output layer its tensors, go to the GPU; the token
+    embedding always stays on the CPU. A tied output is the token embedding duplicated onto
+    the output layer's device. ``--n-cpu-moe N`` keeps the expert tensors of blocks 0..N-1 on
+    the CPU. A tensor larger than the device can bind (``max_tensor_bytes``, e.g. Vulkan's
+    maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as llama.cpp falls
+    back when the device does not support the operation. CPU repack copies are not counted yet.
+    """
+    on_gpu = gpu_layers(spec, ngl)
+    expert_share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
+
+    def fits_device(n_bytes: int) -> bool:
+        return max_tensor_bytes is None or n_bytes <= max_tensor_bytes
+
+    def read_per_token(tensor: PlacedTensor) -> float:
+        return tensor.n_bytes * (expert_share if EXPERT_TENSOR.search(tensor.name) else 1.0)
+
+    gpu = 0
+    gpu_read = 0.0
+    cpu_tensors = []
+    for tensor in spec.tensors:
+        kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and EXPERT_TENSOR.search(tensor.name) is not None
+        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and fits_device(tensor.n_bytes):
+            gpu += tensor.n_bytes
+            gpu_read += read_per_token(tensor)
+        else:
+            cpu_tensors.append(tensor)
+    if spec.tied_output and on_gpu[spec.n_layer] and fits_device(spec.token_embd_bytes):
+        gpu += spec.token_embd_bytes
+    mapped = 0
+    for shard in {tensor.shard for tensor in cpu_tensors}:
+        in_shard = [tensor for tensor in cpu_tensors if tensor.shard == shard]
+        mapped += max(t.offset + t.n_bytes for t in in_shard) - min(t.offset for t in in_shard)
+    # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
+    cpu_read = sum(read_per_token(t) for t in cpu_tensors if t.layer >= 0)
+    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped, round(gpu_read), round(cpu_read))
+
+
+def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
+    """The logits buffer: n_vocab float32 values for each of n_seq_max sequences, in host
+    memory (pinned when a GPU is used), not in llama.cpp's device breakdown."""
+    return spec.n_vocab * 4 * params.n_seq_max
+
+
+def _mask_cells(spec: ModelSpec, params: ContextParams) -> list[int]:
+    """KV cells each attention mask spans: the full cache, and the SWA cache if any."""
+    cells_full, cells_swa = _cache_cells(spec, params)
+    return ([cells_full] if not all(spec.is_swa) else []) + ([cells_swa] if any(spec.is_swa) else [])
+
+
+def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bool = True) -> int:
+    """The compute buffer of the backend that runs the layers (bytes). An approximation
+    calibrated on llama.cpp's CPU backend.
+
+    With flash attention (llama-server's ``-fa auto`` enables it on the CPU) the peak is the
+    feed-forward step, n_ubatch × 4 B × floats per token, plus an f16 mask of n_kv × n_ubatch
+    per cache (full and sliding-window). Floats per token: dense 3·n_ff + 3·n_embd + A;
+    MoE 3·n_used·n_ff_exp + n_used·n_embd + 3·n_embd + A, where A = heads × value head size.
+    Without flash attention the attention scores dominate: n_kv × n_ubatch × (4·n_head + 4)
+    plus f32 masks plus n_ubatch × 4 B × (3.5·n_embd + 2·q_dim, + 2·n_head·kv_lora_rank for MLA).
+
+    Measured on the CPU build (bench/estimate_accuracy.py) over Gemma 3 270M and sparse
+    Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B and DeepSeek-V2-Lite, n_ubatch 128/512, 4k/16k context:
+    with flash attention within 0.2% (DeepSeek-V2-Lite +0.6%); without it within 3%, except
+    MLA at long context (−10%). GPU backends differ by a few percent (Vulkan +4% on
+    Llama-3-8B); CUDA is not calibrated yet.
+    """
+    n_tokens = min(params.n_ctx_seq, params.n_ubatch)
+    masks = _mask_cells(spec, params)
+    attn_out = spec.attn_out_dim or spec.q_dim
+    if spec.n_expert and spec.n_expert_used and spec.n_ff_exp:
+        ffn_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd + 3 * spec.n_embd + attn_out
+    else:
+        ffn_floats = 3 * spec.n_ff + 3 * spec.n_embd + attn_out
+    # With logits for every token of the micro-batch the output step can be the peak: the
+    # n_tokens × n_vocab f32 logits beside two hidden states (llama-cpp-python, measured exact
+    # on Gemma 3 270M).
+    logits = n_tokens * 4 * (spec.n_vocab + 2 * spec.n_embd) if params.all_outputs else 0
+    if flash_attn:
+        return max(n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 2 for cells in masks), logits)
+    rest = 3.5 * spec.n_embd + 2 * spec.q_dim + (2 * max(spec.n_head) * spec.kv_lora_rank if spec.mla else 0)
+    scores = max(masks) * n_tokens * 4 * max(spec.n_head)
+    attention = scores + sum(cells * n_tokens * 4 for cells in masks) + round(n_tokens * 4 * rest)
+    feed_forward = n_tokens * 4 * ffn_floats + sum(cells * n_tokens * 4 for cells in masks)
+    return max(attention, feed_forward, logits)
+
+
+def host_compute_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bool = True) -> int:
+    """The host-side compute buffer a GPU backend adds (bytes): the input embeddings
+    (2 × n_embd × n_ubatch float32) and the attention masks (f16 with flash attention, f32
+    without). Measured on the Vulkan build: exact to 0.01 MiB for the four models above."""
+    n_tokens = min(params.n_ctx_seq, params.n_ubatch)
+    element = 2 if flash_attn else 4
+    return 2 * spec.n_embd * n_tokens * 4 + sum(cells * n_tokens * element for cells in _mask_cells(spec, params))
+
+
+def partial_offload_compute_bytes(spec: ModelSpec, params: ContextParams, compute: int, on_gpu: tuple[bool, ...], n_cpu_moe: int = 0) -> int:
+    """The GPU's compute buffer when some layers (or experts) stay on the CPU (bytes).
+
+    llama.cpp offloads a CPU layer's large-batch operations to the GPU (``--op-offload``, on
+    by default, for batches of 32+ tokens), copying their weights into this buffer. The peak
+    is the largest of:
+
+    - the graph's own peak (``compute``) plus one f32 hidden state (n_ubatch × n_embd) staged
+      across the CPU/GPU boundary;
+    - a dense weight copy with its f32 input and output (n_ubatch × (n_embd + n_ff)), plus the
+      staged state: usually inside the graph's peak;
+    - an expert tensor copy (all experts of one projection, for MUL_MAT_ID) with the expert
+      feed-forward's f32 intermediates (n_ubatch × (3·n_used·n_ff_exp + n_used·n_embd)), the
+      f16 masks, and one layer's K and V copied in when attention layers stay on the CPU.
+
+    Measured on the Vulkan build (llvmpipe) with bench/estimate_accuracy.py, -ngl 0..19 on
+    Gemma 3 270M, Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B (also --n-cpu-moe) and LFM2-1.2B: this
+    buffer within 15%, per-device totals within −2.4…+4.8%. CUDA is not calibrated yet.
+    """
+    n_tokens = min(params.n_ctx_seq, params.n_ubatch)
+    staged = n_tokens * spec.n_embd * 4
+    cpu_layers = {layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe}
+    cpu_layer_tensors = [t for t in spec.tensors if t.layer in cpu_layers]
+    experts = [t.n_bytes for t in cpu_layer_tensors if EXPERT_TENSOR.search(t.name)]
+    dense = [t.n_bytes for t in cpu_layer_tensors if not EXPERT_TENSOR.search(t.name)]
+    peak = max(compute, max(dense, default=0) + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged
+    if experts:
+        kv = kv_cache(spec, params)
+        attention_on_cpu = any(not on_gpu[layer] for layer in cpu_layers)
+        expert_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd
+        expert_peak = (
+            max(experts)
+            + n_tokens * 4 * expert_floats
+            + sum(cells * n_tokens * 2 for cells in _mask_cells(spec, params))
+            + (max(kv.layer_bytes, default=0) if attention_on_cpu else 0)
+        )
+        peak = max(peak, expert_peak)
+    return peak

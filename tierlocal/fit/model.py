@@ -1,0 +1,261 @@
+"""ModelSpec: the architecture facts the memory estimate needs, derived from a GGUF header. Pure.
+
+Rules follow llama.cpp (the version vendored in llama-cpp-python 0.3.36): per-layer head
+counts may be arrays; head sizes default to embedding ÷ heads; which layers use a sliding
+window comes from ``{arch}.attention.sliding_window_pattern`` (an array, or a period), else
+from the architecture's own default period.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import HeaderError, UnsupportedModelError
+from ..gguf.parse import GGUFHeader
+from ..gguf.summary import merge_split
+
+__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS"]
+
+#: Architectures whose sliding-window layers follow a period when the header gives none:
+#: (period, dense_first). From llama.cpp's src/models/<arch>.cpp load_swa_pattern calls.
+SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "gemma-embedding": (6, False),
+    "cohere2": (4, False),
+    "cohere2moe": (4, True),
+    "exaone4": (4, False),
+    "exaone-moe": (4, False),
+    "afmoe": (4, False),
+}
+
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+#: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
+#: or linear-attention state, and hybrids of them.
+_UNMODELLED_CACHE_KEYS = ("ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention", "kda.")
+#: Hybrids whose recurrent state is modelled: LFM2's short-convolution blocks (no KV heads)
+#: keep n_embd × (l_cache − 1) float32 values per sequence.
+_SHORTCONV_ARCHS = ("lfm2", "lfm2moe")
+
+
+@dataclass(frozen=True)
+class PlacedTensor:
+    """One tensor as placement sees it: its layer (-1 the input embedding, 0..n_layer-1 a
+    block, n_layer the output layer), its shard, offset in that shard's data and size (bytes)."""
+
+    name: str
+    layer: int
+    shard: int
+    offset: int
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts per layer. Sizes in bytes; head sizes in elements.
+
+    ``tensors`` places every tensor: ``blk.N.*`` in block N, ``token_embd`` in the input layer
+    (always on the CPU), everything else (output projection, output norm …) in the output
+    layer. A tied output (no ``output.weight``) reuses the token embedding.
+    """
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    head_k: int
+    head_v: int
+    n_swa: int
+    is_swa: tuple[bool, ...]
+    n_ctx_train: int
+    n_vocab: int
+    tied_output: bool
+    tensors: tuple[PlacedTensor, ...]
+    n_ff: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    #: MLA (DeepSeek-V2 style): the cache holds one compressed latent per token as K, no V.
+    mla: bool = False
+    kv_lora_rank: int = 0
+    head_k_mla: int = 0
+    #: Recurrent blocks (fixed-size state instead of KV) and their state sizes in float32 values.
+    is_recurrent: tuple[bool, ...] = ()
+    n_embd_r: int = 0
+    n_embd_s: int = 0
+    #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
+    attn_out_dim: int = 0
+
+    @property
+    def q_dim(self) -> int:
+        """Query elements per token (largest layer): heads × key head size (MLA's own for MLA)."""
+        return max(self.n_head) * (self.head_k_mla or self.head_k)
+
+    @property
+    def layer_bytes(self) -> tuple[int, ...]:
+        """Bytes of each block's tensors."""
+        sizes = [0] * self.n_layer
+        for tensor in self.tensors:
+            if 0 <= tensor.layer < self.n_layer:
+                sizes[tensor.layer] += tensor.n_bytes
+        return tuple(sizes)
+
+    @property
+    def token_embd_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors if t.layer == -1)
+
+    @property
+    def output_layer_bytes(self) -> int:
+        """The output layer's own tensors (output projection when untied, output norm …)."""
+        return sum(t.n_bytes for t in self.tensors if t.layer == self.n_layer)
+
+    def n_embd_k_gqa(self, il: int) -> int:
+        """K elements per token in layer ``il`` (head size × KV heads)."""
+        return self.head_k * self.n_head_kv[il]
+
+    def n_embd_v_gqa(self, il: int) -> int:
+        """V elements per token in layer ``il`` (none for MLA: V is read from the latent)."""
+        return 0 if self.mla else self.head_v * self.n_head_kv[il]
+
+
+def _per_layer(value: object, n_layer: int, key: str, source: str) -> tuple[int, ...]:
+    if isinstance(value, list):
+        if len(value) < n_layer or not all(isinstance(v, int) for v in value):
+            raise HeaderError(source, 0, f"{key} has {len(value)} entries for {n_layer} layers")
+        return tuple(int(v) for v in value[:n_layer])
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,) * n_layer
+    raise HeaderError(source, 0, f"{key} is missing or not an integer")
+
+
+def _swa_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_swa: int) -> tuple[bool, ...]:
+    if n_swa <= 0:
+        return (False,) * n_layer
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):
+        return tuple(bool(v) for v in pattern[:n_layer]) + (False,) * max(0, n_layer - len(pattern))
+    period, dense_first = SWA_DEFAULT_PATTERNS.get(arch, (0, False))
+    if isinstance(pattern, int) and not isinstance(pattern, bool):
+        period = pattern
+    if period == 0:
+        return (True,) * n_layer
+    if dense_first:
+        return tuple(il % period != 0 for il in range(n_layer))
+    return tuple(il % period < period - 1 for il in range(n_layer))
+
+
+def _place(headers: Sequence[GGUFHeader], n_layer: int) -> tuple[PlacedTensor, ...]:
+    placed = []
+    for shard, header in enumerate(headers):
+        for tensor in header.tensors:
+            match = _BLOCK_RE.match(tensor.name)
+            if match and int(match.group(1)) < n_layer:
+                layer = int(match.group(1))
+            elif tensor.name.startswith("token_embd."):
+                layer = -1
+            else:
+                layer = n_layer
+            placed.append(PlacedTensor(tensor.name, layer, shard, tensor.offset, tensor.n_bytes))
+    return tuple(placed)
+
+
+def _recurrent_facts(metadata: Mapping[str, object], arch: str, n_layer: int, n_embd: int, n_head_kv: tuple[int, ...]) -> tuple[tuple[bool, ...], int, int]:
+    """(which blocks are recurrent, n_embd_r, n_embd_s): LFM2's short-convolution blocks (no
+    KV heads) keep n_embd × (l_cache − 1) float32 values; nothing else is recurrent here."""
+    if arch not in _SHORTCONV_ARCHS:
+        return (False,) * n_layer, 0, 0
+    l_cache = metadata.get(f"{arch}.shortconv.l_cache", 0)
+    return tuple(heads == 0 for heads in n_head_kv), n_embd * max(int(l_cache) - 1, 0) if isinstance(l_cache, int) else 0, 0
+
+
+def _int(metadata: Mapping[str, object], key: str, default: int | None = None) -> int:
+    value = metadata.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise KeyError(key)
+    return value
+
+
+def _refuse_unmodelled(metadata: Mapping[str, object], arch: str, source: str) -> None:
+    """Refuse a cache design the estimator does not model yet, rather than guess it.
+
+    Raises:
+        UnsupportedModelError: the header declares one (recurrent, linear-attention state).
+    """
+    unmodelled = sorted(
+        {
+            key.split(".", 1)[1]
+            for key in metadata
+            if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS) and not (arch in _SHORTCONV_ARCHS and ".shortconv." in key)
+        }
+    )
+    if unmodelled:
+        raise UnsupportedModelError(
+            f"{source}: {arch} keeps a recurrent or linear-attention state ({', '.join(unmodelled[:3])}) that the estimator does not model yet",
+            hint="tierlocal inspect shows its header; measure with llama-server (-lv 4 prints every buffer)",
+        )
+
+
+def _number(metadata: Mapping[str, object], key: str, default: object = 0) -> int:
+    """``int()`` of a metadata value (``default`` when absent; 0 when empty)."""
+    return int(metadata.get(key, default) or 0)  # type: ignore[call-overload]
+
+
+def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
+    """Derive the ModelSpec of one model from its header(s).
+
+    Raises:
+        HeaderError: a fact the estimate needs is missing or inconsistent.
+    """
+    metadata, tensors = merge_split(headers)
+    source = headers[0].source
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise HeaderError(source, 0, "general.architecture is missing")
+    _refuse_unmodelled(metadata, arch, source)
+    try:
+        n_layer = _int(metadata, f"{arch}.block_count")
+        n_embd = _int(metadata, f"{arch}.embedding_length")
+        n_ctx_train = _int(metadata, f"{arch}.context_length")
+    except KeyError as exc:
+        raise HeaderError(source, 0, f"{exc.args[0]} is missing", hint="the estimate needs it; is this a language model?") from None
+    n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
+    n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
+    max_heads = max(n_head) or 1
+    head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
+    head_v = metadata.get(f"{arch}.attention.value_length", head_k)
+    n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
+    n_ff = metadata.get(f"{arch}.feed_forward_length", 0)
+    n_ff = max(n_ff) if isinstance(n_ff, list) and n_ff else n_ff
+    is_recurrent, n_embd_r, n_embd_s = _recurrent_facts(metadata, arch, n_layer, n_embd, n_head_kv)
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
+    return ModelSpec(
+        architecture=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_k=int(head_k),  # type: ignore[call-overload]
+        head_v=int(head_v),  # type: ignore[call-overload]
+        n_swa=int(n_swa),  # type: ignore[call-overload]
+        is_swa=_swa_layers(metadata, arch, n_layer, int(n_swa)),  # type: ignore[call-overload]
+        n_ctx_train=n_ctx_train,
+        n_vocab=int(n_vocab),
+        tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
+        tensors=_place(headers, n_layer),
+        n_ff=int(n_ff) if isinstance(n_ff, int) else 0,
+        n_expert=_number(metadata, f"{arch}.expert_count"),
+        n_expert_used=_number(metadata, f"{arch}.expert_used_count"),
+        n_ff_exp=_number(metadata, f"{arch}.expert_feed_forward_length"),
+        mla=f"{arch}.attention.kv_lora_rank" in metadata and f"{arch}.attention.key_length_mla" in metadata,
+        kv_lora_rank=_number(metadata, f"{arch}.attention.kv_lora_rank"),
+        head_k_mla=_number(metadata, f"{arch}.attention.key_length_mla"),
+        is_recurrent=is_recurrent,
+        n_embd_r=n_embd_r,
+        n_embd_s=n_embd_s,
+        attn_out_dim=max(n_head) * _number(metadata, f"{arch}.attention.value_length_mla", head_v),
+    )

@@ -1,0 +1,218 @@
+"""One GGUF model planned on one machine (``tierlocal check SOURCE``, ``serve``): the
+per-device estimate, the verdict, the decode speed, a cache-type suggestion, and the run as
+each engine takes it. Pure: the headers and the machine come in as arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..catalog import HostDefaults
+from ..engines.flags import planned_command
+from ..engines.ollama import OllamaSettings, ollama_settings
+from ..errors import UsageError
+from ..gguf import GGUFHeader, summarize
+from ..hardware.types import Hardware
+from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
+from .model import model_spec
+from .speed import DecodeSpeed, decode_speed
+
+__all__ = ["SourceCheck", "CacheSuggestion", "check_source", "machine_for", "parse_ctx", "parse_parallel"]
+
+
+@dataclass(frozen=True)
+class CacheSuggestion:
+    """q8_0 K and V (with flash attention, which they need) when they change the answer: the
+    context and layers on the GPU they give, and whether that fits."""
+
+    ctx: int
+    layers_offloaded: int
+    fits: bool
+    cache_type_k: str = "q8_0"
+    cache_type_v: str = "q8_0"
+    flash_attn: str = "on"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "cache_type_k": self.cache_type_k,
+            "cache_type_v": self.cache_type_v,
+            "flash_attn": self.flash_attn,
+            "ctx": self.ctx,
+            "layers_offloaded": self.layers_offloaded,
+            "fits": self.fits,
+        }
+
+
+@dataclass(frozen=True)
+class SourceCheck:
+    """A planned run of one model: the estimate (None when nothing fits), what it came from,
+    and how it is run. ``host_only``: a machine with a GPU planned on the CPU alone."""
+
+    source: str
+    architecture: str
+    params: int
+    file_bytes: int
+    estimate: RunEstimate | None
+    reason: str | None
+    command: list[str]
+    ollama: OllamaSettings | None
+    speed: DecodeSpeed | None
+    suggestion: CacheSuggestion | None
+    host_only: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
+        estimate = self.estimate
+        payload: dict[str, object] = {
+            "model": {
+                "source": self.source,
+                "architecture": self.architecture,
+                "params": self.params,
+                "layers": estimate.layers_total - 1 if estimate else None,
+                "file_bytes": self.file_bytes,
+            },
+            "fits": bool(estimate and estimate.fits),
+            "reason": self.reason,
+        }
+        if estimate is None:
+            return payload
+        request, params = estimate.request, estimate.params
+        payload["request"] = {
+            "ctx": params.n_ctx_padded,
+            "ctx_per_slot": params.n_ctx_seq,
+            "parallel": params.n_seq_max,
+            "kv_unified": params.kv_unified,
+            "ngl": request.ngl,
+            "n_cpu_moe": request.n_cpu_moe or 0,
+            "cache_type_k": request.cache_type_k,
+            "cache_type_v": request.cache_type_v,
+            "flash_attn": "on" if request.flash_attn else "off",
+            "n_ubatch": request.n_ubatch,
+        }
+        payload["devices"] = [device.to_json() for device in estimate.devices]
+        payload["layers_offloaded"] = estimate.layers_offloaded
+        payload["layers_total"] = estimate.layers_total
+        payload["est_decode_tokens_per_s"] = None if estimate.est_decode_tokens_per_s is None else round(estimate.est_decode_tokens_per_s, 1)
+        payload["speed"] = self.speed.to_json() if self.speed else {}
+        payload["command"] = self.command
+        payload["ollama"] = self.ollama.to_json() if self.ollama else {}
+        payload["suggestion"] = self.suggestion.to_json() if self.suggestion else None
+        return payload
+
+
+def parse_ctx(text: str) -> int | None:
+    """``--ctx``: tokens, or ``max`` (None) to solve for the largest that fits."""
+    if text == "max":
+        return None
+    if not text.isdigit() or not 256 <= int(text) <= 1 << 24:
+        raise UsageError(f"--ctx {text!r} is not a context size", hint="give tokens (256 to 16777216) or 'max'")
+    return int(text)
+
+
+def parse_parallel(text: str) -> int | str | None:
+    """``--parallel``: slots, ``auto`` (llama-server's 4 unified slots: None) or ``max``."""
+    if text in ("max",):
+        return "max"
+    if text == "auto":
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise UsageError(f"--parallel {text!r} is not a slot count", hint="give 1 to 256, 'auto' or 'max'")
+    return int(text)
+
+
+def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
+    """The largest GPU (or none) and the host, with the planning assumptions."""
+    gpu = max(hardware.gpus, key=lambda device: device.free_bytes) if hardware.gpus else None
+    return Machine(
+        gpu_name=gpu.name if gpu else None,
+        gpu_backend=gpu.backend if gpu else None,
+        gpu_total_bytes=gpu.total_bytes if gpu else 0,
+        gpu_free_bytes=gpu.free_bytes if gpu else 0,
+        gpu_bandwidth=gpu.bandwidth_bytes_per_s if gpu else None,
+        host_total_bytes=hardware.ram_total_bytes,
+        host_free_bytes=hardware.ram_available_bytes,
+        host_bandwidth=host.assumed_ram_bandwidth_bytes_per_s,
+        gpu_overhead_bytes=host.gpu_runtime_overhead_bytes if gpu else 0,
+        margin_bytes=host.fit_margin_bytes,
+        max_tensor_bytes=gpu.max_tensor_bytes if gpu else None,
+    )
+
+
+def _cache_suggestion(estimate: RunEstimate, plan: Callable[[RunRequest], RunEstimate | None]) -> CacheSuggestion | None:
+    """q8_0 K and V (which need flash attention) when they change the answer: more layers on
+    the GPU, a fit where f16 does not, or a longer context."""
+    request = estimate.request
+    if request.cache_type_k != "f16" or request.cache_type_v != "f16":
+        return None
+    quantised = plan(replace(request, cache_type_k="q8_0", cache_type_v="q8_0", flash_attn=True, ngl=None, n_cpu_moe=None))
+    if quantised is None:
+        return None
+    better = (
+        (quantised.fits and not estimate.fits)
+        or quantised.layers_offloaded > estimate.layers_offloaded
+        or quantised.params.n_ctx_padded > estimate.params.n_ctx_padded
+    )
+    if not better:
+        return None
+    return CacheSuggestion(quantised.params.n_ctx_padded, quantised.layers_offloaded, quantised.fits)
+
+
+def check_source(
+    source: str,
+    headers: list[GGUFHeader],
+    machine: Machine,
+    *,
+    ctx: int | None,
+    parallel: int | str | None,
+    request: RunRequest,
+) -> SourceCheck:
+    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``."""
+    spec = model_spec(headers)
+    summary = summarize(headers)
+    slots = None if isinstance(parallel, str) else parallel  # "max" is solved for below
+    reason: str | None
+    if parallel == "max":
+        base, reason = replace(request, ctx=ctx or 4096, parallel=1), "not even one slot fits"
+    elif ctx is None:
+        base, reason = replace(request, parallel=slots), "not even 256 tokens of context fit"
+    else:
+        base, reason = replace(request, ctx=ctx, parallel=slots), "it needs more memory than the machine has free"
+
+    def planner(target: Machine) -> Callable[[RunRequest], RunEstimate | None]:
+        def plan(r: RunRequest) -> RunEstimate | None:
+            if parallel == "max":
+                return max_parallel(spec, r, target)
+            if ctx is None:
+                return max_context(spec, r, target)
+            return plan_run(spec, r, target)
+
+        return plan
+
+    plan = planner(machine)
+    estimate = plan(base)
+    host_only = False
+    if (estimate is None or not estimate.fits) and machine.gpu_name is not None and not request.ngl:
+        # A GPU too small even for its compute buffer and runtime: run on the CPU alone
+        # (llama-server's -dev none), rather than call a model that fits in RAM unfit.
+        cpu_machine = replace(
+            machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None
+        )
+        fallback = planner(cpu_machine)(base)
+        if fallback is not None and fallback.fits:
+            estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
+    if estimate is not None and estimate.fits:
+        reason = None
+    model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
+    return SourceCheck(
+        source=source,
+        architecture=spec.architecture,
+        params=summary.params,
+        file_bytes=summary.file_bytes,
+        estimate=estimate,
+        reason=reason,
+        command=planned_command(model_path, estimate, host_only=host_only) if estimate else [],
+        ollama=ollama_settings(estimate) if estimate else None,
+        speed=decode_speed(estimate, machine) if estimate else None,
+        suggestion=_cache_suggestion(estimate, plan) if estimate else None,
+        host_only=host_only,
+    )

@@ -1,0 +1,121 @@
+"""Did the load do what the plan said? The plan (RunEstimate) against the LoadReport: layers
+offloaded, context and slots, and per-device memory within the estimator's stated error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engines.loadlog import LoadReport
+from .estimate import RunEstimate
+
+__all__ = ["DeviceDelta", "Verification", "verify_load", "TOTAL_TOLERANCE", "TOTAL_TOLERANCE_BYTES"]
+
+#: Per-device totals the estimator promises (bench/estimate_accuracy.py: within ±5%).
+TOTAL_TOLERANCE = 0.05
+#: Below this difference (bytes) a device total is never called a mismatch: llama.cpp rounds
+#: buffers, and small devices make percentages jumpy.
+TOTAL_TOLERANCE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DeviceDelta:
+    """Planned and actual bytes on one device (weights + KV/state + compute + output)."""
+
+    name: str
+    planned_bytes: int
+    actual_bytes: int
+
+    @property
+    def error(self) -> float | None:
+        return (self.planned_bytes - self.actual_bytes) / self.actual_bytes if self.actual_bytes else None
+
+    @property
+    def within_tolerance(self) -> bool:
+        return abs(self.planned_bytes - self.actual_bytes) <= max(TOTAL_TOLERANCE * self.actual_bytes, TOTAL_TOLERANCE_BYTES)
+
+
+@dataclass
+class Verification:
+    """The comparison; ``problems`` are mismatches, ``warnings`` include a spill to RAM."""
+
+    layers_planned: int
+    layers_actual: int
+    n_ctx_planned: int
+    n_ctx_actual: int | None
+    slots_planned: int
+    slots_actual: int | None
+    devices: list[DeviceDelta] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, object]:
+        """The documented ``delta`` object: actual − planned layers and context, per-device
+        bytes with the relative error, and the verdict."""
+        return {
+            "layers": self.layers_actual - self.layers_planned,
+            "n_ctx": None if self.n_ctx_actual is None else self.n_ctx_actual - self.n_ctx_planned,
+            "devices": [
+                {"name": d.name, "planned_bytes": d.planned_bytes, "actual_bytes": d.actual_bytes, "error": None if d.error is None else round(d.error, 4)}
+                for d in self.devices
+            ],
+            "verified": self.ok,
+            "problems": self.problems,
+            "warnings": self.warnings,
+        }
+
+
+def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callable[[int], float | None] | None = None) -> Verification:
+    """Compare; ``speed_for_ngl`` estimates decode tokens/s for a given -ngl (for the warning
+    when fewer layers than planned landed on the GPU)."""
+    params = plan.params
+    layers_actual = report.layers_offloaded or 0
+    result = Verification(
+        layers_planned=plan.layers_offloaded,
+        layers_actual=layers_actual,
+        n_ctx_planned=params.n_ctx_padded,
+        n_ctx_actual=report.n_ctx,
+        slots_planned=params.n_seq_max,
+        slots_actual=report.n_slots,
+    )
+    if layers_actual != plan.layers_offloaded:
+        result.problems.append(f"planned {plan.layers_offloaded} layers on the GPU, llama.cpp offloaded {layers_actual}")
+        if layers_actual < plan.layers_offloaded:
+            spilled = plan.layers_offloaded - layers_actual
+            planned_speed = plan.est_decode_tokens_per_s
+            actual_speed = speed_for_ngl(layers_actual) if speed_for_ngl else None
+            expect = f": expect ~{actual_speed:.1f} tok/s instead of ~{planned_speed:.1f}" if planned_speed and actual_speed else ""
+            result.warnings.append(f"{spilled} layers run from system RAM{expect}")
+    if report.n_ctx is not None and report.n_ctx != params.n_ctx_padded:
+        result.problems.append(f"planned a context of {params.n_ctx_padded} tokens, llama.cpp made {report.n_ctx}")
+    if report.n_slots is not None and report.n_slots != params.n_seq_max:
+        result.problems.append(f"planned {params.n_seq_max} slots, llama-server made {report.n_slots}")
+    gpu_planned = [device for device in plan.devices if device.backend != "cpu"]
+    gpu_actual = report.gpu_buffers()
+    if gpu_planned and gpu_actual:
+        device = gpu_planned[0]
+        planned = device.weights_bytes + device.kv_bytes + device.compute_bytes + device.output_bytes
+        actual = sum(sizes.total for sizes in gpu_actual.values())
+        result.devices.append(DeviceDelta(", ".join(sorted(gpu_actual)), planned, actual))
+    host_planned = next(device for device in plan.devices if device.backend == "cpu")
+    host_actual = report.host_bytes()
+    result.devices.append(
+        DeviceDelta(
+            "host",
+            host_planned.weights_bytes + host_planned.kv_bytes + host_planned.compute_bytes + host_planned.output_bytes,
+            host_actual.total,
+        )
+    )
+    for delta in result.devices:
+        if not delta.within_tolerance and delta.error is not None:
+            message = (
+                f"{delta.name}: planned {delta.planned_bytes / 2**20:.0f} MiB, llama.cpp allocated {delta.actual_bytes / 2**20:.0f} MiB ({delta.error:+.1%})"
+            )
+            # The host side is reported, not failed: the CPU backend's repacked weight copies
+            # (CPU_REPACK) are not in the estimate yet.
+            (result.warnings if delta.name == "host" else result.problems).append(message)
+    return result

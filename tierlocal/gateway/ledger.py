@@ -1,0 +1,115 @@
+"""The gateway's books: a budgeted request's worst case reserved before it is sent, the
+reservation replaced by what the upstream's ``usage`` says it cost, one usage row per request,
+and the spend, token and latency metrics that follow. The store is called on one worker thread
+(SQLite has one writer; a Redis call would block the event loop too)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from ..tiers.arithmetic import ApiPrices
+from . import protocol
+from .config import GatewayConfig, Route, Target, User
+from .metrics import Metrics
+from .pricing import Usage, cost_usd
+from .store import Store, UsageRecord
+from .wire import Exchange, Reject
+
+__all__ = ["Ledger"]
+
+log = logging.getLogger("tierlocal.gateway")
+_T = TypeVar("_T")
+
+
+class Ledger:
+    """Reservations, settlement and usage rows for one gateway process."""
+
+    def __init__(self, config: GatewayConfig, store: Store, metrics: Metrics, secrets: tuple[str, ...]) -> None:
+        self.config, self.store, self.metrics, self.secrets = config, store, metrics, secrets
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-store")
+
+    async def call(self, function: Callable[..., _T], *args: object) -> _T:
+        """``function(*args)`` on the store's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, function, *args)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
+
+    def price(self, route: Route, target: Target) -> ApiPrices | None:
+        """USD per million tokens for ``target`` (by its model, else the route's)."""
+        return self.config.prices.get(target.model) or self.config.prices.get(route.model)
+
+    def redact(self, data: bytes, route: Route) -> str:
+        """A body as stored: its first bytes, without keys, bearer tokens or account ids."""
+        cap = route.max_stored_body_bytes
+        return protocol.sanitise(data[:cap].decode("utf-8", "replace"), self.secrets, limit=cap)
+
+    async def reserve(self, user: User, route: Route, input_bound: int, output_bound: int) -> int:
+        """Hold the request's worst case (every hosted target's price at these token bounds).
+
+        Raises:
+            Reject: a hosted target has no price (403), or the budget would be exceeded (429).
+        """
+        worst = 0.0
+        for target in route.targets:
+            if not target.hosted:
+                continue
+            prices = self.price(route, target)
+            if prices is None:
+                raise Reject(
+                    403, f"no price for {target.model!r}, so a request by a user with a budget cannot be costed: add [prices.\"{target.model}\"] to the gateway's config",
+                    "permission_error", "price_unknown", should_retry=False,
+                )  # fmt: skip
+            worst = max(worst, cost_usd(prices, Usage(input_bound, 0, output_bound)))
+        assert user.budget_usd is not None
+        reservation = await self.call(self.store.reserve, user.name, worst, user.budget_usd, user.budget_period)
+        if reservation is None:
+            spent = await self.call(self.store.spent, user.name, user.budget_period)
+            self.metrics.requests.labels(route.model, "429").inc()
+            raise Reject(
+                429, f"budget reached for user {user.name!r}: ${spent:.4f} of ${user.budget_usd:.2f} this {user.budget_period} is spent or held, and this request may cost up to ${worst:.4f}",
+                "insufficient_quota", "budget_exceeded", should_retry=False,
+            )  # fmt: skip
+        return reservation
+
+    async def settle(self, exchange: Exchange, reservation: int | None) -> None:
+        """Replace the reservation by the request's cost, write its usage row, count it."""
+        route, state = exchange.route, exchange.target
+        usage = exchange.usage or Usage()
+        prices = None if state is None or not state.target.hosted else self.price(route, state.target)
+        cost = 0.0 if prices is None else cost_usd(prices, usage)
+        reason = ",".join(exchange.reasons) or None
+        if exchange.usage_estimated:
+            reason = f"{reason or ''},usage_estimated".lstrip(",")
+        latency_ms = (time.monotonic() - exchange.started) * 1000
+        model = state.target.model if state is not None and state.target.hosted else route.model
+        record = UsageRecord(
+            exchange.user.name, model, route.model, "" if state is None else state.label, exchange.status,
+            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason, exchange.request_id,
+            exchange.request_body, self.redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
+        )  # fmt: skip
+        await self.call(self.store.settle, reservation, record)
+        if exchange.user.budget_usd is not None:
+            spent = await self.call(self.store.spent, exchange.user.name, exchange.user.budget_period)
+            self.metrics.budget_remaining.labels(exchange.user.name).set(max(exchange.user.budget_usd - spent, 0.0))
+        self._count(exchange, usage, cost, latency_ms, reason)
+
+    def _count(self, exchange: Exchange, usage: Usage, cost: float, latency_ms: float, reason: str | None) -> None:
+        route, state = exchange.route, exchange.target
+        self.metrics.requests.labels(route.model, str(exchange.status)).inc()
+        self.metrics.latency.labels(route.model).observe(latency_ms / 1000)
+        for kind, count in (("prompt", usage.prompt_tokens), ("cached", usage.cached_tokens), ("completion", usage.completion_tokens)):
+            if count:
+                self.metrics.tokens.labels(route.model, kind).inc(count)
+        if cost:
+            self.metrics.spend.labels(route.model).inc(cost)
+        log.info(
+            "user=%s model=%s target=%s status=%d attempts=%d fallback=%s prompt=%d cached=%d completion=%d cost_usd=%.6f latency_ms=%.0f",
+            exchange.user.name, route.model, "-" if state is None else state.label, exchange.status, exchange.attempts, reason or "-",
+            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms,
+        )  # fmt: skip

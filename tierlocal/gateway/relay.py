@@ -1,0 +1,202 @@
+"""One attempt on one upstream target: the request as the upstream takes it (its model id, its
+key, usage always asked for), the upstream's error classified (fall back, or pass on), and a
+200 relayed — whole, or as a stream event by event.
+
+Until a stream's first event reaches the client an upstream failure still falls back; after
+that, a failure ends the stream with exactly one error frame and ``data: [DONE]`` — nothing from
+another upstream is spliced in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from . import protocol
+from .backends import TargetState
+from .config import GatewayConfig
+from .ledger import Ledger
+from .metrics import Metrics
+from .pricing import usage_from
+from .wire import AttemptFailed, Exchange, Reject, event_data, event_error, forward_batch, json_or_none, read_bounded, response_id, sse_batches
+
+__all__ = ["Relay", "MAX_RESPONSE_BYTES", "MAX_ERROR_BYTES"]
+
+log = logging.getLogger("tierlocal.gateway")
+
+#: Longest upstream response body read whole (non-streaming), in bytes.
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: Longest upstream error body read, in bytes.
+MAX_ERROR_BYTES = 64 * 1024
+
+
+class Relay:
+    """Attempts on upstream targets, over the gateway's one client session (set at start-up)."""
+
+    def __init__(self, config: GatewayConfig, metrics: Metrics, ledger: Ledger) -> None:
+        self.config, self.metrics, self.ledger = config, metrics, ledger
+        self.session: aiohttp.ClientSession | None = None
+
+    def _upstream_request(self, body: dict[str, object], exchange: Exchange, state: TargetState) -> tuple[bytes, dict[str, str]]:
+        upstream = dict(body)
+        upstream["model"] = state.target.model
+        if exchange.stream:
+            options = upstream.get("stream_options")
+            upstream["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}  # always priced from usage
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if exchange.stream else "application/json"}
+        if state.key is not None:
+            headers["Authorization"] = f"Bearer {state.key}"
+        return json.dumps(upstream, ensure_ascii=False).encode(), headers
+
+    async def attempt(
+        self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, state: TargetState, reservation: int | None
+    ) -> web.StreamResponse:
+        """One attempt on ``state``'s target: its answer relayed (and settled), or the
+        client's error passed on.
+
+        Raises:
+            AttemptFailed: nothing reached the client; the next target may be tried.
+            Reject: an error that is not retried (it goes back to the client).
+        """
+        assert self.session is not None
+        payload, headers = self._upstream_request(body, exchange, state)
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.config.server.upstream_timeout_s)
+        state.in_flight += 1
+        self.metrics.in_flight.labels(state.label).set(state.in_flight)
+        started = time.monotonic()
+        try:
+            try:
+                upstream = await self.session.post(state.target.url + endpoint, data=payload, headers=headers, timeout=timeout, allow_redirects=False)
+            except TimeoutError:
+                self.metrics.upstream.labels(state.label, "timeout").inc()
+                raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "timeout"), "no answer in time") from None
+            except aiohttp.ClientError as exc:
+                self.metrics.upstream.labels(state.label, "connect_error").inc()
+                raise AttemptFailed(
+                    protocol.Verdict(True, self.config.server.error_cooldown_s, "connect_error"), self._clean(str(exc) or type(exc).__name__)
+                ) from None
+            self.metrics.first_byte.labels(state.label).observe(time.monotonic() - started)
+            async with upstream:
+                if upstream.status != 200:
+                    return await self._upstream_error(upstream, exchange, state, reservation)
+                self.metrics.upstream.labels(state.label, "ok").inc()
+                if exchange.stream:
+                    return await self._relay_stream(request, upstream, exchange, state, reservation)
+                return await self._relay_whole(upstream, exchange, state, reservation)
+        finally:
+            state.in_flight -= 1
+            self.metrics.in_flight.labels(state.label).set(state.in_flight)
+
+    def _clean(self, text: str) -> str:
+        return protocol.sanitise(text, self.ledger.secrets)
+
+    async def _upstream_error(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
+        try:
+            error_bytes, _more = await read_bounded(upstream.content, MAX_ERROR_BYTES)
+        except (TimeoutError, aiohttp.ClientError):
+            error_bytes = b""
+        type_, message, code = protocol.upstream_error_fields(error_bytes)
+        message = self._clean(message)
+        verdict = protocol.classify(
+            upstream.status, type_, message, code, {k.lower(): v for k, v in upstream.headers.items()}, self.config.server.error_cooldown_s
+        )
+        self.metrics.upstream.labels(state.label, str(upstream.status)).inc()
+        if verdict.fall_back:
+            raise AttemptFailed(verdict, f"HTTP {upstream.status} {type_ or code or ''}: {message}".strip())
+        if upstream.status in (401, 403):
+            message = f"the upstream for {exchange.route.model!r} refused the gateway's own key ({message or upstream.status}); tell the gateway's operator"
+        exchange.target = state
+        raise Reject(upstream.status, message or f"upstream answered HTTP {upstream.status}", type_ or "invalid_request_error", code, should_retry=False)
+
+    async def _relay_whole(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.Response:
+        try:
+            data, more = await read_bounded(upstream.content, MAX_RESPONSE_BYTES)
+            if more:
+                raise AttemptFailed(protocol.Verdict(True, 0.0, "response_too_large"), f"more than {MAX_RESPONSE_BYTES} bytes")
+            document = json.loads(data)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+        except (ValueError, UnicodeDecodeError):
+            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON") from None
+        exchange.target, exchange.status = state, 200
+        exchange.usage = usage_from(document)
+        exchange.request_id = response_id(document)
+        exchange.keep_response(data)
+        await self.ledger.settle(exchange, reservation)  # recorded before the client has the answer
+        return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
+
+    async def _relay_stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None
+    ) -> web.StreamResponse:
+        batches = sse_batches(upstream)
+        batch = await self._first_batch(batches)  # until the first event reaches the client, a failure still falls back
+        exchange.target, exchange.status = state, 200
+        exchange.request_id = response_id(json_or_none(event_data(batch[0]) or b""))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})
+        await response.prepare(request)
+        try:
+            failure = await self._forward(response, batches, batch, exchange)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            # The client went away: stop the upstream (closing it cancels generation) and
+            # charge what we know.
+            exchange.status = 499
+            exchange.reasons.append("client_disconnected")
+            exchange.estimate_usage()
+            await self.ledger.settle(exchange, reservation)
+            return response
+        if failure is not None:
+            exchange.status = 502
+            exchange.reasons.append("stream_cut")
+            self.metrics.upstream.labels(state.label, "stream_cut").inc()
+            log.warning("stream for %s on %s broke after %d events: %s", exchange.route.model, state.label, exchange.content_events, failure)
+            exchange.estimate_usage()
+        await self.ledger.settle(exchange, reservation)  # recorded before the client sees the end
+        try:
+            if failure is not None:
+                frame = protocol.error_body(f"the upstream stream broke: {failure}", "upstream_error", "stream_interrupted")
+                await response.write(b"data: " + json.dumps(frame).encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass
+        return response
+
+    async def _first_batch(self, batches: AsyncIterator[list[bytes]]) -> list[bytes]:
+        """The stream's first events, unless it broke, ended or opened with an error.
+
+        Raises:
+            AttemptFailed: any of those (the next target is tried).
+        """
+        cooldown = self.config.server.error_cooldown_s
+        try:
+            batch = await anext(batches, None)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            raise AttemptFailed(protocol.Verdict(True, cooldown, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+        if batch is None:
+            raise AttemptFailed(protocol.Verdict(True, cooldown, "dropped"), "the stream ended before its first event")
+        in_band = event_error(batch[0])
+        if in_band is not None:
+            raise AttemptFailed(protocol.Verdict(True, cooldown, "stream_error"), self._clean(in_band))
+        return batch
+
+    async def _forward(self, response: web.StreamResponse, batches: AsyncIterator[list[bytes]], batch: list[bytes] | None, exchange: Exchange) -> str | None:
+        """Relay batches until ``[DONE]``; the events that arrived together leave together.
+        Returns why the upstream stream broke, or None when it ended properly."""
+        while batch is not None:
+            out, done, failure = forward_batch(batch, exchange, self._clean)
+            if out:
+                chunk = b"".join(out)
+                exchange.keep_response(chunk)
+                await response.write(chunk)
+            if done or failure is not None:
+                return failure
+            try:
+                batch = await anext(batches, None)
+            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+                return self._clean(str(exc) or type(exc).__name__) or "the upstream connection broke"
+        return "the upstream ended the stream without [DONE]"

@@ -1,0 +1,127 @@
+"""What every gateway store holds and promises, whichever database keeps it: the records, the
+key format and hashing, budget periods, and the Store protocol the server is written against.
+Imports neither store, so both can import it."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from ..config import User
+
+__all__ = [
+    "KEY_PREFIX",
+    "MAX_KEY_CHARS",
+    "RESERVATION_TTL_S",
+    "KeyInfo",
+    "UsageRecord",
+    "SharedLimiter",
+    "Store",
+    "hash_key",
+    "looks_like_key",
+    "new_key",
+    "period_start",
+]
+
+#: Every gateway key starts with this, so a leaked one is recognisable.
+KEY_PREFIX = "tlk-"
+#: Longest string ever looked up as a key (characters).
+MAX_KEY_CHARS = 200
+#: Seconds after which an unsettled reservation (its process died) stops counting.
+RESERVATION_TTL_S = 15 * 60
+#: Characters of a key that may be shown (``keys list``, revoking by prefix).
+SHOWN_PREFIX_CHARS = 10
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """A stored key as it may be shown: its first characters, never the key. Times in seconds
+    since the epoch."""
+
+    user: str
+    shown_prefix: str
+    created: float
+    revoked: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"user": self.user, "prefix": self.shown_prefix, "created": self.created, "revoked": self.revoked}
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One finished request. Tokens as the upstream's ``usage`` reported them; cost in USD."""
+
+    user: str
+    model: str
+    route: str
+    target: str
+    status: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float = 0.0
+    fallback_reason: str | None = None
+    #: The upstream's response id (``chatcmpl-…``), when it gave one.
+    request_id: str | None = None
+    #: Only for routes with store_bodies: the first bytes of each, redacted.
+    request_body: str | None = None
+    response_body: str | None = None
+
+
+def new_key() -> str:
+    """A fresh gateway key (shown once; only its hash is stored)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> str:
+    """What a store keeps of a key: its sha256, hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def looks_like_key(key: str) -> bool:
+    """Whether ``key`` has a gateway key's form (anything else is not looked up)."""
+    return key.startswith(KEY_PREFIX) and len(key) <= MAX_KEY_CHARS
+
+
+def period_start(period: str, now: float | None = None) -> float:
+    """The start (UTC, seconds since the epoch) of the budget period containing ``now``."""
+    moment = datetime.fromtimestamp(time.time() if now is None else now, UTC)
+    midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        start = midnight
+    elif period == "week":
+        start = midnight - timedelta(days=midnight.weekday())
+    elif period == "month":
+        start = midnight.replace(day=1)
+    else:
+        raise ValueError(f"unknown period {period!r}")
+    return start.timestamp()
+
+
+class SharedLimiter(Protocol):
+    """Rate limits that several replicas share: ``admit`` gives a ticket or the seconds to
+    wait; each ticket is released once, with the tokens the request used."""
+
+    def admit(self, user: User, tokens: int, now: float) -> Any: ...
+    def release(self, ticket: Any, tokens_used: int | None) -> None: ...
+
+
+class Store(Protocol):
+    """What the gateway needs of its state: SQLite (sqlite.SqliteStore) or Redis (redis.RedisStore)."""
+
+    def close(self) -> None: ...
+    def shared_limiter(self) -> SharedLimiter | None: ...
+    def add_key(self, user: str) -> str: ...
+    def list_keys(self) -> list[KeyInfo]: ...
+    def revoke(self, user_or_prefix: str) -> int: ...
+    def authenticate(self, key: str) -> str | None: ...
+    def reserve(self, user: str, amount_usd: float, budget_usd: float, period: str) -> int | None: ...
+    def spent(self, user: str, period: str) -> float: ...
+    def settle(self, reservation_id: int | None, record: UsageRecord) -> None: ...
+    def first_usage_time(self) -> float | None: ...
+    def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]: ...

@@ -1,0 +1,209 @@
+"""The gateway's state in SQLite (WAL): gateway keys (only their sha256 is stored), budget
+reservations and usage records.
+
+A request's worst-case cost is reserved before it is sent, inside one ``BEGIN IMMEDIATE``
+transaction that also reads what the period has spent and holds, so no interleaving of
+requests — threads or processes — can overrun a budget; the reservation is replaced by the
+actual cost when the request ends. A reservation left by a process that died is still
+counted (fail closed) until it expires.
+
+The schema grows by numbered migrations (:data:`MIGRATIONS`); ``PRAGMA user_version`` records
+how many a database has had. Databases written before the numbering (user_version 0) may
+already hold some of what a step adds, so every step is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ...errors import UsageError
+from .base import RESERVATION_TTL_S, SHOWN_PREFIX_CHARS, KeyInfo, UsageRecord, hash_key, looks_like_key, new_key, period_start
+
+__all__ = ["SqliteStore", "MIGRATIONS", "migrate"]
+
+
+def _create_tables(db: sqlite3.Connection) -> None:
+    """1: keys (hashed), reservations, usage rows, and usage by user and time."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS keys (key_hash TEXT PRIMARY KEY, shown_prefix TEXT NOT NULL, user TEXT NOT NULL, created REAL NOT NULL, revoked REAL)"
+    )
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL, amount_usd REAL NOT NULL, created REAL NOT NULL)"
+    )
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS usage (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, user TEXT NOT NULL, model TEXT NOT NULL,"
+        " route TEXT NOT NULL, target TEXT NOT NULL, status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,"
+        " completion_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL, latency_ms REAL NOT NULL, fallback_reason TEXT)"
+    )
+    db.execute("CREATE INDEX IF NOT EXISTS usage_user_time ON usage (user, time)")
+
+
+def _usage_ids_and_bodies(db: sqlite3.Connection) -> None:
+    """2: each usage row keeps the upstream's response id and, for routes that store them,
+    the redacted request and response bodies."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for column in ("request_id", "request_body", "response_body"):
+        if column not in columns:
+            db.execute(f"ALTER TABLE usage ADD COLUMN {column} TEXT")
+
+
+#: The schema, step by step; a database at user_version N has had the first N.
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_tables, _usage_ids_and_bodies)
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Run the steps ``db`` has not had, each in its own transaction (so a process that dies
+    half-way leaves a database at a numbered version); returns the version it is at. A
+    database newer than this code is refused rather than written to.
+
+    Raises:
+        sqlite3.DatabaseError: its user_version is beyond :data:`MIGRATIONS`.
+    """
+    while True:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version > len(MIGRATIONS):
+                raise sqlite3.DatabaseError(f"the database is at schema version {version}; this tierlocal knows {len(MIGRATIONS)}")
+            if version == len(MIGRATIONS):
+                db.execute("COMMIT")
+                return version
+            MIGRATIONS[version](db)
+            db.execute(f"PRAGMA user_version = {version + 1}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+
+class SqliteStore:
+    """One SQLite database under the gateway's state directory (created 0700)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        """Open (or create) the database and bring its schema up to date.
+
+        Raises:
+            UsageError: it is not a database, or one written by a newer tierlocal.
+        """
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = state_dir / "gateway.sqlite3"
+        self._connection = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        os.chmod(self.path, 0o600)
+        try:
+            migrate(self._connection)  # first: a database it refuses is left as it was
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed row survives kill -9 (not power loss)
+        except sqlite3.DatabaseError as exc:
+            self._connection.close()
+            raise UsageError(f"{self.path}: {exc}", hint="upgrade tierlocal, or give the gateway another state_dir; nothing was changed") from None
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def shared_limiter(self) -> None:
+        """None: one process, whose own limiter (limits.py) is the whole truth."""
+        return None
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._connection
+        except BaseException:
+            self._connection.execute("ROLLBACK")
+            raise
+        self._connection.execute("COMMIT")
+
+    # --- keys ---------------------------------------------------------------------------------
+
+    def add_key(self, user: str) -> str:
+        """A new key for ``user``; the caller shows it once, only its hash is kept."""
+        key = new_key()
+        with self._transaction() as db:
+            db.execute("INSERT INTO keys VALUES (?, ?, ?, ?, NULL)", (hash_key(key), key[:SHOWN_PREFIX_CHARS], user, time.time()))
+        return key
+
+    def list_keys(self) -> list[KeyInfo]:
+        rows = self._connection.execute("SELECT user, shown_prefix, created, revoked FROM keys ORDER BY created").fetchall()
+        return [KeyInfo(*row) for row in rows]
+
+    def revoke(self, user_or_prefix: str) -> int:
+        """Revoke every live key of a user, or the key starting with a shown prefix."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE keys SET revoked = ? WHERE revoked IS NULL AND (user = ? OR shown_prefix = ?)",
+                (time.time(), user_or_prefix, user_or_prefix),
+            )
+            return cursor.rowcount
+
+    def authenticate(self, key: str) -> str | None:
+        """The user a live key belongs to, or None."""
+        if not looks_like_key(key):
+            return None
+        row = self._connection.execute("SELECT user FROM keys WHERE key_hash = ? AND revoked IS NULL", (hash_key(key),)).fetchone()
+        return None if row is None else str(row[0])
+
+    # --- budgets ------------------------------------------------------------------------------
+
+    def _committed(self, db: sqlite3.Connection, user: str, since: float, now: float) -> float:
+        spent = db.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE user = ? AND time >= ?", (user, since)).fetchone()[0]
+        held = db.execute("SELECT COALESCE(SUM(amount_usd), 0) FROM reservations WHERE user = ? AND created >= ?", (user, now - RESERVATION_TTL_S)).fetchone()[
+            0
+        ]
+        return float(spent) + float(held)
+
+    def reserve(self, user: str, amount_usd: float, budget_usd: float, period: str) -> int | None:
+        """Hold ``amount_usd`` (a request's worst case) if the period's spend plus what is held
+        stays within ``budget_usd``; returns the reservation id, or None when it would not."""
+        now = time.time()
+        with self._transaction() as db:
+            if self._committed(db, user, period_start(period, now), now) + amount_usd > budget_usd + 1e-12:
+                return None
+            return int(db.execute("INSERT INTO reservations (user, amount_usd, created) VALUES (?, ?, ?)", (user, amount_usd, now)).lastrowid or 0)
+
+    def spent(self, user: str, period: str) -> float:
+        """USD recorded plus held for ``user`` in the current period."""
+        now = time.time()
+        return self._committed(self._connection, user, period_start(period, now), now)
+
+    def settle(self, reservation_id: int | None, record: UsageRecord) -> None:
+        """Replace the reservation (if any) by the request's actual usage, atomically."""
+        with self._transaction() as db:
+            if reservation_id is not None:
+                db.execute("DELETE FROM reservations WHERE id = ?", (reservation_id,))
+            db.execute(
+                "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms,"
+                " fallback_reason, request_id, request_body, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    time.time(), record.user, record.model, record.route, record.target, record.status, record.prompt_tokens,
+                    record.cached_tokens, record.completion_tokens, record.cost_usd, record.latency_ms, record.fallback_reason, record.request_id,
+                    record.request_body, record.response_body,
+                ),
+            )  # fmt: skip
+
+    # --- reports ------------------------------------------------------------------------------
+
+    def first_usage_time(self) -> float | None:
+        """When the first recorded request ended (seconds since the epoch), if any."""
+        value = self._connection.execute("SELECT MIN(time) FROM usage").fetchone()[0]
+        return None if value is None else float(value)
+
+    def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
+        """Per user and per model since ``since``: requests, prompt/cached/completion tokens, cost."""
+        result: dict[str, dict[str, dict[str, float | int]]] = {}
+        for column, label in (("user", "users"), ("model", "models")):
+            rows = self._connection.execute(
+                f"SELECT {column}, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_usd)"
+                f" FROM usage WHERE time >= ? GROUP BY {column} ORDER BY {column}",
+                (since,),
+            ).fetchall()
+            result[label] = {
+                str(name): {"requests": count, "prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": completion, "cost_usd": round(cost, 6)}
+                for name, count, prompt, cached, completion, cost in rows
+            }
+        return result

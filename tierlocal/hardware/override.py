@@ -1,0 +1,66 @@
+"""``--gpu``: the accelerators of another machine (or of this one with another size), by size
+(``24GiB``), by name from recipes/gpus.toml (``RTX 4090``), or ``N×`` either. Pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ..catalog import find_gpu, load_gpus
+from ..errors import HardwareError, UsageError
+from ..units import parse_bytes
+from .types import Device, Hardware
+
+__all__ = ["parse_gpu_override", "with_gpu_override"]
+
+_MAX_OVERRIDE_COUNT = 1024
+_VENDOR_BACKEND = {"nvidia": "cuda", "amd": "rocm", "apple": "metal"}
+_COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
+
+
+def parse_gpu_override(values: Sequence[str]) -> list[Device]:
+    """Devices for ``--gpu`` values: a size (``24GiB``), a name (``RTX 4090``), or ``N×`` either (``2xH100``).
+
+    Raises:
+        HardwareError: a value is neither a size nor a GPU in recipes/gpus.toml.
+    """
+    devices: list[Device] = []
+    for value in values:
+        count, what = 1, value.strip()
+        match = _COUNT_PREFIX.match(what)
+        if match:
+            count, what = int(match.group(1)), match.group(2).strip()
+        if not 1 <= count <= _MAX_OVERRIDE_COUNT:
+            raise HardwareError(f"--gpu {value!r}: count must be 1..{_MAX_OVERRIDE_COUNT}")
+        spec = find_gpu(what)
+        if spec is not None:
+            backend = _VENDOR_BACKEND.get(spec.vendor, spec.vendor)
+            device = Device(spec.name, backend, spec.memory_bytes, spec.memory_bytes, spec.bandwidth_bytes_per_s, "--gpu")
+        else:
+            try:
+                size = parse_bytes(what)
+            except UsageError:
+                known = ", ".join(gpu.name for gpu in load_gpus())
+                raise HardwareError(
+                    f"--gpu {value!r} is neither a size nor a GPU we know",
+                    hint=f"give a size such as 24GiB, or one of: {known}",
+                ) from None
+            if size <= 0:
+                raise HardwareError(f"--gpu {value!r}: the size must be positive")
+            device = Device(f"{what} GPU", "override", size, size, None, "--gpu")
+        devices.extend(replace(device, name=f"{device.name} #{index}") if count > 1 else device for index in range(count))
+    return devices
+
+
+def with_gpu_override(hardware: Hardware, values: Sequence[str]) -> Hardware:
+    """``hardware`` with its GPUs replaced by the ``--gpu`` values (host RAM and disk kept)."""
+    if not values:
+        return hardware
+    devices = parse_gpu_override(values)
+    # "--gpu 24GiB" on a machine with a GPU means "this GPU, with that much memory": the
+    # detected device's binding limit still holds.
+    limits = [device.max_tensor_bytes for device in hardware.gpus if device.max_tensor_bytes]
+    if limits:
+        devices = [replace(device, max_tensor_bytes=min(limits)) if device.backend == "override" else device for device in devices]
+    return replace(hardware, gpus=tuple(devices), overridden=True)

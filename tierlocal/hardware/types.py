@@ -1,0 +1,49 @@
+"""A machine as the planner sees it: accelerators, host memory, disk and cores. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["Device", "Probe", "Hardware"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator. Memory in bytes, bandwidth in bytes/s (None when unknown)."""
+
+    name: str
+    backend: str
+    total_bytes: int
+    free_bytes: int
+    bandwidth_bytes_per_s: int | None = None
+    source: str = ""
+    #: The largest tensor the device binds (bytes); None: no known limit.
+    max_tensor_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One detection method and what it found (``found``) or why not (``absent``)."""
+
+    name: str
+    status: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A machine: GPUs plus host memory (bytes), disk (bytes) and cores."""
+
+    gpus: tuple[Device, ...]
+    ram_total_bytes: int
+    ram_available_bytes: int
+    cpu_cores: int
+    cpu_threads: int
+    disk_path: str
+    disk_free_bytes: int | None
+    probes: tuple[Probe, ...] = field(default=())
+    overridden: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        """A plain dict for ``--json``."""
+        return asdict(self)

@@ -1,0 +1,38 @@
+"""`tierlocal serve`: plan a model for this machine, run an engine with exactly that plan, wait
+until it answers, check the load against the plan, and supervise it until stopped.
+
+Every engine — :mod:`.llama` (llama-server), :mod:`.ollama` (Ollama), :mod:`.python`
+(llama-cpp-python's server) — has the same entry, ``serve_ENGINE(options, say=…, on_ready=…)
+-> exit code``; :func:`serve` picks one. :mod:`.run` holds the steps they share (plan, launch,
+verify, supervise), :mod:`.process` the child process, :mod:`.state` the file ``tierlocal
+status`` reads, :mod:`.history` the loads later plans learn from, :mod:`.exposure` who may reach
+a server, :mod:`.systemd` units and readiness notifications.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .run import OnReady, Say, ServeOptions
+
+__all__ = ["serve", "ENGINES"]
+
+#: The engines ``--engine`` names.
+ENGINES = ("llama-server", "ollama", "python")
+
+
+def serve(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
+    """Run ``options.engine`` for ``options`` until SIGTERM/SIGINT; returns the exit code.
+    Each engine module is imported only when it runs (Ollama's client is a slow import)."""
+    if options.engine == "ollama":
+        from .ollama import serve_ollama
+
+        return serve_ollama(options, say=say, on_ready=on_ready)
+    if options.engine == "python":
+        from .python import serve_python
+
+        return serve_python(options, say=say, on_ready=on_ready)
+    from .llama import serve_llama
+
+    return serve_llama(options, say=say, on_ready=on_ready)

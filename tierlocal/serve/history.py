@@ -1,0 +1,83 @@
+"""Verified loads, remembered: ``$TIERLOCAL_HOME/loads.jsonl`` (one JSON object per line,
+appended by `tierlocal serve`), and the correction they give the next estimate of the same
+model with the same engine build."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import constants
+
+__all__ = ["GpuCorrection", "history_path", "gpu_correction", "record_load", "MAX_RECORDS"]
+
+#: Most recent records read (the file only grows; older lines are ignored).
+MAX_RECORDS = 1000
+#: Longest line read (bytes); a longer one is skipped as damaged.
+MAX_LINE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class GpuCorrection:
+    """Bytes to add to the GPU estimate, from ``loads`` matching records (the median miss)."""
+
+    bytes: int
+    loads: int
+
+
+def history_path() -> Path:
+    return constants.home_dir() / "loads.jsonl"
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    try:
+        lines = path.read_bytes().splitlines()[-MAX_RECORDS:]
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        if len(line) > MAX_LINE_BYTES:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def gpu_correction(match: dict[str, object], path: Path | None = None) -> GpuCorrection | None:
+    """The median of (actual − uncorrected planned) GPU bytes over the records whose ``key``
+    equals ``match`` (model file and size, engine build, the request as typed)."""
+    misses = []
+    for record in _records(path or history_path()):
+        key = record.get("key")
+        gpu = record.get("gpu")
+        if key != match or not isinstance(gpu, dict):
+            continue
+        try:
+            misses.append(int(gpu["actual_bytes"]) - (int(gpu["planned_bytes"]) - int(gpu.get("correction_bytes", 0))))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if not misses:
+        return None
+    return GpuCorrection(int(statistics.median(misses)), len(misses))
+
+
+def record_load(key: dict[str, object], payload: dict[str, object], planned_gpu: int, actual_gpu: int, correction: int) -> None:
+    """Append a verified load (``key``: what :func:`gpu_correction` matches on; ``payload``:
+    the state file's contents; GPU bytes planned, allocated, and the correction applied)."""
+    path = history_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "key": key,
+        "gpu": {"planned_bytes": planned_gpu, "actual_bytes": actual_gpu, "correction_bytes": correction},
+        **{name: payload[name] for name in ("engine", "engine_version", "plan", "actual", "delta")},
+    }
+    with path.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")

@@ -1,0 +1,132 @@
+"""`tierlocal serve` with llama-server: the planned command line (engines/flags), launched,
+verified and supervised (run.py); on a failed allocation at load, planned once more for the
+memory the device really had."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from .. import constants
+from ..engines.flags import EngineFlags, launch_argv
+from ..engines.llama_server import find_llama_server, read_engine_flags
+from ..engines.loadlog import LoadReport
+from ..errors import AllocationFailed, TierlocalError, UsageError
+from .exposure import check_exposure
+from .history import gpu_correction
+from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
+from .state import state_path
+
+__all__ = ["serve_llama"]
+
+
+def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
+    """Run llama-server for ``options`` until SIGTERM/SIGINT; returns the exit code.
+
+    Raises:
+        UsageError: no binary, no model file, or an exposed address without a key.
+        TierlocalError: the plan does not fit; the engine failed (EngineFailed).
+    """
+    binary = find_llama_server(options.llama_server)
+    if binary is None:
+        raise UsageError(
+            "no llama-server binary found" + (f" at {options.llama_server}" if options.llama_server else ""),
+            hint="pass --llama-server PATH, set TIERLOCAL_LLAMA_SERVER, or put llama-server on PATH",
+        )
+    if not options.model.is_file():
+        raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
+    key_file = check_exposure(options.host, options.api_key_file)
+    flags = read_engine_flags(binary)
+    history_key: dict[str, object] = {
+        "model": str(options.model.resolve()),
+        "file_bytes": options.model.stat().st_size,
+        "engine": str(binary.resolve()),
+        "engine_version": flags.version,
+        "ctx": options.ctx,
+        "parallel": options.parallel,
+        "gpus": list(options.gpus),
+    }
+
+    hardware, machine = detected_machine(options, llama_server=binary)
+    correction = gpu_correction(history_key) if machine.gpu_name is not None else None
+    if correction is not None and correction.bytes:
+        machine = replace(machine, gpu_compute_correction_bytes=correction.bytes)
+        say(
+            f"correcting the GPU estimate by {correction.bytes / 2**20:+.1f} MiB: the median miss of {correction.loads} "
+            "recorded load(s) of this model with this engine"
+        )
+    check = plan_for(options, machine)
+    with stop_on_signals() as stop:
+        session = ServeSession(options, hardware, machine, check, stop, say, on_ready, history_key)
+        try:
+            return _serve_attempts(session, binary, flags, key_file)
+        finally:
+            state_path(options.port).unlink(missing_ok=True)
+
+
+def _serve_attempts(session: ServeSession, binary: Path, flags: EngineFlags, key_file: Path | None) -> int:
+    """Run once; on an allocation failure at load, plan again for the memory llama.cpp saw
+    free and run once more."""
+    for attempt in (1, 2):
+        outcome = _run_once(session, binary, flags, key_file)
+        if isinstance(outcome, int):
+            return outcome
+        if attempt == 2:
+            raise outcome
+        replanned = _replan_for_free_memory(session, outcome)
+        if replanned is None:
+            raise outcome
+        session, change = replanned
+        session.say(f"retrying once: {change}")
+    raise AssertionError("unreachable")
+
+
+def _run_once(session: ServeSession, binary: Path, flags: EngineFlags, key_file: Path | None) -> int | AllocationFailed:
+    options, check = session.options, session.check
+    assert check.estimate is not None
+    argv = launch_argv(
+        binary,
+        flags,
+        options.model,
+        check.estimate,
+        host_only=check.host_only,
+        host=options.host,
+        port=options.port,
+        api_key_file=key_file,
+        threads=options.threads,
+    )
+    launched = launch(session, "llama-server", flags.version, argv, constants.child_environment(), "/health")
+    if not isinstance(launched, Launched):
+        return launched
+    return supervise_verified(session, launched)
+
+
+def _replan_for_free_memory(session: ServeSession, failed: AllocationFailed) -> tuple[ServeSession, str] | None:
+    """A plan for the memory the device really had: the least of what llama.cpp saw free as
+    it started, and what the plan put on the GPU less the buffer the device refused (it held
+    at most that much), plus our margin and runtime allowance."""
+    machine, planned = session.machine, session.check.estimate
+    assert planned is not None and isinstance(failed.report, LoadReport)
+    if machine.gpu_name is None:
+        return None
+    gpu = planned.devices[0]
+    refused = failed.report.failure("alloc_failed")
+    refused_bytes = int(match.group(1)) if refused and (match := re.search(r"buffer of size (\d+)", refused.line)) else 0
+    held_at_most = max(0, gpu.weights_bytes + gpu.kv_bytes + gpu.compute_bytes - refused_bytes)
+    candidates = [machine.gpu_free_bytes, held_at_most + machine.margin_bytes + machine.gpu_overhead_bytes, *failed.report.devices.values()]
+    free = min(candidates)
+    if free >= machine.gpu_free_bytes:
+        return None
+    smaller = replace(machine, gpu_free_bytes=free)
+    try:
+        check = plan_for(session.options, smaller)
+    except TierlocalError:
+        return None
+    assert check.estimate is not None
+    change = (
+        f"llama.cpp could not allocate {refused_bytes / 2**20:.0f} MiB on the GPU; planned again for "
+        f"{free / 2**20:.0f} MiB free instead of {machine.gpu_free_bytes / 2**20:.0f} MiB: -ngl {check.estimate.request.ngl} "
+        f"instead of {planned.request.ngl}"
+    )
+    return replace(session, machine=smaller, check=check), change

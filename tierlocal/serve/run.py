@@ -1,0 +1,238 @@
+"""One serve session's shared steps, whichever engine runs it: the plan for the
+options (``tierlocal check``'s), starting a child with its output drained into the log and the
+load-log parser, waiting until it answers, verifying the load against the plan, writing the state
+file ``tierlocal status`` reads, recording the load, notifying systemd, and supervising until
+SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .. import constants
+from ..catalog import load_host_defaults
+from ..engines.loadlog import LoadLogParser, LoadReport
+from ..errors import AllocationFailed, EngineFailed, TierlocalError
+from ..fit.estimate import Machine, RunRequest, estimate_run
+from ..fit.model import model_spec
+from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
+from ..fit.verify import verify_load
+from ..gguf.sources import read_headers
+from ..hardware.detect import detect
+from ..hardware.override import with_gpu_override
+from ..hardware.types import Hardware
+from .history import record_load
+from .process import EngineChild, start_child
+from .state import log_path, write_state
+from .systemd import notify
+
+__all__ = ["ServeOptions", "ServeSession", "Launched", "plan_for", "detected_machine", "launch", "supervise_verified", "stop_on_signals", "last_log_lines"]
+
+#: Say something, or report the ready engine (its state-file payload).
+Say = Callable[[str], None]
+OnReady = Callable[[dict[str, object]], None]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What the user asked for. ``ctx``/``parallel`` as typed (``max``/``auto`` allowed);
+    ``ollama_tag``: serve that Ollama tag as it is (its GGUF is ``model``)."""
+
+    model: Path
+    engine: str = "llama-server"
+    llama_server: str | None = None
+    ollama_binary: str | None = None
+    ollama_tag: str | None = None
+    ctx: str = str(constants.DEFAULT_CTX)
+    parallel: str = "1"
+    host: str = constants.DEFAULT_HOST
+    port: int = constants.LLAMA_SERVER_PORT
+    gpus: tuple[str, ...] = ()
+    api_key_file: Path | None = None
+    load_timeout_s: float | None = None
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class ServeSession:
+    """One serve run: what was asked, the machine and the plan for it, where to report, and the
+    event SIGTERM/SIGINT set. ``history_key`` names this model × engine × request in the load
+    history (None: the load is not recorded)."""
+
+    options: ServeOptions
+    hardware: Hardware
+    machine: Machine
+    check: SourceCheck
+    stop: threading.Event
+    say: Say
+    on_ready: OnReady
+    history_key: dict[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class Launched:
+    """An engine child that answered its readiness URL: which engine, its version, the
+    process, the parser fed its output, how it was started, where it serves and logs."""
+
+    engine: str
+    version: str
+    child: EngineChild
+    parser: LoadLogParser
+    argv: list[str]
+    url: str
+    log_path: Path
+
+
+def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None = None) -> SourceCheck:
+    """The plan for ``options`` on ``machine`` (``request``: engine-specific defaults).
+
+    Raises:
+        TierlocalError: it does not fit.
+    """
+    check = check_source(
+        str(options.model),
+        read_headers(str(options.model)),
+        machine,
+        ctx=parse_ctx(options.ctx),
+        parallel=parse_parallel(options.parallel),
+        request=request or RunRequest(),
+    )
+    if check.estimate is None or not check.estimate.fits:
+        raise TierlocalError(
+            f"{options.model}: does not fit this machine as asked ({check.reason or 'no plan'}); nothing was started",
+            hint="lower --ctx or --parallel, or see `tierlocal check` for what fits",
+        )
+    return check
+
+
+def detected_machine(options: ServeOptions, *, llama_server: Path | None = None) -> tuple[Hardware, Machine]:
+    """This machine as detected (asking ``llama_server`` for its devices, if given), with the
+    ``--gpu`` override, and the planner's view of it."""
+    hardware = with_gpu_override(detect(llama_server=llama_server), options.gpus)
+    return hardware, machine_for(hardware, load_host_defaults())
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while inside; the previous handlers come back after."""
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def last_log_lines(child: EngineChild, report: LoadReport, count: int = 8) -> str:
+    """The known failure lines of the load log, else the child's last ``count`` lines."""
+    if report.failures:
+        return " | ".join(failure.line for failure in report.failures[:3])
+    lines = [line for line in child.lines() if line.strip()]
+    return " | ".join(lines[-count:])
+
+
+def launch(
+    session: ServeSession, engine: str, version: str, argv: list[str], env: dict[str, str], ready_path: str, headers: dict[str, str] | None = None
+) -> Launched | int | AllocationFailed:
+    """Start an engine with its output drained into the log and the load-log parser, and wait
+    (bounded by the model's size, EXTEND_TIMEOUT_USEC to systemd meanwhile) until ``ready_path``
+    answers 200. Returns the launched engine, 130 when stopped while loading, or the
+    allocation failure to plan around.
+
+    Raises:
+        EngineFailed: it died or never answered.
+    """
+    options = session.options
+    log = log_path(engine, options.port)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    parser = LoadLogParser()
+    child = start_child(argv, log, env=env, on_line=parser.feed)
+    session.say(f"started {engine} (pid {child.pid}): {' '.join(argv)}")
+    timeout = options.load_timeout_s or constants.LOAD_TIMEOUT_BASE_S + session.check.file_bytes / constants.LOAD_BYTES_PER_S
+    last_extend = [0.0]
+
+    def waiting(waited: float) -> None:
+        if waited - last_extend[0] >= 10:
+            last_extend[0] = waited
+            notify(f"EXTEND_TIMEOUT_USEC={constants.EXTEND_TIMEOUT_S * 1_000_000}", f"STATUS=loading {options.model.name} ({waited:.0f} s)")
+
+    url = f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
+    readiness = child.wait_ready(url + ready_path, timeout, on_waiting=waiting, stop=session.stop, headers=headers)
+    if readiness.ready:
+        return Launched(engine, version, child, parser, argv, url, log)
+    report = parser.report()
+    if readiness.exit_code is None:
+        child.stop()
+        if session.stop.is_set():
+            session.say("stopped while loading")
+            return 130
+        raise EngineFailed(f"{engine} did not become ready within {timeout:.0f} s; stopped it", hint=f"see {log}; raise --load-timeout for a slow disk")
+    details = last_log_lines(child, report)
+    if report.failure("alloc_failed"):
+        return AllocationFailed(f"{engine} could not allocate memory while loading: {details}", report, hint=f"see {log}")
+    raise EngineFailed(f"{engine} exited with {readiness.exit_code} while loading: {details}", hint=f"see {log}")
+
+
+def supervise_verified(session: ServeSession, launched: Launched) -> int:
+    """Once an engine is ready: verify its load against the plan, write the state file
+    `tierlocal status` reads, record the load, notify systemd, and supervise it until stopped."""
+    check, machine, options = session.check, session.machine, session.options
+    assert check.estimate is not None
+    planned = check.estimate
+    report = launched.parser.report()
+    spec = model_spec(read_headers(str(options.model)))
+
+    def speed_for_ngl(ngl: int) -> float | None:
+        return estimate_run(spec, replace(planned.request, ngl=ngl), machine).est_decode_tokens_per_s
+
+    verification = verify_load(planned, report, speed_for_ngl=speed_for_ngl)
+    payload: dict[str, object] = {
+        "url": launched.url,
+        "pid": os.getpid(),
+        "engine": launched.engine,
+        "engine_pid": launched.child.pid,
+        "engine_version": launched.version,
+        "log": str(launched.log_path),
+        "argv": launched.argv,
+        "plan": check.to_json(),
+        "actual": report.to_json(),
+        "delta": verification.to_json(),
+        "estimate_correction_bytes": machine.gpu_compute_correction_bytes,
+    }
+    write_state(options.port, payload)
+    gpu_delta = next((delta for delta in verification.devices if delta.name != "host"), None)
+    if session.history_key is not None and gpu_delta is not None and verification.layers_actual == verification.layers_planned:
+        record_load(session.history_key, payload, gpu_delta.planned_bytes, gpu_delta.actual_bytes, machine.gpu_compute_correction_bytes)
+    notify("READY=1", f"STATUS=serving {options.model.name} on {launched.url}" + ("" if verification.ok else " (plan not held: see tierlocal status)"))
+    session.on_ready(payload)
+    return supervise(session, launched)
+
+
+def supervise(session: ServeSession, launched: Launched) -> int:
+    """Keep the engine running until stopped (0); an engine that exits on its own is an error.
+
+    Raises:
+        EngineFailed: the engine stopped unexpectedly (with its last log lines).
+    """
+    child = launched.child
+    while not session.stop.is_set():
+        if child.process.poll() is not None:
+            child.wait_output()
+            code = child.process.returncode
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            raise EngineFailed(
+                f"{launched.engine} stopped unexpectedly ({how}): {last_log_lines(child, launched.parser.report())}", hint=f"see {launched.log_path}"
+            )
+        session.stop.wait(0.5)
+    notify("STOPPING=1")
+    session.say(f"stopping {launched.engine}")
+    child.stop()
+    return 0

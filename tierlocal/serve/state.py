@@ -1,0 +1,57 @@
+"""What a running ``tierlocal serve`` leaves for others to read: ``$TIERLOCAL_HOME/run/serve-PORT.json``
+(its plan, what the engine did, the delta, where it serves and logs). ``tierlocal status``
+shows it and the gateway's built-in configuration finds local engines through it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .. import constants
+
+__all__ = ["state_path", "log_path", "write_state", "running_servers", "MAX_STATE_BYTES", "MAX_SERVERS"]
+
+#: Longest state file read, in bytes.
+MAX_STATE_BYTES = 1 << 20
+#: Most state files read.
+MAX_SERVERS = 64
+
+
+def state_path(port: int) -> Path:
+    """The state file of the server on ``port``."""
+    return constants.run_dir() / f"serve-{port}.json"
+
+
+def log_path(engine: str, port: int) -> Path:
+    """Where the engine on ``port`` logs: ``serve-PORT.log`` (``ollama-PORT.log`` for Ollama)."""
+    return constants.run_dir() / f"{'ollama' if engine == 'ollama' else 'serve'}-{port}.log"
+
+
+def write_state(port: int, payload: dict[str, object]) -> Path:
+    """Write the state file atomically (a reader never sees half of it)."""
+    path = state_path(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(payload, indent=2))
+    os.replace(temporary, path)
+    return path
+
+
+def running_servers(port: int | None = None) -> list[dict[str, object]]:
+    """The state of every server whose process is alive (the one on ``port``, if given),
+    by port; unreadable or stale files are skipped."""
+    if port is not None:
+        candidates = [state_path(port)]
+    else:
+        directory = constants.run_dir()
+        candidates = sorted(directory.glob("serve-*.json"))[:MAX_SERVERS] if directory.is_dir() else []
+    running = []
+    for path in candidates:
+        try:
+            payload = json.loads(path.read_bytes()[:MAX_STATE_BYTES])
+            os.kill(int(payload["pid"]), 0)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        running.append(payload)
+    return running

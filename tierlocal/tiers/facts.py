@@ -1,0 +1,193 @@
+"""What ``tierlocal plan MODEL`` knows about MODEL: a frontier or catalog model from recipes/,
+a GGUF source (header only), or ``hf://OWNER/REPO`` of a safetensors repo (parameter counts
+from the safetensors headers, attention design from config.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import httpx2
+from huggingface_hub import errors as hf_errors
+from huggingface_hub import get_safetensors_metadata, hf_hub_download
+
+from ..catalog import FrontierModel, GpuSpec, find_frontier, find_gpu, find_model, load_gpus
+from ..errors import SourceError
+from ..gguf import summarize
+from ..gguf.sources import read_headers
+from ..gguf.summary import ModelSummary
+from ..hardware.override import parse_gpu_override
+from .arithmetic import GpuOption
+from .plan import ModelFacts
+
+__all__ = ["resolve_model_facts", "facts_from_config", "gpu_options"]
+
+_GGUF_PRECISION = {"F32": "bf16", "F16": "bf16", "BF16": "bf16", "Q8_0": "fp8", "Q2_K": "2bit", "Q2_K_S": "2bit"}
+_SAFETENSORS_PRECISION = {"BF16": "bf16", "F16": "bf16", "F32": "bf16", "F8_E4M3": "fp8", "F8_E5M2": "fp8"}
+_NON_CLASSIC_KEYS = ("sliding_window", "kv_lora_rank", "ssm.", "wkv.", "shortconv.", "full_attention_interval")
+
+
+def _frontier_facts(model: FrontierModel) -> ModelFacts:
+    example = model.classic_example
+    classic = None
+    if example:
+        classic = (int(example["layers"]), int(example["kv_heads"]), int(example["head_dim"]), float(example["bytes_per_element"]))
+    return ModelFacts(
+        name=model.name,
+        display_name=model.display_name,
+        params=model.params,
+        active_params=model.active_params,
+        precision=model.shipped_precision,
+        layers=model.layers,
+        context_length=model.context_length,
+        kv_unknown_reason=None if model.kv_published else model.kv_unknown_reason,
+        classic_example=classic,
+        shipped_bytes=model.repo_bytes,
+        serving_floor_bytes=model.serving_floor_bytes,
+        disk_to_plan_bytes=model.disk_to_plan_bytes,
+        published_configs=model.published_configs,
+        guidance=model.guidance,
+        vllm_flags=model.vllm_flags,
+        vllm_notes=model.vllm_notes,
+        sglang_flags=model.sglang_flags,
+        sources=(f"{model.display_name} facts: {model.source} ({model.facts_date})",),
+    )
+
+
+def _gguf_facts(source: str, summary: ModelSummary, metadata: Mapping[str, object]) -> ModelFacts:
+    arch = summary.architecture
+    kv_per_token: float | None = None
+    reason = None
+    special = [key for key in metadata if key.startswith(f"{arch}.") and any(marker in key for marker in _NON_CLASSIC_KEYS)]
+    kv_heads = summary.head_count_kv
+    if special or isinstance(kv_heads, list):
+        reason = (
+            f"{arch} has sliding-window, latent (MLA) or recurrent layers ({', '.join(special) or 'per-layer KV heads'}); the classic formula does not apply"
+        )
+    elif summary.layers and isinstance(kv_heads, int) and isinstance(summary.head_count, int) and summary.embedding_length:
+        key_length = metadata.get(f"{arch}.attention.key_length") or summary.embedding_length // summary.head_count
+        value_length = metadata.get(f"{arch}.attention.value_length") or key_length
+        assert isinstance(key_length, int) and isinstance(value_length, int)
+        kv_per_token = summary.layers * kv_heads * (key_length + value_length) * 2.0
+    else:
+        reason = "the header does not state the attention shape"
+    return ModelFacts(
+        name=summary.name or source,
+        display_name=summary.name or source,
+        params=summary.params,
+        active_params=summary.params,
+        precision=_GGUF_PRECISION.get(summary.file_type or "", "int4" if (summary.file_type or "").startswith(("Q4", "IQ4", "MXFP4")) else "bf16"),
+        layers=summary.layers,
+        context_length=summary.context_length,
+        kv_bytes_per_token=kv_per_token,
+        kv_unknown_reason=reason,
+        shipped_bytes=summary.file_bytes,
+        sources=(f"GGUF header of {source}",),
+    )
+
+
+def facts_from_config(name: str, params: int, precision: str, config: Mapping[str, object]) -> ModelFacts:
+    """Facts from a Hugging Face ``config.json`` (transformers keys) and a parameter count."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        config = {**config, **text}
+    layers = config.get("num_hidden_layers")
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads", heads)
+    hidden = config.get("hidden_size")
+    head_dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None)
+    kv_per_token: float | None = None
+    reason = None
+    if isinstance(layers, int) and isinstance(config.get("kv_lora_rank"), int):
+        latent = int(config["kv_lora_rank"]) + int(config.get("qk_rope_head_dim") or 0)  # type: ignore[call-overload]
+        kv_per_token = layers * latent * 2.0  # MLA: one compressed latent per layer, f16
+    elif config.get("sliding_window") or config.get("layer_types"):
+        reason = "config.json declares sliding-window or mixed layer types; the classic formula would overstate the KV cache"
+    elif all(isinstance(v, int) for v in (layers, kv_heads, head_dim)):
+        kv_per_token = 2 * layers * kv_heads * head_dim * 2.0  # type: ignore[operator]
+    else:
+        reason = "config.json does not state the attention shape"
+    context = config.get("max_position_embeddings")
+    return ModelFacts(
+        name=name,
+        display_name=name,
+        params=params,
+        active_params=params,
+        precision=precision,
+        layers=layers if isinstance(layers, int) else None,
+        context_length=context if isinstance(context, int) else None,
+        kv_bytes_per_token=kv_per_token,
+        kv_unknown_reason=reason,
+        sources=(f"{name}: safetensors headers and config.json",),
+    )
+
+
+def _hub_facts(source: str) -> ModelFacts:
+    spec = source.removeprefix("hf://")
+    repo_id, _, revision = spec.partition("@")
+    if repo_id.count("/") != 1:
+        raise SourceError(source, "expected hf://OWNER/REPO of a safetensors repo", hint="for a GGUF file write hf://OWNER/REPO/FILE.gguf")
+    try:
+        metadata = get_safetensors_metadata(repo_id, revision=revision or None)
+        config_path = hf_hub_download(repo_id, "config.json", revision=revision or None)
+    except hf_errors.RepositoryNotFoundError:
+        raise SourceError(source, "repository not found, or private", hint="check OWNER/REPO; for a private repo set HF_TOKEN") from None
+    except hf_errors.NotASafetensorsRepoError:
+        raise SourceError(source, "not a safetensors repo", hint="for a GGUF repo name the file: hf://OWNER/REPO/FILE.gguf") from None
+    except (hf_errors.EntryNotFoundError, hf_errors.RevisionNotFoundError) as exc:
+        raise SourceError(source, f"not found: {type(exc).__name__}", hint="check the repo and @REVISION") from None
+    except (hf_errors.HfHubHTTPError, httpx2.HTTPError) as exc:
+        raise SourceError(source, f"cannot read the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
+    counts = metadata.parameter_count
+    params = sum(counts.values())
+    dominant = max(counts, key=lambda dtype: counts[dtype]) if counts else "BF16"
+    with open(config_path, encoding="utf-8") as handle:
+        try:
+            config = json.load(handle)
+        except json.JSONDecodeError:
+            raise SourceError(source, "config.json is not valid JSON") from None
+    return facts_from_config(repo_id, params, _SAFETENSORS_PRECISION.get(dominant, "bf16"), config)
+
+
+def resolve_model_facts(model: str) -> ModelFacts:
+    """Facts for MODEL: a recipes name (frontier or catalog family), a GGUF source, or hf://OWNER/REPO.
+
+    Raises:
+        SourceError, HeaderError, UsageError: the model cannot be read.
+    """
+    frontier = find_frontier(model)
+    if frontier is not None:
+        return _frontier_facts(frontier)
+    entries = find_model(model)
+    if entries:
+        entry = entries[0]
+        return ModelFacts(
+            name=entry.family,
+            display_name=entry.family,
+            params=entry.params,
+            active_params=entry.active_params,
+            precision="bf16",
+            layers=entry.layers,
+            context_length=entry.context_length,
+            kv_bytes_per_token=entry.kv_bytes_per_token,
+            fixed_state_bytes=entry.fixed_state_bytes,
+            sources=(f"{entry.family} facts: recipes/models.toml ({entry.facts_date})",),
+        )
+    if model.startswith("hf://") and not model.split("@")[0].endswith(".gguf"):
+        return _hub_facts(model)
+    if "/" not in model and not model.endswith(".gguf"):
+        raise SourceError(model, "not a model in the catalog, nor a GGUF path", hint="see recipes/models.toml and recipes/frontier.toml for names")
+    headers = read_headers(model)
+    return _gguf_facts(model, summarize(headers), headers[0].metadata)
+
+
+def gpu_options(values: tuple[str, ...]) -> tuple[tuple[GpuOption, ...], list[GpuSpec]]:
+    """The GPUs a plan sizes with: those ``--gpu`` names (or sizes), else every datacenter GPU
+    in recipes/gpus.toml; with the recipes entries they came from (for the sources list)."""
+    if values:
+        devices = parse_gpu_override(values)
+        unique = {device.name.split(" #")[0]: device.total_bytes for device in devices}
+        named = [spec for name in unique if (spec := find_gpu(name)) is not None]
+        return tuple(GpuOption(name, memory) for name, memory in unique.items()), named
+    specs = [spec for spec in load_gpus() if spec.datacenter]
+    return tuple(GpuOption(spec.name, spec.memory_bytes) for spec in specs), specs
