@@ -12,7 +12,7 @@ import pytest
 from tests.support.cli import REPO_ROOT, run_cli
 from tierlocal.errors import UsageError
 from tierlocal.gateway.config import load_config, parse_config
-from tierlocal.gateway.store import GatewayStore, UsageRecord
+from tierlocal.gateway.store import SqliteStore, UsageRecord
 
 # The issue's configuration contract, as written, is the example shipped under systemd/.
 CONTRACT = (REPO_ROOT / "systemd" / "gateway.example.toml").read_text()
@@ -39,10 +39,13 @@ def test_the_contract_example_loads(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (('model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" } ]', 'model = "kimi-k3", api_key = "sk-secret" } ]'), "routes[1].targets[0].api_key: keys never go in the config file"),
+        (
+            ('model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" } ]', 'model = "kimi-k3", api_key = "sk-secret" } ]'),
+            "routes[1].targets[0].api_key: keys never go in the config file",
+        ),
         (('budget_period = "month"', 'budget_period = "fortnight"'), "users[0].budget_period: 'fortnight' is not a period"),
         (('url = "http://127.0.0.1:8080/v1"', 'url = "127.0.0.1:8080"'), "routes[0].targets[0].url: '127.0.0.1:8080' is not an http(s) URL"),
-        (('requests_per_minute = 60', 'requests_per_minute = -1'), "users[0].requests_per_minute: must be a whole number above 0, not -1"),
+        (("requests_per_minute = 60", "requests_per_minute = -1"), "users[0].requests_per_minute: must be a whole number above 0, not -1"),
     ],
 )
 def test_bad_config_is_one_precise_error(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
@@ -64,7 +67,7 @@ def test_keys_are_shown_once_and_stored_hashed(tmp_path: Path) -> None:
     assert json.loads(added.stdout)["user"] == "alice" and key.startswith("tlk-") and len(key) > 40
     stored = b"".join(path.read_bytes() for path in (tmp_path / "state").iterdir())
     assert key.encode() not in stored and key[10:].encode() not in stored
-    store = GatewayStore(tmp_path / "state")
+    store = SqliteStore(tmp_path / "state")
     assert store.authenticate(key) == "alice"
     assert store.authenticate(key + "x") is None
     store.close()
@@ -73,13 +76,13 @@ def test_keys_are_shown_once_and_stored_hashed(tmp_path: Path) -> None:
     stranger = run_cli("gateway", "keys", "add", "mallory", "--config", str(config))
     assert stranger.returncode == 2 and "no [[users]] entry named 'mallory'" in stranger.stderr
     assert run_cli("gateway", "keys", "revoke", "alice", "--config", str(config)).returncode == 0
-    store = GatewayStore(tmp_path / "state")
+    store = SqliteStore(tmp_path / "state")
     assert store.authenticate(key) is None
     store.close()
 
 
-def _reserve_many(state_dir: str, count: int, results: "multiprocessing.Queue[int]") -> None:
-    store = GatewayStore(Path(state_dir))
+def _reserve_many(state_dir: str, count: int, results: multiprocessing.Queue[int]) -> None:
+    store = SqliteStore(Path(state_dir))
     granted = sum(store.reserve("alice", 0.01, 0.20, "month") is not None for _ in range(count))
     store.close()
     results.put(granted)
@@ -95,14 +98,14 @@ def test_concurrent_processes_cannot_overrun_a_budget(tmp_path: Path) -> None:
     for worker in workers:
         worker.join(60)
     assert sum(results.get(timeout=5) for _ in workers) == 20
-    store = GatewayStore(tmp_path)
+    store = SqliteStore(tmp_path)
     assert store.spent("alice", "month") == pytest.approx(0.20)
     store.close()
 
 
 def test_settling_replaces_the_hold_and_usage_totals_add_up(tmp_path: Path) -> None:
     config = _contract(tmp_path)
-    store = GatewayStore(tmp_path / "state")
+    store = SqliteStore(tmp_path / "state")
     held = store.reserve("alice", 1.00, 5.00, "month")
     assert held is not None and store.spent("alice", "month") == pytest.approx(1.00)
     store.settle(held, UsageRecord("alice", "kimi-k3", "kimi-k3", "https://api.moonshot.ai/v1", 200, 1000, 400, 200, 0.0051, 120.0))
@@ -128,7 +131,7 @@ def test_default_config_routes_kimi_to_the_hosted_api() -> None:
 
 def test_usage_gives_the_break_even_verdict_from_the_measured_volume(tmp_path: Path) -> None:
     config = _contract(tmp_path)
-    store = GatewayStore(tmp_path / "state")
+    store = SqliteStore(tmp_path / "state")
     try:
         # 1M prompt tokens (400k from the cache) and 100k output, just now: priced by hand at
         # the contract's rates that is 0.4·0.30 + 0.6·3.00 + 0.1·15.00 = $3.42.
@@ -143,6 +146,75 @@ def test_usage_gives_the_break_even_verdict_from_the_measured_volume(tmp_path: P
     assert verdict["api_usd_per_month"] == pytest.approx(3.42 * 720)
     plan = json.loads(run_cli("plan", "kimi-k3", "--json").stdout)
     assert verdict["rent_usd_per_month"] == pytest.approx(plan["break_even"]["monthly_cost_usd"])
-    assert verdict["cheaper"] == ("api" if 3.42 * 720 < verdict["rent_usd_per_month"] else "rent")
+    assert verdict["cheaper"] == ("api" if verdict["rent_usd_per_month"] > 3.42 * 720 else "rent")
     text = run_cli("usage", "--config", str(config), "--period", "all")
     assert "kimi-k3: at the measured volume" in text.stdout and "is cheaper" in text.stdout
+
+
+# The schema exactly as tierlocal wrote it before migrations were numbered (user_version 0): a
+# database written by a gateway already deployed. The first form lacked the last three columns.
+SCHEMA_BEFORE_NUMBERING = """
+CREATE TABLE IF NOT EXISTS keys (key_hash TEXT PRIMARY KEY, shown_prefix TEXT NOT NULL, user TEXT NOT NULL, created REAL NOT NULL, revoked REAL);
+CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL, amount_usd REAL NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, user TEXT NOT NULL, model TEXT NOT NULL, route TEXT NOT NULL,
+    target TEXT NOT NULL, status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+    cost_usd REAL NOT NULL, latency_ms REAL NOT NULL, fallback_reason TEXT, request_id TEXT, request_body TEXT, response_body TEXT);
+CREATE INDEX IF NOT EXISTS usage_user_time ON usage (user, time);
+"""
+FIRST_SCHEMA = SCHEMA_BEFORE_NUMBERING.replace(", request_id TEXT, request_body TEXT, response_body TEXT", "")
+
+
+def _old_database(state_dir: Path, schema: str) -> tuple[str, list[tuple[object, ...]]]:
+    """A database in an old schema with a live key, a hold and usage rows; (the key, the usage rows)."""
+    import hashlib
+    import sqlite3
+
+    state_dir.mkdir(parents=True)
+    key = "tlk-" + "k" * 43
+    with sqlite3.connect(state_dir / "gateway.sqlite3") as db:
+        db.executescript(schema)
+        db.execute("INSERT INTO keys VALUES (?, ?, 'alice', 1.0, NULL)", (hashlib.sha256(key.encode()).hexdigest(), key[:10]))
+        db.execute("INSERT INTO reservations (user, amount_usd, created) VALUES ('alice', 0.25, 2.0)")
+        columns = "time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason"
+        for index in range(3):
+            db.execute(
+                f"INSERT INTO usage ({columns}) VALUES (?, 'alice', 'kimi-k3', 'kimi-k3', 'hosted', 200, ?, 0, 7, 0.001, 12.5, NULL)",
+                (10.0 + index, 100 + index),
+            )
+        rows = db.execute(f"SELECT {columns} FROM usage ORDER BY id").fetchall()
+    return key, rows
+
+
+@pytest.mark.parametrize("schema", [SCHEMA_BEFORE_NUMBERING, FIRST_SCHEMA], ids=["before-numbering", "first-schema"])
+def test_an_old_database_is_migrated_without_losing_a_row(tmp_path: Path, schema: str) -> None:
+    import sqlite3
+
+    from tierlocal.gateway.store.sqlite import MIGRATIONS
+
+    key, rows = _old_database(tmp_path / "state", schema)
+    store = SqliteStore(tmp_path / "state")
+    try:
+        assert store.authenticate(key) == "alice"
+        store.settle(None, UsageRecord("alice", "kimi-k3", "kimi-k3", "hosted", 200, 1, 0, 1, request_id="chatcmpl-after"))
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 2
+        columns = "time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason"
+        assert db.execute(f"SELECT {columns} FROM usage WHERE id <= 3 ORDER BY id").fetchall() == rows
+        assert db.execute("SELECT request_id FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), ("chatcmpl-after",)]
+        assert db.execute("SELECT user, amount_usd FROM reservations").fetchall() == [("alice", 0.25)]
+    SqliteStore(tmp_path / "state").close()  # opening a current database again changes nothing
+
+
+def test_a_database_newer_than_this_code_is_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    (tmp_path / "state").mkdir()
+    with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
+        db.execute("PRAGMA user_version = 99")
+    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 2"):
+        SqliteStore(tmp_path / "state")
+    with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 99  # untouched: still in rollback-journal mode
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
