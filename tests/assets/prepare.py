@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -153,15 +154,57 @@ def _os_codename() -> str:
     return DEBIAN_SUITE
 
 
+#: Where apt keeps its sources: the one-line format and the deb822 format.
+APT_SOURCES = Path("/etc/apt/sources.list")
+APT_SOURCE_PARTS = Path("/etc/apt/sources.list.d")
+DEFAULT_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+#: "deb [options] URI SUITE COMPONENT…"
+_ONE_LINE_SOURCE = re.compile(r"^deb\s+(?:\[(?P<options>[^\]]*)\]\s+)?(?P<uri>\S+)\s+(?P<suite>\S+)\s+\S")
+
+
+def _source_entries(sources: Path = APT_SOURCES, parts: Path = APT_SOURCE_PARTS) -> list[tuple[str, list[str], str | None]]:
+    """(URI, suites, Signed-By) of every enabled ``deb`` entry in the system's apt sources:
+    ``sources.list`` and ``*.list`` lines, and ``*.sources`` stanzas (deb822)."""
+    entries: list[tuple[str, list[str], str | None]] = []
+    one_line = [sources] + (sorted(parts.glob("*.list")) if parts.is_dir() else [])
+    for path in one_line:
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            match = _ONE_LINE_SOURCE.match(line.split("#", 1)[0].strip())
+            if match:
+                keyring = re.search(r"signed-by=(\S+)", match.group("options") or "")
+                entries.append((match.group("uri"), [match.group("suite")], keyring.group(1) if keyring else None))
+    for path in sorted(parts.glob("*.sources")) if parts.is_dir() else []:
+        for stanza in path.read_text().split("\n\n"):
+            fields = {}
+            for line in stanza.splitlines():
+                if line.strip() and not line.startswith(("#", " ")) and ":" in line:
+                    key, value = line.split(":", 1)
+                    fields[key.strip().lower()] = value.strip()
+            if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+                entries.extend((uri, fields.get("suites", "").split(), fields.get("signed-by")) for uri in fields.get("uris", "").split())
+    return entries
+
+
+def system_archives(codename: str | None = None, sources: Path = APT_SOURCES, parts: Path = APT_SOURCE_PARTS) -> list[tuple[str, str]]:
+    """(URI, keyring) of the Debian archive this machine already uses — the entries that carry
+    its release (``bookworm``), not ``-security`` or ``-updates`` — so packages from another
+    suite come through the same mirror or proxy the machine is configured for."""
+    codename = codename or _os_codename()
+    archives = [(uri, keyring or DEFAULT_KEYRING) for uri, suites, keyring in _source_entries(sources, parts) if codename in suites]
+    if not archives:
+        raise SystemExit(f"[prepare] no apt source for {codename} in {sources} or {parts}: configure the Debian archive for apt first")
+    return list(dict.fromkeys(archives))
+
+
 def _apt_download_unpack(staging: Path, *packages: str, suite: str = DEBIAN_SUITE) -> None:
-    """Debian packages from the stable suite, fetched with an apt state of our own (the
-    system's sources and lists are never touched, nothing is installed) and unpacked into
-    ``staging`` with dpkg -x."""
+    """Debian packages from another suite (default: stable), fetched from the archive this
+    machine's apt sources name, with an apt state of our own (the system's sources and lists are
+    never touched, nothing is installed) and unpacked into ``staging`` with dpkg -x."""
     apt_dir = staging / "apt"
     for sub in ("lists/partial", "cache/archives/partial", "debs"):
         (apt_dir / sub).mkdir(parents=True)
     sources = apt_dir / "sources.list"
-    sources.write_text(f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {suite} main\n")
+    sources.write_text("".join(f"deb [signed-by={keyring}] {uri} {suite} main\n" for uri, keyring in system_archives()))
     options = [
         "-o", f"Dir::Etc::SourceList={sources}",
         "-o", "Dir::Etc::SourceParts=/dev/null",
