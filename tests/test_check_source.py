@@ -143,3 +143,29 @@ def test_a_gpu_too_small_for_anything_plans_the_cpu_alone(assets: Assets, tmp_pa
         log = log_path.read_text()
     assert "Vulkan0 model buffer" not in log and "Vulkan0 compute buffer" not in log and "Vulkan0 KV buffer" not in log
     assert re.search(r"n_ctx\s+= 2048\b", log)
+
+
+def test_ngl_takes_what_llama_server_takes_and_prints_the_resolved_number(tmp_path: Path) -> None:
+    """`--ngl all` is every layer (Llama-3-8B: 32 blocks + the output layer = 33), printed as
+    the number; a count above the layers means the same; `auto` is the planner's choice, as with
+    no --ngl; anything else is one clear error."""
+    from tests.support.sparse_models import LLAMA3_8B, write_sparse_gguf
+
+    path = str(write_sparse_gguf(tmp_path / "llama3.gguf", LLAMA3_8B))
+
+    def plan(*args: str) -> dict:  # type: ignore[type-arg]
+        result = run_cli("check", path, "--gpu", "24GiB", "--ctx", "4096", "--json", *args, env={"PATH": "/usr/bin:/bin"})
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)  # type: ignore[no-any-return]
+
+    for every in (plan("--ngl", "all"), plan("--ngl", "ALL"), plan("--ngl", "999")):
+        assert every["request"]["ngl"] == every["layers_offloaded"] == every["layers_total"] == 33
+        assert every["command"][every["command"].index("-ngl") + 1] == "33"
+        assert every["ollama"]["num_gpu"] == 33
+    auto, default = plan("--ngl", "auto"), plan()  # (host RAM free moves between runs: compare the plan)
+    assert (auto["request"], auto["layers_offloaded"], auto["command"]) == (default["request"], default["layers_offloaded"], default["command"])
+    assert plan("--ngl", "12")["layers_offloaded"] == 12
+    human = run_cli("check", path, "--gpu", "24GiB", "--ngl", "all", env={"PATH": "/usr/bin:/bin"}).stdout
+    assert "33/33 layers on the GPU" in human and "-ngl 33" in human.replace("\n", " ")
+    bad = run_cli("check", path, "--ngl", "most")
+    assert bad.returncode == 2 and "'most' is not a layer count: give 0 to 10000, 'all' or 'auto'" in bad.stderr

@@ -87,6 +87,17 @@ def test_full_offload_on_the_device(assets: Assets, tmp_path: Path) -> None:
         assert ready["delta"]["verified"] is True
 
 
+def test_ngl_a_number_and_all_reach_llama_server_resolved(assets: Assets, tmp_path: Path) -> None:
+    """`serve --ngl 7` loads exactly 7 layers on the Vulkan device; `--ngl all` all 19, passed
+    to llama-server as the number."""
+    for asked, layers in (("7", 7), ("all", 19)):
+        with serving(assets, tmp_path / asked, "--ngl", asked, "--ctx", "4096", "--port", str(free_port()), vulkan=True) as (_, ready):
+            assert ready["argv"][ready["argv"].index("-ngl") + 1] == str(layers)
+            assert ready["actual"]["layers_offloaded"] == ready["plan"]["layers_offloaded"] == layers
+            assert f"offloaded {layers}/19 layers to GPU" in Path(ready["log"]).read_text()
+            assert ready["delta"]["verified"] is True, ready["delta"]
+
+
 def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
     result = run_cli(
         "serve", str(assets.gemma_gguf), "--ctx", "16000000", "--port", str(free_port()),

@@ -203,3 +203,15 @@ def test_service_status_reads_systemctl_show_and_fails_clearly_without_systemd()
     assert result.stderr.startswith(("error: systemctl show tierlocal-serve.service failed: ", "error: tierlocal-serve.service is not installed")), (
         result.stderr
     )
+
+
+def test_ngl_reaches_the_unit_as_typed(tmp_path: Path) -> None:
+    """The unit keeps `--ngl all` as typed, so it is resolved on the machine the service starts on."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "all", "--dry-run")
+    assert unit.returncode == 0, unit.stderr
+    exec_start = next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith("--ngl all")
+    auto = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "auto", "--dry-run")
+    assert "--ngl" not in next(line for line in auto.stdout.splitlines() if line.startswith("ExecStart="))

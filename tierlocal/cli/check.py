@@ -18,7 +18,7 @@ from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, pars
 from ..gguf.sources import read_headers
 from ..hardware.types import Hardware
 from ..units import format_bytes, format_count, format_decimal_bytes
-from .common import console, gpu_option, json_option, machine, print_json
+from .common import console, gpu_option, json_option, machine, ngl_option, print_json
 
 __all__ = ["check", "render_recommendation", "render_source_check"]
 
@@ -30,7 +30,7 @@ __all__ = ["check", "render_recommendation", "render_source_check"]
 @click.option(
     "--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'."
 )
-@click.option("--ngl", type=click.IntRange(0, 10_000), help="Layers on the GPU (default: the most that fit).")
+@ngl_option
 @click.option("--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned).")
 @click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...).")
 @click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V.")

@@ -16,7 +16,7 @@ from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
 from ..hardware.types import Hardware
 
-__all__ = ["console", "print_json", "gpu_option", "json_option", "machine", "serve_options", "ollama_port", "PIPE_WIDTH"]
+__all__ = ["console", "print_json", "gpu_option", "json_option", "ngl_option", "ngl_text", "GpuLayers", "machine", "serve_options", "ollama_port", "PIPE_WIDTH"]
 
 #: Columns of the tables when stdout is not a terminal (a pipe, a file, CI).
 PIPE_WIDTH = 120
@@ -50,6 +50,39 @@ def machine(gpus: Sequence[str]) -> Hardware:
     return with_gpu_override(detect(), gpus)
 
 
+class GpuLayers(click.ParamType):
+    """``--ngl`` as llama-server spells it: a number of layers, ``all``, or ``auto`` (as many as
+    fit, planned: llama-server's default). Converts to the layer count, NGL_ALL, or None."""
+
+    name = "N|all|auto"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return self.name
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return None
+        if text == "all":
+            return constants.NGL_ALL
+        if text.isdigit() and int(text) <= 10_000:
+            return int(text)
+        self.fail(f"{value!r} is not a layer count: give 0 to 10000, 'all' or 'auto'", param, ctx)
+
+
+def ngl_text(ngl: int | None) -> str:
+    """``--ngl`` back as typed: ``auto``, ``all`` or the number (for a unit's command line)."""
+    return "auto" if ngl is None else "all" if ngl == constants.NGL_ALL else str(ngl)
+
+
+ngl_option = click.option(
+    "--ngl",
+    type=GpuLayers(),
+    help="Layers on the GPU: a number, 'all', or 'auto' (the most that fit, planned; the default). The plan prints the number it resolves to.",
+)
+
 _F = TypeVar("_F", bound=Callable[..., object])
 
 
@@ -68,6 +101,7 @@ def serve_options(command: _F) -> _F:
             click.option("--host", default=constants.DEFAULT_HOST, show_default=True, help="Address to bind; anything but loopback needs --api-key-file."),
             click.option("--port", type=click.IntRange(1, 65535), default=constants.LLAMA_SERVER_PORT, show_default=True),
             gpu_option,
+            ngl_option,
             click.option(
                 "--api-key-file",
                 type=click.Path(dir_okay=False, path_type=Path),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pwd
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -13,6 +14,7 @@ from .. import constants
 from ..engines.llama_server import find_llama_server
 from ..errors import UsageError
 from ..serve.exposure import check_exposure, check_ollama_exposure, is_loopback
+from ..serve.run import ServeOptions
 from ..serve.systemd import (
     STATUS_PROPERTIES,
     GatewayUnit,
@@ -24,7 +26,7 @@ from ..serve.systemd import (
     render_serve_unit,
     write_unit,
 )
-from .common import ollama_port, print_json, serve_options
+from .common import ngl_text, ollama_port, print_json, serve_options
 
 __all__ = ["service"]
 
@@ -60,6 +62,7 @@ def install_serve(
     host: str,
     port: int,
     gpus: tuple[str, ...],
+    ngl: int | None,
     api_key_file: Path | None,
     engine: str,
     user: str,
@@ -73,7 +76,9 @@ def install_serve(
     if not model.is_file():
         raise UsageError(f"{model}: no such model file", hint="pull it first: tierlocal pull …, then give its path")
     if engine == "ollama":
-        _install_ollama_dropin(model, ctx, parallel, host, port, gpus, directory, dry_run)
+        _install_ollama_dropin(
+            ServeOptions(model=model, engine="ollama", ctx=ctx, parallel=parallel, host=host, port=port, gpus=gpus, ngl=ngl), directory, dry_run
+        )
         return
     binary = find_llama_server(llama_server)
     if binary is None:
@@ -85,6 +90,8 @@ def install_serve(
     args = ["--llama-server", str(binary.resolve()), "--ctx", ctx, "--parallel", parallel, "--host", host, "--port", str(port)]
     for gpu in gpus:
         args += ["--gpu", gpu]
+    if ngl is not None:
+        args += ["--ngl", ngl_text(ngl)]  # as typed: resolved when the service starts, on that machine
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None)
     text = render_serve_unit(unit)
     if dry_run:
@@ -99,16 +106,16 @@ def install_serve(
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-serve", err=True)
 
 
-def _install_ollama_dropin(model: Path, ctx: str, parallel: str, host: str, port: int, gpus: tuple[str, ...], directory: Path, dry_run: bool) -> None:
+def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool) -> None:
     """ollama.service.d/tierlocal.conf: the plan's server settings for the installer's unit,
     which every Ollama install overwrites (so tierlocal never edits it)."""
     from ..serve.ollama import plan_for_ollama
-    from ..serve.run import ServeOptions
 
-    check_ollama_exposure(host)
-    port = ollama_port(port)
-    check = plan_for_ollama(ServeOptions(model=model, engine="ollama", ctx=ctx, parallel=parallel, host=host, port=port, gpus=gpus))
+    check_ollama_exposure(options.host)
+    options = replace(options, port=ollama_port(options.port))
+    check = plan_for_ollama(options)
     assert check.ollama is not None
+    host, port, model = options.host, options.port, options.model
     text = render_ollama_dropin(check.ollama, model, None if (host, port) == (constants.DEFAULT_HOST, constants.OLLAMA_PORT) else f"{host}:{port}")
     if dry_run:
         click.echo(text, nl=False)

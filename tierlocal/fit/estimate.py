@@ -34,7 +34,9 @@ _MAX_SLOTS = 256
 class RunRequest:
     """What llama-server is asked for. ``ctx`` 0 = the model's trained context; ``parallel``
     None = llama-server's auto (4 slots, unified KV); ``ngl`` and ``n_cpu_moe`` None = let the
-    planner choose (``n_cpu_moe``: keep the experts of the first N blocks on the CPU)."""
+    planner choose, as llama-server's ``-ngl auto`` does (``ngl`` above the layer count, e.g.
+    ``constants.NGL_ALL``, is every layer; ``n_cpu_moe``: keep the experts of the first N blocks
+    on the CPU)."""
 
     ctx: int = 0
     parallel: int | None = 1
@@ -121,7 +123,7 @@ class RunEstimate:
 
 def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
     """Memory per device for ``request`` with ``request.ngl`` layers offloaded (0 without a GPU)."""
-    ngl = request.ngl if request.ngl is not None else 0
+    ngl = min(request.ngl, spec.n_layer + 1) if request.ngl is not None else 0  # -ngl all (or more) is every layer
     n_cpu_moe = request.n_cpu_moe or 0
     if machine.gpu_name is None:
         ngl = n_cpu_moe = 0

@@ -108,7 +108,7 @@ def _replan_for_free_memory(session: ServeSession, failed: AllocationFailed) -> 
     at most that much), plus our margin and runtime allowance."""
     machine, planned = session.machine, session.check.estimate
     assert planned is not None and isinstance(failed.report, LoadReport)
-    if machine.gpu_name is None:
+    if machine.gpu_name is None or session.options.ngl is not None:  # no GPU, or layers the user chose
         return None
     gpu = planned.devices[0]
     refused = failed.report.failure("alloc_failed")

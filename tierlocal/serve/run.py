@@ -54,6 +54,8 @@ class ServeOptions:
     host: str = constants.DEFAULT_HOST
     port: int = constants.LLAMA_SERVER_PORT
     gpus: tuple[str, ...] = ()
+    #: Layers on the GPU as asked (None: planned; constants.NGL_ALL: every layer).
+    ngl: int | None = None
     api_key_file: Path | None = None
     load_timeout_s: float | None = None
     threads: int | None = None
@@ -101,7 +103,7 @@ def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None
         machine,
         ctx=parse_ctx(options.ctx),
         parallel=parse_parallel(options.parallel),
-        request=request or RunRequest(),
+        request=replace(request or RunRequest(), ngl=options.ngl),
     )
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(
