@@ -134,7 +134,7 @@ def test_bad_gpu_override_on_the_command_line() -> None:
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert lines[0] == "error: --gpu 'Voodoo 5' is neither a size nor a GPU we know"
-    assert lines[1].startswith("hint: give a size such as 24GiB, or one of: B300, B200, H200, H100")
+    assert lines[1].startswith("hint: give a size such as 24GiB, or one of: B300, GB300, B200, H200, H100")
     override = json.loads(run_cli("hw", "--gpu", "2xH100", "--json").stdout)
     assert override["overridden"] is True
     assert [gpu["name"] for gpu in override["gpus"]] == ["H100 #0", "H100 #1"]

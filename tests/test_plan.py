@@ -42,10 +42,13 @@ def test_kimi_k3_defaults() -> None:
     assert model["weights_with_block_scales_bytes"] == round(K3_PARAMS * (0.5 + 1 / 32))
     by_precision = {row["precision"]: row["weights_bytes"] for row in payload["weights_by_precision"]}
     assert by_precision == {"bf16": 2 * K3_PARAMS, "fp8": K3_PARAMS, "mxfp4": K3_PARAMS // 2, "int4": K3_PARAMS // 2, "2bit": K3_PARAMS // 4}
-    # GPUs to hold the weights: ceil(1.39 TB / memory); H200 141 GiB, H100 80 GiB, B300 288 GiB.
-    assert _count(payload, "H200") == math.ceil(K3_WEIGHTS_MXFP4 / (141 * _GIB)) == 10
-    assert _count(payload, "H100") == math.ceil(K3_WEIGHTS_MXFP4 / (80 * _GIB)) == 17
-    assert _count(payload, "B300") == math.ceil(K3_WEIGHTS_MXFP4 / (288 * _GIB)) == 5
+    # GPUs to hold the weights: ceil(1.39 TB / marketed memory, decimal); H200 141 GB, H100 80 GB, B300 288 GB.
+    assert _count(payload, "H200") == math.ceil(K3_WEIGHTS_MXFP4 / 141e9) == 10
+    assert _count(payload, "H100") == math.ceil(K3_WEIGHTS_MXFP4 / 80e9) == 18
+    assert _count(payload, "B300") == math.ceil(K3_WEIGHTS_MXFP4 / 288e9) == 5
+    # ... and where the driver's usable memory is on record, the count it gives: H100 81559 MiB.
+    h100 = next(row for row in payload["gpus_for_weights"] if row["gpu"] == "H100")
+    assert (h100["usable_bytes"], h100["usable_count"]) == (81559 * 2**20, math.ceil(K3_WEIGHTS_MXFP4 / (81559 * 2**20)))
     assert payload["serving_floor_bytes"] == K3_SERVING_FLOOR and payload["serving_floor_published"] is True
     # The cheapest cluster that clears the 1.68 TB floor: 8 × B300 (6 needed, a node of 8 built).
     first = payload["serving_configs"][0]
@@ -56,15 +59,15 @@ def test_kimi_k3_defaults() -> None:
     assert "until allocation fails" in payload["kv_measure_procedure"]
     assert "kv_per_user" not in payload
     assert payload["kv_classic_example"][0] == {"ctx": 8192, "bytes": 2 * 93 * 8 * 128 * 2 * 8192}
-    # Rental at $2/GPU-h (low end of $2–5), 720 h a month.
+    # Rental at $2.50/GPU-h (the guides' rate, in the dated $2–5 range), 720 h a month.
     rental = {row["label"]: row["usd_per_month"] for row in payload["rental"]}
-    assert rental == {"1 GPU always on": 1440, "8 GPUs 4 h/day": 1920, "8 GPUs always on": 11_520, "32 GPUs always on": 46_080}
+    assert rental == {"1 GPU always on": 1 * 720 * 2.5, "8 GPUs 4 h/day": 8 * 120 * 2.5, "8 GPUs always on": 8 * 720 * 2.5, "32 GPUs always on": 32 * 720 * 2.5}
     even = payload["break_even"]
-    assert even["monthly_cost_usd"] == 8 * 720 * 2.0
-    assert even["output_tokens_per_month"] == pytest.approx(11_520 / OUT * 1e6)
+    assert even["monthly_cost_usd"] == 8 * 720 * 2.5
+    assert even["output_tokens_per_month"] == pytest.approx(14_400 / OUT * 1e6)
     blended = 0.75 * (0.5 * HIT + 0.5 * MISS) + 0.25 * OUT
     assert even["blended_usd_per_million"] == pytest.approx(blended)
-    assert even["blended_tokens_per_month"] == pytest.approx(11_520 / blended * 1e6)
+    assert even["blended_tokens_per_month"] == pytest.approx(14_400 / blended * 1e6)
     # Download of the 1.56 TB repo: 1 GB/s ≈ 26 minutes.
     assert {row["bandwidth_bytes_per_s"]: row["seconds"] for row in payload["download"]}[1e9] == pytest.approx(1560)
     assert payload["disk_bytes"] == 4_000_000_000_000
@@ -77,8 +80,8 @@ def test_kimi_k3_defaults() -> None:
 def test_other_gpu_price_and_volume() -> None:
     payload = _plan("kimi-k3", "--gpu", "H200", "--rate", "3.5", "--tokens-per-month", "2B")
     assert [row["gpu"] for row in payload["gpus_for_weights"]] == ["H200"]
-    # Floor 1.68 TB / 141 GiB = 11.1 → 12 → two nodes of 8.
-    assert payload["serving_configs"] == [{"gpu": "H200", "count": 16, "memory_bytes": 16 * 141 * _GIB}]
+    # Floor 1.68 TB / 141 GB = 11.9 → 12 → two nodes of 8.
+    assert payload["serving_configs"] == [{"gpu": "H200", "count": 16, "memory_bytes": 16 * 141 * 10**9}]
     monthly = 16 * 720 * 3.5
     blended = 0.75 * (0.5 * HIT + 0.5 * MISS) + 0.25 * OUT
     assert payload["break_even"]["monthly_cost_usd"] == monthly
@@ -109,12 +112,42 @@ def test_monthly_cost_hours_and_precision_overrides() -> None:
     assert quoted["break_even"]["output_tokens_per_month"] == pytest.approx(50_000 / OUT * 1e6)
     part_time = _plan("kimi-k3", "--hours-per-day", "4")
     yours = part_time["rental"][-1]
-    assert (yours["gpus"], yours["hours_per_month"], yours["usd_per_month"]) == (8, 120, 8 * 120 * 2.0)
-    assert part_time["break_even"]["monthly_cost_usd"] == 1920
+    assert (yours["gpus"], yours["hours_per_month"], yours["usd_per_month"]) == (8, 120, 8 * 120 * 2.5)
+    assert part_time["break_even"]["monthly_cost_usd"] == 2400
     fp8 = _plan("kimi-k3", "--precision", "fp8", "--params", "3T", "--active", "50B")
     assert fp8["model"]["weights_bytes"] == 3 * 10**12
     assert fp8["model"]["active_params"] == 50 * 10**9
-    assert _count(fp8, "B300") == math.ceil(3e12 / (288 * _GIB))
+    assert _count(fp8, "B300") == math.ceil(3e12 / 288e9)
+
+
+# The guides' own tables (shared/MISSION.md), as published: a month is 720 hours at $2.50 per
+# GPU-hour, and ~1.4 TB of weights ÷ the card's marketed size in decimal GB, rounded up.
+GUIDES_RENTAL_USD = {"1 GPU always on": 1_800, "8 GPUs 4 h/day": 2_400, "8 GPUs always on": 14_400, "32 GPUs always on": 57_600}
+GUIDES_GPUS_FOR_WEIGHTS = {"H100": 18, "H200": 10, "B200": 8, "GB300": 5}
+GUIDES_CONFIGS_GB = {"8×B300": 2_304, "8×MI355X": 2_304, "16×H200": 2_256, "16×B200": 2_880, "32×H100": 2_560}
+
+
+def test_the_guides_tables_come_out_by_default() -> None:
+    payload = _plan("kimi-k3")
+    assert {row["label"]: row["usd_per_month"] for row in payload["rental"]} == GUIDES_RENTAL_USD
+    assert {gpu: _count(payload, gpu) for gpu in GUIDES_GPUS_FOR_WEIGHTS} == GUIDES_GPUS_FOR_WEIGHTS
+    assert {c["label"]: c["memory_bytes"] / 1e9 for c in payload["published_configs"]} == GUIDES_CONFIGS_GB
+    assert (payload["rate_usd_per_gpu_hour"], payload["rate_range_usd_per_gpu_hour"]) == (2.5, [2.0, 5.0])
+    # An 8-GPU node always on ($14,400) ≈ 960 M output tokens a month at $15.00/M.
+    even = payload["break_even"]
+    assert even["monthly_cost_usd"] == 14_400 and round(even["output_tokens_per_month"] / 1e6) == 960
+    rack = payload["racks"][0]
+    assert (rack["name"], rack["count"], rack["memory_bytes"], rack["clears_floor"]) == ("GB300 NVL72", 72, 72 * 288 * 10**9, True)
+    human = run_cli("plan", "kimi-k3").stdout
+    assert "4. Rental at $2.50 per GPU-hour (on demand $2–5 in 2026" in human
+    assert "Counted as the guides count: weights ÷ the card's marketed memory (decimal GB)" in human.replace("\n", "")
+
+
+def test_a_quoted_monthly_cost_with_a_mix_gives_the_blended_break_even() -> None:
+    even = _plan("kimi-k3", "--monthly-cost", "43000", "--input-share", "0.8", "--cache-hit", "0.9")["break_even"]
+    blended = 0.8 * (0.9 * HIT + 0.1 * MISS) + 0.2 * OUT  # $3.456 per million
+    assert even["blended_usd_per_million"] == pytest.approx(blended)
+    assert even["blended_tokens_per_month"] == pytest.approx(43_000 / blended * 1e6)  # ≈ 12.4 B
 
 
 def test_catalog_model_with_published_attention() -> None:

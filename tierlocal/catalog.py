@@ -28,6 +28,8 @@ __all__ = [
     "HostDefaults",
     "load_host_defaults",
     "RentalDefaults",
+    "Rack",
+    "load_racks",
     "load_rental_defaults",
     "ModelEntry",
     "recipes_dir",
@@ -42,7 +44,11 @@ _GIB = 1024**3
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU model from recipes/gpus.toml. Memory in bytes, bandwidth in bytes/s."""
+    """One GPU model from recipes/gpus.toml. Memory in bytes, bandwidth in bytes/s.
+
+    ``memory_bytes`` is what ``--gpu NAME`` plans with (the vendor figure read as GiB);
+    ``marketed_bytes`` the vendor's size in decimal GB, as the guides count GPUs;
+    ``usable_bytes`` what the driver reports, where a dated reading exists."""
 
     name: str
     aliases: tuple[str, ...]
@@ -52,6 +58,21 @@ class GpuSpec:
     datacenter: bool
     usd_per_hour: tuple[float, float] | None
     spec_date: str
+    marketed_bytes: int = 0
+    usable_bytes: int | None = None
+    usable_source: str | None = None
+
+
+@dataclass(frozen=True)
+class Rack:
+    """A rack sold as one system (GB300 NVL72): ``count`` of ``gpu``, memory in bytes (decimal, as marketed)."""
+
+    name: str
+    gpu: str
+    count: int
+    memory_bytes: int
+    spec_date: str
+    source: str
 
 
 @dataclass(frozen=True)
@@ -99,10 +120,12 @@ class ModelEntry:
 
 @dataclass(frozen=True)
 class RentalDefaults:
-    """The on-demand rental price range in USD per GPU-hour, with its date and source."""
+    """The on-demand rental price range in USD per GPU-hour, the rate plans use by default
+    (the guides' own), with their date and source."""
 
     low: float
     high: float
+    default: float
     date: str
     source: str
 
@@ -219,11 +242,30 @@ def load_gpus() -> tuple[GpuSpec, ...]:
                     datacenter=bool(entry.get("datacenter", False)),
                     usd_per_hour=(float(price[0]), float(price[1])) if price else None,
                     spec_date=entry["spec_date"],
+                    marketed_bytes=int(entry["memory_gb"] * 1e9),
+                    usable_bytes=int(entry["usable_mib"]) * 1024 * 1024 if "usable_mib" in entry else None,
+                    usable_source=entry.get("usable_source"),
                 )
             )
     except (KeyError, TypeError, IndexError) as exc:
         raise CatalogError(f"recipes/gpus.toml: an entry lacks {exc}", hint="fix the entry") from None
     return tuple(specs)
+
+
+@cache
+def load_racks() -> tuple[Rack, ...]:
+    """The [[rack]] entries of recipes/gpus.toml.
+
+    Raises:
+        CatalogError: an entry lacks a field.
+    """
+    try:
+        return tuple(
+            Rack(r["name"], r["gpu"], int(r["count"]), int(r["memory_gb"] * 1e9), str(r["spec_date"]), r["source"])
+            for r in _load("gpus.toml").get("rack", [])  # type: ignore[attr-defined]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/gpus.toml: a rack lacks {exc}", hint="fix the entry") from None
 
 
 @cache
@@ -252,7 +294,8 @@ def load_rental_defaults() -> RentalDefaults:
     try:
         rental = _load("gpus.toml")["rental"]
         low, high = rental["usd_per_gpu_hour"]  # type: ignore[index]
-        return RentalDefaults(float(low), float(high), str(rental["date"]), str(rental["source"]))  # type: ignore[index]
+        default = float(rental["default_usd_per_gpu_hour"])  # type: ignore[index]
+        return RentalDefaults(float(low), float(high), default, str(rental["date"]), str(rental["source"]))  # type: ignore[index]
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpus.toml [rental] lacks {exc}", hint="fix the file") from None
 

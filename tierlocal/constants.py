@@ -20,6 +20,8 @@ DEFAULT_CTX = 8192
 DEFAULT_UBATCH = 512
 #: llama-server's slot count when ``-np`` is left at auto (they share one unified KV cache).
 AUTO_SLOTS = 4
+#: What ``-ngl all`` asks for: every layer (a plan resolves it to the model's layer count).
+NGL_ALL = 2**31 - 1
 #: Slowest decode speed (tokens/s) the catalog recommendation accepts.
 DEFAULT_MIN_TOKENS_PER_S = 5.0
 

@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import constants
-from ..catalog import load_apis, load_precisions, load_rental_defaults
+from ..catalog import load_apis, load_precisions, load_racks, load_rental_defaults
 from ..errors import UsageError
+from ..tiers.arithmetic import PublishedConfig
 from ..tiers.facts import gpu_options, resolve_model_facts
 from ..tiers.plan import KV_MEASURE_PROCEDURE, ModelFacts, PlanOptions, TierPlan, build_plan, headline
 from ..units import format_bytes, format_count, format_decimal_bytes, format_duration, parse_bandwidth, parse_count
@@ -59,7 +60,9 @@ def _shares(input_share: float | None, output_share: float | None) -> float:
     metavar="NAME|SIZE",
     help="GPU to size with: a name from recipes/gpus.toml or a size (96GB). Repeatable. Default: the datacenter GPUs.",
 )
-@click.option("--rate", type=click.FloatRange(0, min_open=True), help="USD per GPU-hour (default: the low end of the dated range in recipes/gpus.toml).")
+@click.option(
+    "--rate", type=click.FloatRange(0, min_open=True), help="USD per GPU-hour (default: the guides' $2.50, in the dated $2-5 range of recipes/gpus.toml)."
+)
 @click.option("--hours-per-day", type=click.FloatRange(0, 24, min_open=True), help="Hours a day the cluster runs (adds your own scenario; default always on).")
 @click.option("--input-share", type=click.FloatRange(0, 1), help=f"Share of tokens that are input (default {constants.DEFAULT_INPUT_SHARE}).")
 @click.option("--output-share", type=click.FloatRange(0, 1), help="Share of tokens that are output.")
@@ -113,7 +116,9 @@ def plan(
         sources.append(f"API prices: {api.source} ({api.prices_date})")
     options = PlanOptions(
         gpus=gpu_options_,
-        rate_usd_per_gpu_hour=rate if rate is not None else rental.low,
+        rate_usd_per_gpu_hour=rate if rate is not None else rental.default,
+        rate_range_usd_per_gpu_hour=(rental.low, rental.high),
+        racks=tuple(PublishedConfig(rack.name, rack.gpu, rack.count, rack.memory_bytes) for rack in load_racks() if not gpus),
         input_share=_shares(input_share, output_share),
         cache_hit=cache_hit,
         bandwidths_bytes_per_s=tuple(parse_bandwidth(text) for text in (bandwidths or constants.DEFAULT_DOWNLOAD_BANDWIDTHS)),
@@ -191,17 +196,26 @@ def _print_weights(out: Console, plan: TierPlan) -> None:
         weights.add_row(line.precision, f"{line.bytes_per_weight:g}", format_decimal_bytes(line.weights_bytes), scales)
     out.print("1. Weights by precision (decimal units)")
     out.print(weights)
-    counts = _table("GPU", "memory", "GPUs to hold the weights (a floor, not a target)")
+    counts = _table("GPU", "memory", "GPUs to hold the weights (a floor, not a target)", "usable (driver)", "GPUs by usable")
     for count in plan.gpus_for_weights:
-        counts.add_row(count.gpu, format_bytes(count.memory_bytes), str(count.count))
+        usable = format_bytes(count.usable_bytes) if count.usable_bytes else "-"
+        differs = str(count.usable_count) if count.usable_count is not None and count.usable_count != count.count else ""
+        counts.add_row(count.gpu, format_decimal_bytes(count.memory_bytes), str(count.count), usable, differs)
     out.print(f"2. GPUs just to hold {format_decimal_bytes(plan.weights_bytes)} of {plan.precision.name} weights")
     out.print(counts)
+    out.print(
+        "   Counted as the guides count: weights ÷ the card's marketed memory (decimal GB), rounded up. usable: what the "
+        "driver reports (GiB), where a reading is on record; its count is shown where it differs."
+    )
     floor_kind = "published" if plan.serving_floor_published else "weights + KV at 32k for one user + 2 GiB overhead"
     out.print(f"   Serving floor {format_decimal_bytes(plan.serving_floor_bytes)} ({floor_kind}); clusters that clear it:")
     configs = _table("GPU", "count", "memory")
     for config in plan.serving_configs:
         configs.add_row(config.gpu, str(config.count), f"{format_decimal_bytes(config.total_bytes)} ({format_bytes(config.total_bytes)})")
     out.print(configs)
+    for rack in plan.options.racks:
+        verdict = "clears it" if rack.memory_bytes >= plan.serving_floor_bytes else "does not clear it"
+        out.print(f"   rack: {rack.label}, {rack.count} × {rack.gpu}, {format_decimal_bytes(rack.memory_bytes)} ({verdict})")
     for published in plan.facts.published_configs:
         out.print(f"   published: {published.label} ({format_decimal_bytes(published.memory_bytes)})")
     for key, text in plan.facts.guidance.items():
@@ -229,7 +243,9 @@ def _print_costs(out: Console, plan: TierPlan) -> None:
     rental = _table("scenario", "GPUs", "hours/month", "USD/month")
     for line in plan.rental:
         rental.add_row(line.label, str(line.gpus), f"{line.hours_per_month:g}", f"${line.usd_per_month:,.0f}")
-    out.print(f"4. Rental at ${options.rate_usd_per_gpu_hour:g} per GPU-hour (a month is 720 h; idle GPUs bill the same)")
+    span = options.rate_range_usd_per_gpu_hour
+    on_demand = f"on demand ${span[0]:g}–{span[1]:g} in 2026; " if span else ""
+    out.print(f"4. Rental at ${options.rate_usd_per_gpu_hour:.2f} per GPU-hour ({on_demand}a month is 720 h; idle GPUs bill the same)")
     out.print(rental)
     even = plan.break_even
     out.print("5. Break-even against the hosted API")

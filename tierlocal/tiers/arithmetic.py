@@ -73,10 +73,12 @@ class PublishedConfig:
 
 @dataclass(frozen=True)
 class GpuOption:
-    """A GPU to size a cluster with: memory in bytes."""
+    """A GPU to size a cluster with: its marketed memory in bytes (decimal, as the vendor sells
+    it and the guides count), and what the driver reports as usable when known."""
 
     name: str
     memory_bytes: int
+    usable_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,14 @@ class WeightsLine:
 
 @dataclass(frozen=True)
 class GpuCount:
-    """How many of one GPU it takes to hold ``bytes`` (a floor: no KV, no overhead)."""
+    """How many of one GPU it takes to hold ``bytes`` (a floor: no KV, no overhead), counted
+    with its marketed memory; and with the usable memory the driver reports, when known."""
 
     gpu: str
     memory_bytes: int
     count: int
+    usable_bytes: int | None = None
+    usable_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -140,8 +145,17 @@ def weights_by_precision(params: int, precisions: Sequence[Precision]) -> list[W
 
 
 def gpus_for_weights(n_bytes: int, gpus: Sequence[GpuOption]) -> list[GpuCount]:
-    """ceil(bytes ÷ memory) per GPU type, fewest first."""
-    counts = [GpuCount(gpu.name, gpu.memory_bytes, math.ceil(n_bytes / gpu.memory_bytes)) for gpu in gpus]
+    """ceil(bytes ÷ marketed memory) per GPU type (and ÷ usable memory, where known), fewest first."""
+    counts = [
+        GpuCount(
+            gpu.name,
+            gpu.memory_bytes,
+            math.ceil(n_bytes / gpu.memory_bytes),
+            gpu.usable_bytes,
+            math.ceil(n_bytes / gpu.usable_bytes) if gpu.usable_bytes else None,
+        )
+        for gpu in gpus
+    ]
     return sorted(counts, key=lambda count: (count.count, -count.memory_bytes))
 
 

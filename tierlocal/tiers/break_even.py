@@ -34,7 +34,7 @@ def break_even_verdicts(
         per_month = tokens * (30 * 86400) / measured_s
         rental = load_rental_defaults()
         options = PlanOptions(
-            gpus=gpu_options(())[0], rate_usd_per_gpu_hour=rental.low,
+            gpus=gpu_options(())[0], rate_usd_per_gpu_hour=rental.default,
             input_share=int(row["prompt_tokens"]) / tokens,
             cache_hit=int(row["cached_tokens"]) / int(row["prompt_tokens"]) if row["prompt_tokens"] else 0.0,
             bandwidths_bytes_per_s=(), tokens_per_month=per_month, api_prices=prices,
@@ -45,7 +45,7 @@ def break_even_verdicts(
         verdicts[model] = {
             **plan.volume_verdict,
             "measured_seconds": round(measured_s),
-            "rent": f"{plan.chosen.count}× {plan.chosen.gpu} always on at ${rental.low:g}/GPU-h ({rental.source}, {rental.date})",
+            "rent": f"{plan.chosen.count}× {plan.chosen.gpu} always on at ${rental.default:.2f}/GPU-h ({rental.source}, {rental.date})",
             "break_even_tokens_per_month": plan.break_even.blended_tokens_per_month,
         }
     return verdicts

@@ -187,7 +187,13 @@ def gpu_options(values: tuple[str, ...]) -> tuple[tuple[GpuOption, ...], list[Gp
     if values:
         devices = parse_gpu_override(values)
         unique = {device.name.split(" #")[0]: device.total_bytes for device in devices}
-        named = [spec for name in unique if (spec := find_gpu(name)) is not None]
-        return tuple(GpuOption(name, memory) for name, memory in unique.items()), named
+        named = {name: spec for name in unique if (spec := find_gpu(name)) is not None}
+        options = tuple(_option(named[name]) if name in named else GpuOption(name, memory) for name, memory in unique.items())
+        return options, list(named.values())
     specs = [spec for spec in load_gpus() if spec.datacenter]
-    return tuple(GpuOption(spec.name, spec.memory_bytes) for spec in specs), specs
+    return tuple(_option(spec) for spec in specs), specs
+
+
+def _option(spec: GpuSpec) -> GpuOption:
+    """A recipes GPU as plans size with it: marketed memory, and usable memory where read."""
+    return GpuOption(spec.name, spec.marketed_bytes, spec.usable_bytes)

@@ -83,6 +83,10 @@ class PlanOptions:
     model_path: str = "<path-or-repo-of-the-weights>"
     port: int = 8000
     sources: tuple[str, ...] = ()
+    #: The dated on-demand range the rate sits in (USD per GPU-hour), when known.
+    rate_range_usd_per_gpu_hour: tuple[float, float] | None = None
+    #: Racks sold as one system (GB300 NVL72): shown beside the clusters that clear the floor.
+    racks: tuple[PublishedConfig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,14 +150,22 @@ class TierPlan:
                 }
                 for line in self.weights_by_precision
             ],
-            "gpus_for_weights": [{"gpu": c.gpu, "memory_bytes": c.memory_bytes, "count": c.count} for c in self.gpus_for_weights],
+            "gpus_for_weights": [
+                {"gpu": c.gpu, "memory_bytes": c.memory_bytes, "count": c.count, "usable_bytes": c.usable_bytes, "usable_count": c.usable_count}
+                for c in self.gpus_for_weights
+            ],
             "serving_floor_bytes": self.serving_floor_bytes,
             "serving_floor_published": self.serving_floor_published,
             "serving_configs": [{"gpu": c.gpu, "count": c.count, "memory_bytes": c.total_bytes} for c in self.serving_configs],
             "published_configs": [{"label": c.label, "gpu": c.gpu, "count": c.count, "memory_bytes": c.memory_bytes} for c in facts.published_configs],
+            "racks": [
+                {"name": r.label, "gpu": r.gpu, "count": r.count, "memory_bytes": r.memory_bytes, "clears_floor": r.memory_bytes >= self.serving_floor_bytes}
+                for r in options.racks
+            ],
             "guidance": facts.guidance,
             "rental": [{"label": r.label, "gpus": r.gpus, "hours_per_month": r.hours_per_month, "usd_per_month": r.usd_per_month} for r in self.rental],
             "rate_usd_per_gpu_hour": options.rate_usd_per_gpu_hour,
+            "rate_range_usd_per_gpu_hour": list(options.rate_range_usd_per_gpu_hour) if options.rate_range_usd_per_gpu_hour else None,
             "break_even": self._break_even_json(),
             "volume": self.volume_verdict,
             "download": [{"bandwidth_bytes_per_s": bandwidth, "seconds": seconds} for bandwidth, seconds in self.download],
