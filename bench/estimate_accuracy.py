@@ -346,7 +346,7 @@ def main() -> None:
         print(
             f"  {load['case']:44} {load['planned']:24} {load['predicted_gpu_mib']:>9} {load['vulkan0_total_mib'] or '-':>9} {load['offloaded']:>9} {'yes' if load['loaded'] else 'NO'}"
         )
-    print("Compute buffers: calibrated formulas (tierlocal/memory.py): the CPU backend's, and on the Vulkan device the partial-offload rule.")
+    print("Compute buffers: calibrated formulas (tierlocal/fit/memory.py): the CPU backend's, and on the Vulkan device the partial-offload rule.")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import re
 import subprocess
 import sys
@@ -86,20 +87,24 @@ def test_a_venv_of_the_declared_dependencies_imports_every_module(tmp_path: Path
     )
     assert install.returncode == 0, install.stderr[-2000:]
     script = (
-        "import importlib, pkgutil, tierlocal\n"
-        "failed = []\n"
+        "import importlib, json, pkgutil, tierlocal\n"
+        "walked, failed = [], []\n"
         "for module in pkgutil.walk_packages(tierlocal.__path__, 'tierlocal.'):\n"
+        "    walked.append(module.name)\n"
         "    if module.name != 'tierlocal.__main__':\n"
         "        try:\n"
         "            importlib.import_module(module.name)\n"
         "        except Exception as exc:\n"
         "            failed.append(f'{module.name}: {exc!r}')\n"
-        "print(tierlocal.__file__)\n"
-        "print(failed)\n"
+        "print(json.dumps([tierlocal.__file__, sorted(walked), failed]))\n"
     )
     imported = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
-    location, failed = imported.stdout.splitlines()
-    assert location.startswith(str(venv)) and failed == "[]"
+    location, walked, failed = json.loads(imported.stdout)
+    assert location.startswith(str(venv)) and failed == []
+    # Every module of the source tree was installed and imported (a folder without __init__.py
+    # would be skipped by the walk).
+    in_tree = sorted(".".join(p.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__") for p in PACKAGE.rglob("*.py"))
+    assert walked == [name for name in in_tree if name != "tierlocal"]
     checked = subprocess.run(
         [str(venv / "bin" / "tierlocal"), "check", "--gpu", "24GiB", "--json"], capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120
     )

@@ -1,1 +1,4 @@
-"""Inference engines tierlocal runs or queries: llama-server (and, later, Ollama)."""
+"""The engines tierlocal drives: llama-server's command line built once from a plan
+(:mod:`.flags`), Ollama's settings (:mod:`.ollama`), the binary itself (:mod:`.llama_server`:
+finding it, its devices and options), building it (:mod:`.build`), and its load log
+(:mod:`.loadlog`)."""

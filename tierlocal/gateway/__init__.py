@@ -1,1 +1,4 @@
-"""The fallback gateway (issue 7): configuration and state today; the server comes next."""
+"""The OpenAI-compatible fallback gateway: :mod:`.config` (the TOML contract), :mod:`.app` (the
+server and its one retry loop), :mod:`.relay` (one attempt on one upstream), :mod:`.ledger`
+(budgets and usage rows), :mod:`.store` (SQLite or Redis), :mod:`.runner` (running it), and the
+pure rules in :mod:`.protocol`, :mod:`.pricing` and :mod:`.limits`."""
