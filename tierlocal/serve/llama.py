@@ -48,7 +48,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         "gpus": list(options.gpus),
     }
 
-    hardware, machine = detected_machine(options, llama_server=binary)
+    machine = detected_machine(options, llama_server=binary)
     correction = gpu_correction(history_key) if machine.gpu_name is not None else None
     if correction is not None and correction.bytes:
         machine = replace(machine, gpu_compute_correction_bytes=correction.bytes)
@@ -58,7 +58,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         )
     check = plan_for(options, machine)
     with stop_on_signals() as stop:
-        session = ServeSession(options, hardware, machine, check, stop, say, on_ready, history_key)
+        session = ServeSession(options, machine, check, stop, say, on_ready, history_key)
         try:
             return _serve_attempts(session, binary, flags, key_file)
         finally:

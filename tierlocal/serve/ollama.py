@@ -59,8 +59,7 @@ def plan_for_ollama(options: ServeOptions) -> SourceCheck:
     Raises:
         TierlocalError: it does not fit.
     """
-    _hardware, machine = detected_machine(options)
-    return plan_for(options, machine)
+    return plan_for(options, detected_machine(options))
 
 
 def serve_ollama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
@@ -74,10 +73,10 @@ def serve_ollama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     check_ollama_exposure(options.host)
     if not options.model.is_file():
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
-    hardware, machine = detected_machine(options)
+    machine = detected_machine(options)
     check = plan_for(options, machine)
     with stop_on_signals() as stop:
-        session = ServeSession(options, hardware, machine, check, stop, say, on_ready)
+        session = ServeSession(options, machine, check, stop, say, on_ready)
         server = _server(session)
         client = ollama.Client(host=server.url)
         try:

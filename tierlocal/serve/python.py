@@ -94,7 +94,7 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     if not options.model.is_file():
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     key_file = check_exposure(options.host, options.api_key_file)
-    hardware, machine = detected_machine(options)
+    machine = detected_machine(options)
     check = plan_for(options, machine, RunRequest(swa_full=True, all_outputs=True))
     assert check.estimate is not None
     if check.estimate.request.n_cpu_moe:
@@ -119,7 +119,7 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         "gpus": list(options.gpus),
     }
     with stop_on_signals() as stop:
-        session = ServeSession(options, hardware, machine, check, stop, say, on_ready, history_key)
+        session = ServeSession(options, machine, check, stop, say, on_ready, history_key)
         try:
             launched = launch(session, PYTHON_ENGINE, version, argv, env, "/v1/models", headers)
             if isinstance(launched, int):

@@ -26,7 +26,6 @@ from ..fit.verify import verify_load
 from ..gguf.sources import read_headers
 from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
-from ..hardware.types import Hardware
 from .history import record_load
 from .process import EngineChild, start_child
 from .state import log_path, write_state
@@ -68,7 +67,6 @@ class ServeSession:
     history (None: the load is not recorded)."""
 
     options: ServeOptions
-    hardware: Hardware
     machine: Machine
     check: SourceCheck
     stop: threading.Event
@@ -113,11 +111,10 @@ def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None
     return check
 
 
-def detected_machine(options: ServeOptions, *, llama_server: Path | None = None) -> tuple[Hardware, Machine]:
-    """This machine as detected (asking ``llama_server`` for its devices, if given), with the
-    ``--gpu`` override, and the planner's view of it."""
-    hardware = with_gpu_override(detect(llama_server=llama_server), options.gpus)
-    return hardware, machine_for(hardware, load_host_defaults())
+def detected_machine(options: ServeOptions, *, llama_server: Path | None = None) -> Machine:
+    """The planner's view of this machine as detected (asking ``llama_server`` for its devices,
+    if given), with the ``--gpu`` override."""
+    return machine_for(with_gpu_override(detect(llama_server=llama_server), options.gpus), load_host_defaults())
 
 
 @contextmanager
