@@ -6,45 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import openai
 
 from tests.support.assets import Assets
-from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import first_json_document, free_port, process_gone
-
-
-@contextmanager
-def serving(
-    assets: Assets, home: Path, *args: str, vulkan: bool = False, extra_env: dict[str, str] | None = None
-) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
-    """Run `tierlocal serve --json`, yield the process and its ready object; stop it after."""
-    binary = assets.llama_server_vulkan if vulkan else assets.llama_server_cpu
-    env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary), **(extra_env or {})}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--threads", "2", "--json", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-    )
-    try:
-        yield process, first_json_document(process)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        process.communicate()
+from tests.support.cli import run_cli
+from tests.support.engines import free_port, process_gone
+from tests.support.serving import serving
 
 
 def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_path: Path) -> None:
