@@ -562,6 +562,10 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
             assert {"kimi-k3", assets.gemma_gguf.stem} <= models
             answer = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
             assert answer.usage is not None and answer.usage.completion_tokens == 3
+            # The Gemma file has no template: serve gave llama-server Gemma's, not its ChatML fallback.
+            said = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0)
+            text = said.choices[0].message.content or ""
+            assert text and "<|im_start|>" not in text and "<|im_end|>" not in text, text
             with pytest.raises(openai.APIStatusError, match="MOONSHOT_API_KEY"):
                 api.chat.completions.create(model="kimi-k3", messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
         finally:

@@ -64,6 +64,7 @@ def test_cpu_build_has_no_offload_line_and_counts_recurrent_state() -> None:
         ("fail-alloc-cpu", ["alloc_failed", "load_failed"]),
         ("crash-vulkan-kv-too-large", ["crashed"]),
         ("ctx-exceeded", ["context_exceeded"]),
+        ("fail-chat-template", ["chat_template", "load_failed"]),
     ],
 )
 def test_known_failures(name: str, kinds: list[str]) -> None:

@@ -50,6 +50,11 @@ def test_python_engine_serves_the_plan_and_keeps_the_key_off_its_command_line(as
         answer = api.completions.create(model=assets.gemma_gguf.stem, prompt="Once upon a time there was a", max_tokens=3, temperature=0)
         assert answer.usage is not None and answer.usage.prompt_tokens > 5 and 1 <= answer.usage.completion_tokens <= 3
         assert answer.choices[0].text.strip()
+        # No template in the file: llama-cpp-python gets Gemma's chat format, not its llama-2 default.
+        assert b"--chat_format\x00gemma" in cmdline and ready["chat_template"]["name"] == "gemma"
+        said = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0)
+        text = said.choices[0].message.content or ""
+        assert text and not any(marker in text for marker in ("[INST]", "<|im_start|>", "<|im_end|>")), text
         status = run_cli("status", "--port", str(port), "--json")
         assert status.returncode == 0, status.stderr
         assert '"engine": "llama-cpp-python"' in status.stdout

@@ -215,3 +215,14 @@ def test_ngl_reaches_the_unit_as_typed(tmp_path: Path) -> None:
     assert exec_start.endswith("--ngl all")
     auto = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "auto", "--dry-run")
     assert "--ngl" not in next(line for line in auto.stdout.splitlines() if line.startswith("ExecStart="))
+
+
+def test_chat_template_reaches_the_unit_a_file_by_its_resolved_path(tmp_path: Path) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"")
+    (tmp_path / "mine.jinja").write_text("{{ messages[0].content }}")
+    (tmp_path / "sub").mkdir()
+    for given, expected in (("llama3", "--chat-template llama3"), (f"{tmp_path}/sub/../mine.jinja", f"--chat-template {tmp_path / 'mine.jinja'}")):
+        unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--chat-template", given, "--dry-run")
+        assert unit.returncode == 0, unit.stderr
+        assert next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart=")).endswith(expected)

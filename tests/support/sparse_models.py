@@ -44,6 +44,8 @@ class SparseArch:
     #: and the convolution's cache length.
     attention_layers: tuple[int, ...] | None = None
     conv_l_cache: int = 0
+    #: tokenizer.chat_template (None: the file has none).
+    chat_template: str | None = None
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -206,6 +208,8 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     writer.add_token_types([1] * spec.n_vocab)
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    if spec.chat_template is not None:
+        writer.add_chat_template(spec.chat_template)
     total = 0
     for name, shape, qtype in _tensors(spec):
         n_bytes = _bytes(qtype, shape)

@@ -155,6 +155,10 @@ def render_source_check(check: SourceCheck) -> None:
             f"Suggestion: -ctk q8_0 -ctv q8_0 -fa on gives {hint.layers_offloaded}/{estimate.layers_total} layers on the GPU "
             f"at {hint.ctx:,} tokens{'' if hint.fits else ' (still does not fit)'}."
         )
+    template = check.template
+    out.print(f"Chat template: {template.note}.")
+    if template.warning:
+        out.print(f"[bold yellow]warning[/bold yellow]: {template.warning}")
     out.print("Command: " + " ".join(check.command))
     if check.ollama is not None:
         ollama = check.ollama

@@ -107,6 +107,13 @@ def serve_options(command: _F) -> _F:
                 type=click.Path(dir_okay=False, path_type=Path),
                 help="Keys clients must send (one per line, mode 0600); passed to llama-server by file, never on its command line.",
             ),
+            click.option(
+                "--chat-template",
+                "chat_template",
+                metavar="NAME|FILE",
+                help="The prompt format: one of llama-server's built-in templates (gemma, llama3, chatml, … see llama-server --help) or a Jinja "
+                "file. Default: the model's own; without one, the built-in for its architecture.",
+            ),
         ]
     ):
         command = option(command)

@@ -83,6 +83,7 @@ def render_summary(summary: ModelSummary) -> None:
         ("header", format_bytes(summary.header_bytes)),
         ("file size", f"{format_bytes(summary.file_bytes)} ({summary.file_bytes:,} bytes)"),
         ("GGUF version", str(summary.gguf_version)),
+        ("chat template", summary.chat_template.describe()),
     ]
     if summary.expert_count:
         rows.insert(7, ("experts (used)", f"{summary.expert_count} ({summary.expert_used_count or '-'})"))

@@ -47,6 +47,7 @@ def serve(
     gpus: tuple[str, ...],
     ngl: int | None,
     api_key_file: Path | None,
+    chat_template: str | None,
     pull: bool,
     load_timeout: float | None,
     threads: int | None,
@@ -61,6 +62,7 @@ def serve(
       tierlocal serve ./gemma-3-270m-Q4_K_M.gguf --ctx 8192 --parallel 2
       tierlocal serve qwen3-8b --pull --ctx max
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
+      tierlocal serve ./no-template.gguf --chat-template llama3
       tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
     """
     model = resolve_model(source, pull=pull, say=_say)
@@ -79,6 +81,7 @@ def serve(
         api_key_file=api_key_file,
         load_timeout_s=load_timeout,
         threads=threads,
+        chat_template=chat_template,
     )
     code = run_serve(options, say=_say, on_ready=_on_ready(as_json, _render_ollama if engine == "ollama" else _render_status))
     if code:

@@ -64,6 +64,7 @@ def install_serve(
     gpus: tuple[str, ...],
     ngl: int | None,
     api_key_file: Path | None,
+    chat_template: str | None,
     engine: str,
     user: str,
     directory: Path,
@@ -92,6 +93,8 @@ def install_serve(
         args += ["--gpu", gpu]
     if ngl is not None:
         args += ["--ngl", ngl_text(ngl)]  # as typed: resolved when the service starts, on that machine
+    if chat_template is not None:
+        args += ["--chat-template", str(Path(chat_template).resolve()) if Path(chat_template).is_file() else chat_template]
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None)
     text = render_serve_unit(unit)
     if dry_run:

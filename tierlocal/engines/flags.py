@@ -22,15 +22,19 @@ __all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launc
 # space, then ", " and the next alias; the description starts after two or more spaces.
 _ALIAS = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*)(?: [^\s,-][^\s,]*)?(?:,\s+|(?=\s{2,})|$)")
 _VERSION = re.compile(r"version: (\S+) \(build (\d+), commit (\S+)\)")
+# "--chat-template ... list of built-in templates:\n  bailing, chatml, ...\n  (env: ...)"
+_BUILTINS = re.compile(r"list of built-in templates:\s*\n(?P<names>(?:\s+[\w.,\s-]+?\n)+?)\s+\(env:")
 
 
 @dataclass(frozen=True)
 class EngineFlags:
-    """The options one binary knows, and its version string."""
+    """The options one binary knows, its version string, and the built-in chat template names
+    its ``--chat-template`` accepts (empty: the help lists none)."""
 
     options: frozenset[str]
     flash_attn_takes_value: bool
     version: str
+    chat_templates: frozenset[str] = frozenset()
 
     def knows(self, option: str) -> bool:
         return option in self.options
@@ -52,14 +56,19 @@ def parse_help(help_text: str, version_text: str = "") -> EngineFlags:
         if "--flash-attn" in names and re.search(r"--flash-attn \[?on\|off", line):
             flash_takes_value = True
     version = _VERSION.search(version_text)
-    return EngineFlags(frozenset(options), flash_takes_value, f"{version.group(1)}-b{version.group(2)}-{version.group(3)}" if version else "unknown")
+    builtins = _BUILTINS.search(help_text)
+    template_names = frozenset(name for name in re.split(r"[,\s]+", builtins.group("names")) if name) if builtins else frozenset()
+    return EngineFlags(
+        frozenset(options), flash_takes_value, f"{version.group(1)}-b{version.group(2)}-{version.group(3)}" if version else "unknown", template_names
+    )
 
 
-def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_takes_value: bool = True) -> list[str]:
+def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_takes_value: bool = True, template_args: tuple[str, ...] = ()) -> list[str]:
     """The planned options after ``-m MODEL``: context, ``-dev none`` for a CPU-only plan on a
     machine with a GPU, slots (none for llama-server's auto), layers, flash attention (as
     ``-fa on|off``, or a bare ``-fa`` for binaries whose flag takes no value), experts on the
-    CPU, cache types and micro-batch when not the defaults."""
+    CPU, cache types and micro-batch when not the defaults, then the chat template's options
+    (:class:`tierlocal.engines.prompt_formats.TemplateChoice`)."""
     request, params = estimate.request, estimate.params
     args = ["-c", str(params.n_ctx_padded)]
     args += ["-dev", "none"] if host_only else []
@@ -74,12 +83,12 @@ def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_ta
         args += ["-ctk", request.cache_type_k, "-ctv", request.cache_type_v]
     if request.n_ubatch != constants.DEFAULT_UBATCH:
         args += ["-ub", str(request.n_ubatch)]
-    return args
+    return args + list(template_args)
 
 
-def planned_command(model_path: str, estimate: RunEstimate, *, host_only: bool = False) -> list[str]:
+def planned_command(model_path: str, estimate: RunEstimate, *, host_only: bool = False, template_args: tuple[str, ...] = ()) -> list[str]:
     """The command ``check`` prints: ``llama-server -m MODEL`` and the planned options."""
-    return ["llama-server", "-m", model_path, *server_args(estimate, host_only=host_only)]
+    return ["llama-server", "-m", model_path, *server_args(estimate, host_only=host_only, template_args=template_args)]
 
 
 def launch_argv(
@@ -93,6 +102,7 @@ def launch_argv(
     port: int,
     api_key_file: Path | None,
     threads: int | None = None,
+    template_args: tuple[str, ...] = (),
 ) -> list[str]:
     """The planned run as ``binary`` takes it: the planned options in its spelling, the bind
     address, ``--fit off`` so llama.cpp does not re-plan what we planned, verbose load lines
@@ -101,7 +111,14 @@ def launch_argv(
     Raises:
         EngineError: a key file is given and the binary cannot read one.
     """
-    argv = [str(binary), "-m", str(model), *server_args(estimate, host_only=host_only, flash_attn_takes_value=flags.flash_attn_takes_value)]
+    # Binaries from before Jinja templates have no --no-jinja: the names are all they take.
+    template_args = tuple(arg for arg in template_args if arg != "--no-jinja" or flags.knows("--no-jinja"))
+    argv = [
+        str(binary),
+        "-m",
+        str(model),
+        *server_args(estimate, host_only=host_only, flash_attn_takes_value=flags.flash_attn_takes_value, template_args=template_args),
+    ]
     argv += ["--host", host, "--port", str(port)]
     if flags.knows("--fit"):
         argv += ["--fit", "off"]

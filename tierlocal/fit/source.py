@@ -5,19 +5,20 @@ each engine takes it. Pure: the headers and the machine come in as arguments."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..catalog import HostDefaults
 from ..engines.flags import planned_command
 from ..engines.ollama import OllamaSettings, ollama_settings
+from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
-from ..gguf import GGUFHeader, summarize
+from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
 from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
 from .model import model_spec
 from .speed import DecodeSpeed, decode_speed
 
-__all__ = ["SourceCheck", "CacheSuggestion", "check_source", "machine_for", "parse_ctx", "parse_parallel"]
+__all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ class SourceCheck:
     speed: DecodeSpeed | None
     suggestion: CacheSuggestion | None
     host_only: bool = False
+    chat_template: ChatTemplateInfo = field(default_factory=lambda: ChatTemplateInfo("absent"))
+    #: The template serve will use (the file's, or the engine built-in tierlocal picks).
+    template: TemplateChoice = field(default_factory=lambda: TemplateChoice("engine-default"))
 
     def to_json(self) -> dict[str, object]:
         """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
@@ -73,6 +77,7 @@ class SourceCheck:
             },
             "fits": bool(estimate and estimate.fits),
             "reason": self.reason,
+            "chat_template": {**self.chat_template.to_json(), "serve": self.template.to_json()},
         }
         if estimate is None:
             return payload
@@ -157,6 +162,17 @@ def _cache_suggestion(estimate: RunEstimate, plan: Callable[[RunRequest], RunEst
     return CacheSuggestion(quantised.params.n_ctx_padded, quantised.layers_offloaded, quantised.fits)
 
 
+def _without_gpu(machine: Machine) -> Machine:
+    return replace(
+        machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None
+    )
+
+
+def default_template(summary: ModelSummary) -> TemplateChoice:
+    """The template serve uses for a model when the user names none."""
+    return choose_template(summary.chat_template, summary.architecture, tokenizer_model=summary.tokenizer_model, tokenizer_pre=summary.tokenizer_pre)
+
+
 def check_source(
     source: str,
     headers: list[GGUFHeader],
@@ -165,10 +181,12 @@ def check_source(
     ctx: int | None,
     parallel: int | str | None,
     request: RunRequest,
+    template: TemplateChoice | None = None,
 ) -> SourceCheck:
-    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``."""
-    spec = model_spec(headers)
-    summary = summarize(headers)
+    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with
+    ``template`` (None: :func:`default_template`)."""
+    spec, summary = model_spec(headers), summarize(headers)
+    template = template or default_template(summary)
     slots = None if isinstance(parallel, str) else parallel  # "max" is solved for below
     reason: str | None
     if parallel == "max":
@@ -194,14 +212,11 @@ def check_source(
     if (estimate is None or not estimate.fits) and machine.gpu_name is not None and not request.ngl:
         # A GPU too small even for its compute buffer and runtime: run on the CPU alone
         # (llama-server's -dev none), rather than call a model that fits in RAM unfit.
-        cpu_machine = replace(
-            machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None
-        )
+        cpu_machine = _without_gpu(machine)
         fallback = planner(cpu_machine)(base)
         if fallback is not None and fallback.fits:
             estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
-    if estimate is not None and estimate.fits:
-        reason = None
+    reason = None if estimate is not None and estimate.fits else reason
     model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
     return SourceCheck(
         source=source,
@@ -210,9 +225,11 @@ def check_source(
         file_bytes=summary.file_bytes,
         estimate=estimate,
         reason=reason,
-        command=planned_command(model_path, estimate, host_only=host_only) if estimate else [],
+        command=planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args) if estimate else [],
         ollama=ollama_settings(estimate) if estimate else None,
         speed=decode_speed(estimate, machine) if estimate else None,
         suggestion=_cache_suggestion(estimate, plan) if estimate else None,
         host_only=host_only,
+        chat_template=summary.chat_template,
+        template=template,
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gguf.constants import Keys, LlamaFileType
 
 from ..errors import HeaderError
+from .chat_template import ChatTemplateInfo, chat_template_info
 from .parse import ArraySummary, GGUFHeader, TensorInfo
 
 __all__ = ["QuantShare", "ModelSummary", "merge_split", "summarize"]
@@ -46,6 +47,10 @@ class ModelSummary:
     file_bytes: int
     gguf_version: int
     quant_mix: tuple[QuantShare, ...] = field(default=())
+    chat_template: ChatTemplateInfo = field(default=ChatTemplateInfo("absent"))
+    #: tokenizer.ggml.model and tokenizer.ggml.pre (``gpt2`` / ``llama-bpe`` for Llama 3).
+    tokenizer_model: str | None = None
+    tokenizer_pre: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json`` (stable key names, sizes in bytes)."""
@@ -69,6 +74,8 @@ class ModelSummary:
             "file_bytes": self.file_bytes,
             "gguf_version": self.gguf_version,
             "quant_mix": [{"type": q.ggml_type, "tensors": q.tensors, "bytes": q.n_bytes, "elements": q.n_elements} for q in self.quant_mix],
+            "tokenizer": {"model": self.tokenizer_model, "pre": self.tokenizer_pre},
+            "chat_template": self.chat_template.to_json(),
         }
 
 
@@ -167,6 +174,7 @@ def summarize(headers: Sequence[GGUFHeader]) -> ModelSummary:
         QuantShare(name, count, n_bytes, n_elements) for name, (count, n_bytes, n_elements) in sorted(by_type.items(), key=lambda item: -item[1][1])
     )
     name = metadata.get(Keys.General.NAME)
+    tokenizer_model, tokenizer_pre = metadata.get(Keys.Tokenizer.MODEL), metadata.get(Keys.Tokenizer.PRE)
     return ModelSummary(
         sources=tuple(header.source for header in headers),
         architecture=arch,
@@ -187,4 +195,7 @@ def summarize(headers: Sequence[GGUFHeader]) -> ModelSummary:
         file_bytes=sum(header.file_bytes for header in headers),
         gguf_version=headers[0].version,
         quant_mix=quant_mix,
+        chat_template=chat_template_info(headers),
+        tokenizer_model=tokenizer_model if isinstance(tokenizer_model, str) else None,
+        tokenizer_pre=tokenizer_pre if isinstance(tokenizer_pre, str) else None,
     )

@@ -12,11 +12,14 @@ from .. import constants
 from ..engines.flags import EngineFlags, launch_argv
 from ..engines.llama_server import find_llama_server, read_engine_flags
 from ..engines.loadlog import LoadReport
-from ..errors import AllocationFailed, TierlocalError, UsageError
+from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
+from ..gguf import summarize
+from ..gguf.sources import read_headers
 from .exposure import check_exposure
 from .history import gpu_correction
 from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
 from .state import state_path
+from .template import rendered_prompt, resolve_template
 
 __all__ = ["serve_llama"]
 
@@ -56,7 +59,11 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
             f"correcting the GPU estimate by {correction.bytes / 2**20:+.1f} MiB: the median miss of {correction.loads} "
             "recorded load(s) of this model with this engine"
         )
-    check = plan_for(options, machine)
+    template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), flags.chat_templates or None)
+    check = plan_for(options, machine, template=template)
+    say(f"chat template: {template.note}")
+    if template.warning:
+        say(f"warning: {template.warning}")
     with stop_on_signals() as stop:
         session = ServeSession(options, machine, check, stop, say, on_ready, history_key)
         try:
@@ -95,11 +102,27 @@ def _run_once(session: ServeSession, binary: Path, flags: EngineFlags, key_file:
         port=options.port,
         api_key_file=key_file,
         threads=options.threads,
+        template_args=check.template.engine_args,
     )
     launched = launch(session, "llama-server", flags.version, argv, constants.child_environment(), "/health")
     if not isinstance(launched, Launched):
         return launched
-    return supervise_verified(session, launched)
+    return supervise_verified(session, launched, {"chat_template": _checked_template(session, launched, key_file)})
+
+
+def _checked_template(session: ServeSession, launched: Launched, key_file: Path | None) -> dict[str, object]:
+    """The template in use, with the prompt llama-server builds from one user message; an
+    engine that renders the wrong format is stopped (EngineFailed)."""
+    template = session.check.template
+    key = key_file.read_text().splitlines()[0].strip() if key_file is not None else None
+    try:
+        prompt = rendered_prompt(launched.url, template, {"Authorization": f"Bearer {key}"} if key else None)
+    except EngineFailed:
+        launched.child.stop()
+        raise
+    if prompt is None:
+        session.say("this llama-server has no /apply-template: the chat template was not checked")
+    return {**template.to_json(), "header": session.check.chat_template.to_json(), "rendered": prompt}
 
 
 def _replan_for_free_memory(session: ServeSession, failed: AllocationFailed) -> tuple[ServeSession, str] | None:

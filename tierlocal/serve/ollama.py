@@ -22,13 +22,17 @@ import ollama
 
 from .. import constants
 from ..engines.loadlog import LoadLogParser
+from ..engines.prompt_formats import TemplateChoice
 from ..errors import EngineFailed, UsageError
 from ..fit.source import SourceCheck
+from ..gguf import summarize
+from ..gguf.sources import read_headers
 from .exposure import check_ollama_exposure
 from .process import EngineChild, start_child
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, stop_on_signals
 from .state import log_path, state_path, write_state
 from .systemd import notify
+from .template import TEMPLATE_HINT, resolve_template
 
 __all__ = ["serve_ollama", "ollama_model_name", "plan_for_ollama"]
 
@@ -74,7 +78,13 @@ def serve_ollama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     if not options.model.is_file():
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     machine = detected_machine(options)
-    check = plan_for(options, machine)
+    template = None
+    if options.ollama_tag is None:
+        template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), None, engine="ollama")
+        say(f"chat template: {_ollama_note(template)}")
+        if template.warning:
+            say(f"warning: {template.warning}")
+    check = plan_for(options, machine, template=template)
     with stop_on_signals() as stop:
         session = ServeSession(options, machine, check, stop, say, on_ready)
         server = _server(session)
@@ -130,17 +140,28 @@ def _server(session: ServeSession) -> _Server:
     return _Server(url, child, parser, log)
 
 
+def _ollama_note(template: TemplateChoice) -> str:
+    if template.prompt_format is not None and template.source != "header":
+        return template.note.replace("llama-server's built-in", "a Go TEMPLATE for") + "; its stop strings: " + ", ".join(template.prompt_format.ollama_stop)
+    return template.note.replace("llama-server", "Ollama")
+
+
 def _create_and_load(session: ServeSession, server: _Server, client: ollama.Client, name: str) -> ollama.ProcessResponse.Model:
-    """Create ``name`` from the GGUF (unless serving a tag as it is), load it with the plan's
-    num_ctx and num_gpu, and return what ``/api/ps`` says of it."""
-    options, settings = session.options, session.check.ollama
+    """Create ``name`` from the GGUF (unless serving a tag as it is) with the chosen prompt
+    format when the file has none, load it with the plan's num_ctx and num_gpu, and return
+    what ``/api/ps`` says of it."""
+    options, settings, template = session.options, session.check.ollama, session.check.template
     assert settings is not None
     num_ctx, num_gpu = settings.num_ctx, settings.num_gpu
     try:
         if options.ollama_tag is None:
             session.say(f"creating {name} from {options.model.name} (num_ctx {num_ctx}, num_gpu {num_gpu})")
             digest = client.create_blob(options.model)
-            client.create(model=name, files={options.model.name: digest}, parameters={"num_ctx": num_ctx, "num_gpu": num_gpu})
+            parameters: dict[str, object] = {"num_ctx": num_ctx, "num_gpu": num_gpu}
+            go_template = None
+            if template.prompt_format is not None and template.source != "header":
+                go_template, parameters["stop"] = template.prompt_format.ollama_template, list(template.prompt_format.ollama_stop)
+            client.create(model=name, files={options.model.name: digest}, template=go_template, parameters=parameters)
         else:
             session.say(f"loading the tag {name} as it is (num_ctx {num_ctx}, num_gpu {num_gpu} as load options)")
         client.generate(model=name, prompt="", keep_alive=-1, options={"num_ctx": num_ctx, "num_gpu": num_gpu})
@@ -202,10 +223,26 @@ def _payload(check: SourceCheck, server: _Server, name: str, loaded: ollama.Proc
     }
 
 
+def _checked_template(session: ServeSession, server: _Server, client: ollama.Client, name: str) -> dict[str, object]:
+    """The template Ollama holds for ``name``; one that is not the Go template tierlocal gave
+    it is an error (EngineFailed)."""
+    template = session.check.template
+    try:
+        held = client.show(name).template
+    except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:
+        raise EngineFailed(f"Ollama did not show {name}: {type(exc).__name__}", hint=server.hint("see the Ollama server's log")) from None
+    if session.options.ollama_tag is not None:
+        return {"source": "ollama-tag", "note": "the tag's own template, as Ollama holds it", "ollama_template": held}
+    expected = template.prompt_format.ollama_template if template.prompt_format is not None and template.source != "header" else None
+    if expected is not None and held != expected:
+        raise EngineFailed(f"Ollama holds another template for {name} than the {template.family} one tierlocal created it with", hint=TEMPLATE_HINT)
+    return {**template.to_json(), "header": session.check.chat_template.to_json(), "ollama_template": held}
+
+
 def _create_load_verify(session: ServeSession, server: _Server, client: ollama.Client) -> int:
     name = session.options.ollama_tag or ollama_model_name(session.options.model)
     loaded = _create_and_load(session, server, client, name)
-    payload = _payload(session.check, server, name, loaded)
+    payload = {**_payload(session.check, server, name, loaded), "chat_template": _checked_template(session, server, client, name)}
     write_state(session.options.port, payload)
     notify("READY=1", f"STATUS=serving {name} through Ollama on {server.url}")
     session.on_ready(payload)

@@ -26,9 +26,12 @@ from .. import constants
 from ..errors import AllocationFailed, UsageError
 from ..fit.estimate import RunRequest
 from ..fit.source import SourceCheck
+from ..gguf import summarize
+from ..gguf.sources import read_headers
 from .exposure import check_exposure
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
 from .state import state_path
+from .template import resolve_template
 
 __all__ = ["serve_python", "python_engine_argv", "PYTHON_ENGINE"]
 
@@ -74,6 +77,9 @@ def python_engine_argv(python: str, model: Path, check: SourceCheck, *, host: st
         argv += ["--type_v", str(_ggml_type(request.cache_type_v))]
     if threads is not None:
         argv += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    chosen = check.template.prompt_format
+    if check.template.source in ("builtin", "name") and chosen is not None and chosen.python_chat_format:
+        argv += ["--chat_format", chosen.python_chat_format]
     return argv
 
 
@@ -95,7 +101,12 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     key_file = check_exposure(options.host, options.api_key_file)
     machine = detected_machine(options)
-    check = plan_for(options, machine, RunRequest(swa_full=True, all_outputs=True))
+    template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), None, engine="python")
+    note = template.note.replace("llama-server's built-in", "llama-cpp-python's chat format")
+    say("chat template: " + note.replace("llama-server will fall back to ChatML", "llama-cpp-python will fall back to its llama-2 format"))
+    if template.warning:
+        say("warning: " + template.warning.replace("ChatML", "its llama-2 format"))
+    check = plan_for(options, machine, RunRequest(swa_full=True, all_outputs=True), template=template)
     assert check.estimate is not None
     if check.estimate.request.n_cpu_moe:
         raise UsageError(
@@ -126,6 +137,6 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
                 return launched
             if isinstance(launched, AllocationFailed):
                 raise launched  # no re-plan for this engine yet
-            return supervise_verified(session, launched)
+            return supervise_verified(session, launched, {"chat_template": {**template.to_json(), "header": check.chat_template.to_json()}})
         finally:
             state_path(options.port).unlink(missing_ok=True)

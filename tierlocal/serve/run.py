@@ -18,6 +18,7 @@ from pathlib import Path
 from .. import constants
 from ..catalog import load_host_defaults
 from ..engines.loadlog import LoadLogParser, LoadReport
+from ..engines.prompt_formats import TemplateChoice
 from ..errors import AllocationFailed, EngineFailed, TierlocalError
 from ..fit.estimate import Machine, RunRequest, estimate_run
 from ..fit.model import model_spec
@@ -30,6 +31,7 @@ from .history import record_load
 from .process import EngineChild, start_child
 from .state import log_path, write_state
 from .systemd import notify
+from .template import TEMPLATE_HINT
 
 __all__ = ["ServeOptions", "ServeSession", "Launched", "plan_for", "detected_machine", "launch", "supervise_verified", "stop_on_signals", "last_log_lines"]
 
@@ -58,6 +60,8 @@ class ServeOptions:
     api_key_file: Path | None = None
     load_timeout_s: float | None = None
     threads: int | None = None
+    #: ``--chat-template`` as typed: a built-in name or a Jinja file (None: tierlocal chooses).
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +93,9 @@ class Launched:
     log_path: Path
 
 
-def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None = None) -> SourceCheck:
-    """The plan for ``options`` on ``machine`` (``request``: engine-specific defaults).
+def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None = None, template: TemplateChoice | None = None) -> SourceCheck:
+    """The plan for ``options`` on ``machine`` (``request``: engine-specific defaults;
+    ``template``: the chat template chosen, None: the model's default).
 
     Raises:
         TierlocalError: it does not fit.
@@ -102,6 +107,7 @@ def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None
         ctx=parse_ctx(options.ctx),
         parallel=parse_parallel(options.parallel),
         request=replace(request or RunRequest(), ngl=options.ngl),
+        template=template,
     )
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(
@@ -175,14 +181,17 @@ def launch(
             return 130
         raise EngineFailed(f"{engine} did not become ready within {timeout:.0f} s; stopped it", hint=f"see {log}; raise --load-timeout for a slow disk")
     details = last_log_lines(child, report)
+    if report.failure("chat_template"):
+        raise EngineFailed(f"{engine} could not use the chat template: {details}", hint=f"{TEMPLATE_HINT}; see {log}")
     if report.failure("alloc_failed"):
         return AllocationFailed(f"{engine} could not allocate memory while loading: {details}", report, hint=f"see {log}")
     raise EngineFailed(f"{engine} exited with {readiness.exit_code} while loading: {details}", hint=f"see {log}")
 
 
-def supervise_verified(session: ServeSession, launched: Launched) -> int:
+def supervise_verified(session: ServeSession, launched: Launched, extra: dict[str, object] | None = None) -> int:
     """Once an engine is ready: verify its load against the plan, write the state file
-    `tierlocal status` reads, record the load, notify systemd, and supervise it until stopped."""
+    `tierlocal status` reads (with ``extra`` added), record the load, notify systemd, and
+    supervise it until stopped."""
     check, machine, options = session.check, session.machine, session.options
     assert check.estimate is not None
     planned = check.estimate
@@ -205,6 +214,7 @@ def supervise_verified(session: ServeSession, launched: Launched) -> int:
         "actual": report.to_json(),
         "delta": verification.to_json(),
         "estimate_correction_bytes": machine.gpu_compute_correction_bytes,
+        **(extra or {}),
     }
     write_state(options.port, payload)
     gpu_delta = next((delta for delta in verification.devices if delta.name != "host"), None)
