@@ -49,7 +49,7 @@ LLAMA_CONTEXT = {
 class Fault:
     """What to do with one request: ``status`` (answer with it and ``body``), ``reset`` (close
     the connection without answering), ``delay_s`` (then forward), ``cut_after`` (forward, and
-    abort the connection after that many response bytes), ``echo_key`` (answer ``status`` with
+    abort the connection after that many response bytes), ``bill_all_choices``, ``echo_key`` (answer ``status`` with
     the Authorization header it received in the message — a leaky upstream)."""
 
     status: int | None = None
@@ -59,6 +59,9 @@ class Fault:
     delay_s: float = 0.0
     cut_after: int | None = None
     echo_key: bool = False
+    #: Bill every choice, as hosted APIs do (llama-server's usage counts one choice's tokens):
+    #: a non-streaming answer's completion_tokens multiplied by its number of choices.
+    bill_all_choices: bool = False
     trickle: bool = False  # forward the response in 64-byte pieces, 10 ms apart
 
 
@@ -144,6 +147,12 @@ class FaultProxy:
             await asyncio.sleep(fault.delay_s)
         headers = {name: value for name, value in request.headers.items() if name.lower() in ("authorization", "content-type", "accept")}
         async with self._session.request(request.method, self.upstream + request.path_qs, data=raw, headers=headers) as upstream:
+            if fault is not None and fault.bill_all_choices and not body.get("stream"):
+                answer = await upstream.json()
+                if isinstance(answer.get("usage"), dict):
+                    answer["usage"]["completion_tokens"] *= max(1, len(answer.get("choices") or ()))
+                    answer["usage"]["total_tokens"] = answer["usage"]["prompt_tokens"] + answer["usage"]["completion_tokens"]
+                return web.json_response(answer, status=upstream.status)
             response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
             await response.prepare(request)
             sent = 0

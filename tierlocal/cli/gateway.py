@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from ..gateway.config import GatewayConfig, default_config, load_config
+from ..gateway.config import GatewayConfig, default_config, load_config, name_problem
+from ..gateway.protocol import printable
 from ..gateway.store import open_store, period_start
 from .common import print_json
 
@@ -57,6 +58,8 @@ def keys() -> None:
 @click.option("--json", "as_json", is_flag=True, help='Print {"user", "key"}.')
 def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
     """Create a key for user NAME and print it — once: it cannot be shown again."""
+    if problem := name_problem(name):
+        raise UsageError(f"user name {problem}", hint="use letters, digits and punctuation")
     config = _config(config_path)
     if config.users and config.user(name) is None:
         raise UsageError(f"{config.source}: no [[users]] entry named {name!r}", hint="add one (with its limits and budget) first")
@@ -88,7 +91,7 @@ def list_keys(config_path: Path | None, as_json: bool) -> None:
         return
     for info in infos:
         state = "revoked" if info.revoked else "live"
-        click.echo(f"{info.user:20} {info.shown_prefix}…  {time.strftime('%Y-%m-%d %H:%M', time.gmtime(info.created))} UTC  {state}")
+        click.echo(f"{printable(info.user):20} {info.shown_prefix}…  {time.strftime('%Y-%m-%d %H:%M', time.gmtime(info.created))} UTC  {state}")
 
 
 @keys.command("revoke")
@@ -139,7 +142,7 @@ def usage(config_path: Path | None, period: str, as_json: bool) -> None:
         click.echo(f"{label}:")
         for name, row in totals[label].items():
             click.echo(
-                f"  {name:24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}"
+                f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}"
             )
     for model, verdict in verdicts.items():
         click.echo(

@@ -11,7 +11,6 @@ the response's last bytes go out.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -24,8 +23,10 @@ from .config import GatewayConfig, Route, Target, User
 from .ledger import Ledger
 from .limits import RateLimiter, Ticket
 from .metrics import Metrics
-from .pricing import requested_max_tokens, worst_case_input_tokens
+from .pricing import worst_case_input_tokens
+from .protocol import printable
 from .relay import Relay
+from .request_body import OutputLimits, output_limits, parse_json_object
 from .store import Store
 from .wire import AttemptFailed, Exchange, Reject
 
@@ -44,8 +45,6 @@ MAX_ATTEMPTS = 6
 #: Seconds between health polls of local targets; seconds an authenticated key is cached.
 POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
-#: Largest max_tokens a request may reserve.
-MAX_OUTPUT_TOKENS = 1 << 20
 
 
 def create_app(config: GatewayConfig, store: Store) -> web.Application:
@@ -174,7 +173,16 @@ class Gateway:
     # --- the proxy ----------------------------------------------------------------------------
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
+        try:
+            raw = await asyncio.wait_for(request.read(), self.config.server.body_timeout_s)
+        except ConnectionError:  # the client left while sending: nobody to answer, nothing held
+            log.info("a client left before its request body arrived")
+            return web.Response(status=400)
+        except TimeoutError:
+            raise Reject(
+                408, f"the request body took longer than {self.config.server.body_timeout_s:g} s to arrive", "invalid_request_error", "request_timeout",
+                should_retry=True,
+            ) from None  # fmt: skip
         body, route = self._parse(raw)
         user: User = request["user"]
         endpoint = ENDPOINTS[request.path]
@@ -183,7 +191,13 @@ class Gateway:
         exchange = Exchange(user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw)))
         if route.store_bodies:
             exchange.request_body = self.ledger.redact(raw, route)
-        output_bound = self._output_bound(body, user, endpoint)
+        limits = (
+            OutputLimits(0)
+            if endpoint == "/embeddings"
+            else output_limits(body, default_max_tokens=self.config.server.default_max_tokens, budgeted=user.budget_usd is not None)
+        )
+        exchange.adjusted = limits.adjusted
+        output_bound = limits.tokens
         ticket = await self._admit(user, route, exchange.input_bound + output_bound)
         reservation: int | None = None
         try:
@@ -203,12 +217,7 @@ class Gateway:
         Raises:
             Reject: not JSON, not an object, no model (400), or a model with no route (404).
         """
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise Reject(400, "the request body is not valid JSON", "invalid_request_error", "invalid_json", should_retry=False) from None
-        if not isinstance(body, dict):
-            raise Reject(400, "the request body must be a JSON object", "invalid_request_error", "invalid_json", should_retry=False)
+        body = parse_json_object(raw)
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise Reject(400, "the request names no model", "invalid_request_error", "missing_model", should_retry=False)
@@ -219,24 +228,6 @@ class Gateway:
                 404, f"the gateway has no route for model {model[:100]!r} (it serves: {known})", "invalid_request_error", "model_not_found", should_retry=False
             )
         return body, route
-
-    def _output_bound(self, body: dict[str, object], user: User, endpoint: str) -> int:
-        """Output tokens this request may produce (what is reserved); for a user with a budget
-        the body is capped to it, or given it when it names none."""
-        max_tokens = requested_max_tokens(body)
-        if endpoint == "/embeddings":
-            return 0
-        if max_tokens is not None:
-            output_bound = min(max_tokens, MAX_OUTPUT_TOKENS)
-            if user.budget_usd is not None and max_tokens > output_bound:  # never more than reserved
-                for name in ("max_tokens", "max_completion_tokens"):
-                    if name in body:
-                        body[name] = output_bound
-            return output_bound
-        output_bound = self.config.server.default_max_tokens
-        if user.budget_usd is not None:  # what is reserved is what may be generated
-            body["max_tokens"] = output_bound
-        return output_bound
 
     async def _admit(self, user: User, route: Route, tokens: int) -> object:
         """A rate-limit ticket (shared through Redis when the store offers it).
@@ -308,7 +299,10 @@ class Gateway:
                     if failure.verdict.reason == "context_exceeded":
                         excluded.add(state.target)
                     state.cool_down(failure.verdict.cooldown_s, failure.verdict.reason, now())
-                    log.warning("attempt %d for %s on %s failed (%s): %s", exchange.attempts, route.model, state.label, failure.verdict.reason, failure.detail)
+                    log.warning(
+                        "attempt %d for %s on %s failed (%s): %s",
+                        exchange.attempts, printable(route.model), printable(state.label), failure.verdict.reason, printable(failure.detail, 2000),
+                    )  # fmt: skip
             exchange.status = 503
             raise self._no_answer(exchange, excluded, last_failure)
         except Reject as reject:

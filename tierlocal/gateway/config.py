@@ -26,6 +26,8 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
 MAX_USERS = 100_000
+#: Longest user name or model id.
+MAX_NAME_CHARS = 200
 _SERVER_KEYS = {
     "host",
     "port",
@@ -38,6 +40,7 @@ _SERVER_KEYS = {
     "retry_deadline_s",
     "redis_url_env",
     "error_cooldown_s",
+    "body_timeout_s",
 }
 
 
@@ -66,6 +69,8 @@ class ServerConfig:
     #: Seconds a target stays out of rotation after a connection error, timeout or 5xx that
     #: named no wait.
     error_cooldown_s: float = 2.0
+    #: Seconds a client may take to send its request body (a slow client gets 408).
+    body_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -194,11 +199,24 @@ def _target(raw: object, source: str, where: str) -> Target:
     return Target(url.rstrip("/"), model, key_env, credential)  # type: ignore[arg-type]
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a user name or model id (None: it can): names reach log lines,
+    terminals and pages, so no control characters (newlines, ESC, bidi overrides), and at most
+    :data:`MAX_NAME_CHARS` characters."""
+    if len(name) > MAX_NAME_CHARS:
+        return f"is {len(name)} characters long (at most {MAX_NAME_CHARS})"
+    if not name.isprintable():
+        return f"{name[:40]!r} holds control characters"
+    return None
+
+
 def _user(raw: object, source: str, where: str) -> User:
     table = _table(raw, source, where)
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise _error(source, f"{where}.name", "is missing", "each [[users]] needs a name")
+    if problem := name_problem(name):
+        raise _error(source, f"{where}.name", problem, "use letters, digits and punctuation")
     budget = table.get("budget_usd")
     if budget is not None and (not isinstance(budget, int | float) or isinstance(budget, bool) or budget < 0):
         raise _error(source, f"{where}.budget_usd", f"must be a number of dollars ≥ 0, not {budget!r}", "or leave it out for no budget")
@@ -280,6 +298,7 @@ def _server(data: dict[str, object], source: str) -> ServerConfig:
         _positive_number(server_table.get("retry_deadline_s"), source, "server.retry_deadline_s") or defaults.retry_deadline_s,
         _name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
         _positive_number(server_table.get("error_cooldown_s"), source, "server.error_cooldown_s") or defaults.error_cooldown_s,
+        _positive_number(server_table.get("body_timeout_s"), source, "server.body_timeout_s") or defaults.body_timeout_s,
     )
 
 
@@ -289,6 +308,8 @@ def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
     model, targets = table.get("model"), table.get("targets")
     if not isinstance(model, str) or not model:
         raise _error(source, f"{where}.model", "is missing", "the model id clients send")
+    if problem := name_problem(model):
+        raise _error(source, f"{where}.model", problem, "use the model id clients send")
     if any(route.model == model for route in earlier):
         raise _error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
     if not isinstance(targets, list) or not 1 <= len(targets) <= MAX_TARGETS:

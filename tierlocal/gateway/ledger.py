@@ -17,6 +17,7 @@ from . import protocol
 from .config import GatewayConfig, Route, Target, User
 from .metrics import Metrics
 from .pricing import Usage, cost_usd
+from .protocol import printable
 from .store import Store, UsageRecord
 from .wire import Exchange, Reject
 
@@ -109,7 +110,8 @@ class Ledger:
         if cost:
             self.metrics.spend.labels(route.model).inc(cost)
         log.info(
-            "user=%s model=%s target=%s status=%d attempts=%d fallback=%s prompt=%d cached=%d completion=%d cost_usd=%.6f latency_ms=%.0f",
-            exchange.user.name, route.model, "-" if state is None else state.label, exchange.status, exchange.attempts, reason or "-",
-            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms,
+            "user=%s model=%s target=%s status=%d attempts=%d fallback=%s prompt=%d cached=%d completion=%d cost_usd=%.6f latency_ms=%.0f%s",
+            printable(exchange.user.name), printable(route.model), "-" if state is None else printable(state.label), exchange.status, exchange.attempts,
+            reason or "-", usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms,
+            "".join(f" adjusted={printable(note)!r}" for note in exchange.adjusted),
         )  # fmt: skip

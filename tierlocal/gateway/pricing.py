@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..tiers.arithmetic import ApiPrices
 
-__all__ = ["Usage", "usage_from", "cost_usd", "worst_case_input_tokens", "requested_max_tokens"]
+__all__ = ["Usage", "usage_from", "cost_usd", "worst_case_input_tokens"]
 
 #: Template tokens a chat template may add per request (role markers, BOS, generation prompt).
 TEMPLATE_TOKENS = 64
@@ -54,12 +54,3 @@ def worst_case_input_tokens(body_bytes: int) -> int:
     byte of text per token, and the request body holds all the text (plus JSON syntax, which
     only pads the bound), so body bytes plus the template's own tokens."""
     return body_bytes + TEMPLATE_TOKENS
-
-
-def requested_max_tokens(body: dict[str, object]) -> int | None:
-    """The output cap a client asked for (``max_completion_tokens`` or ``max_tokens``)."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None

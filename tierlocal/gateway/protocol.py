@@ -116,3 +116,11 @@ def sanitise(text: str, secrets: tuple[str, ...] = (), limit: int = MAX_MESSAGE_
     text = _BEARER.sub("Bearer [redacted]", text)
     text = _ACCOUNT_ID.sub(lambda match: f"{match.group(1)}-[redacted]", text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` safe for one log line or a terminal cell: characters that are not printable
+    (newlines, ESC, other controls, bidi overrides) written as ``\\n``/``\\x1b``/``\\u202e``, cut
+    to ``limit`` characters."""
+    cut = text if len(text) <= limit else text[: limit - 1] + "…"
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in cut)

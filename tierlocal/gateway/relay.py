@@ -153,7 +153,13 @@ class Relay:
             exchange.status = 502
             exchange.reasons.append("stream_cut")
             self.metrics.upstream.labels(state.label, "stream_cut").inc()
-            log.warning("stream for %s on %s broke after %d events: %s", exchange.route.model, state.label, exchange.content_events, failure)
+            log.warning(
+                "stream for %s on %s broke after %d events: %s",
+                protocol.printable(exchange.route.model),
+                protocol.printable(state.label),
+                exchange.content_events,
+                failure,
+            )
             exchange.estimate_usage()
         await self.ledger.settle(exchange, reservation)  # recorded before the client sees the end
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import ssl
 import sys
@@ -28,6 +29,7 @@ from ..serve.systemd import notify
 from .app import create_app
 from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
+from .logs import configure_logging
 from .store import Store, open_store
 
 __all__ = ["run_gateway", "discover_local_routes", "served_engines", "route_id", "LOCAL_ENGINES"]
@@ -163,9 +165,22 @@ async def _serve(app: web.Application, config: GatewayConfig, context: ssl.SSLCo
     await runner.cleanup()
 
 
+def _raise_open_files_limit() -> None:
+    """Every connection is a file descriptor: the soft limit (1,024 under systemd) raised to the
+    hard one, so a thousand idle clients cannot starve new ones."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(soft, 1 << 20) if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):
+        log.warning("could not raise the open-files limit from %d", soft)
+
+
 def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
     """Serve until SIGTERM/SIGINT. ``discover`` adds routes for local engines' models."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    configure_logging()
     if discover:
         engines = tuple(dict.fromkeys(served_engines() + LOCAL_ENGINES))
         found = [route for route in asyncio.run(discover_local_routes(engines)) if config.route(route.model) is None]
@@ -178,6 +193,7 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
                 where = target.api_key_env or f"credential {target.api_key_credential}"
                 log.warning("%s: %s is not set; requests for %r will not reach %s", config.source, where, route.model, target.url)
     context = _ssl_context(config)
+    _raise_open_files_limit()
     store = open_store(config)
     try:
         _ensure_key(config, store)

@@ -42,10 +42,18 @@ class Reject(Exception):
     """A request refused with an OpenAI-shaped error."""
 
     def __init__(
-        self, status: int, message: str, type_: str, code: str | None = None, *, retry_after_s: float | None = None, should_retry: bool | None = None
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        code: str | None = None,
+        *,
+        retry_after_s: float | None = None,
+        should_retry: bool | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type_, self.code = status, message, type_, code
+        self.status, self.message, self.type_, self.code, self.param = status, message, type_, code, param
         self.retry_after_s, self.should_retry = retry_after_s, should_retry
 
     def response(self) -> web.Response:
@@ -54,7 +62,7 @@ class Reject(Exception):
             headers["Retry-After"] = str(max(1, int(self.retry_after_s + 0.999)))
         if self.should_retry is not None:
             headers["x-should-retry"] = "true" if self.should_retry else "false"
-        return web.json_response(protocol.error_body(self.message, self.type_, self.code), status=self.status, headers=headers)
+        return web.json_response(protocol.error_body(self.message, self.type_, self.code, self.param), status=self.status, headers=headers)
 
 
 class AttemptFailed(Exception):
@@ -81,6 +89,8 @@ class Exchange:
     status: int = 0
     attempts: int = 0
     reasons: list[str] = field(default_factory=list)
+    #: Request fields the gateway replaced before sending (why, for the log line).
+    adjusted: tuple[str, ...] = ()
     content_events: int = 0
     request_id: str | None = None
     request_body: str | None = None  # only for routes with store_bodies
