@@ -32,12 +32,15 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
         assert delta["verified"] is True, delta
         gpu = next(d for d in delta["devices"] if d["name"] == "Vulkan0")
         assert abs(gpu["error"]) <= 0.05
-        # Two requests at once, both answered: one per slot.
+        assert ready["argv"][ready["argv"].index("-fa") + 1] == "off" and ready["plan"]["request"]["flash_attn"] == "off"
+        assert ready["first_answer_s"] > 0  # serve chatted once before saying ready
+        # Two chats at once, both answered: one per slot.
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         with ThreadPoolExecutor(2) as pool:
-            replies = list(pool.map(lambda prompt: client.completions.create(model="gemma", prompt=prompt, max_tokens=4, temperature=0), ["One", "Two"]))
+            chats = [[{"role": "user", "content": text}] for text in ("Name a colour.", "Name a fruit.")]
+            replies = list(pool.map(lambda messages: client.chat.completions.create(model="gemma", messages=messages, max_tokens=4, temperature=0), chats))
         client.close()
-        assert all(reply.choices[0].text and reply.usage and reply.usage.completion_tokens == 4 for reply in replies)
+        assert all(reply.choices[0].message.content and reply.usage and reply.usage.completion_tokens == 4 for reply in replies)
         status = run_cli("status", "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["actual"] == actual
@@ -48,6 +51,56 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
     assert not (tmp_path / "run" / f"serve-{port}.json").exists()
     gone = run_cli("status", env={"TIERLOCAL_HOME": str(tmp_path)})
     assert gone.returncode == 1 and gone.stderr.startswith("error: no tierlocal serve is running")
+
+
+def test_flash_attention_on_llvmpipe_fails_before_ready_with_the_flag_to_try(assets: Assets, tmp_path: Path) -> None:
+    """With flash attention on and layers on Mesa's llvmpipe this llama.cpp loads, passes
+    /health, and segfaults on the first real prompt: serve finds out before saying ready."""
+    port = free_port()
+    env = {"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_vulkan), "GGML_VK_VISIBLE_DEVICES": "0"}
+    result = run_cli(
+        "serve", str(assets.gemma_gguf), "--gpu", "1650MiB", "--ctx", "4096", "--port", str(port), "--threads", "2", "--flash-attn", "on", env=env, timeout=400
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    error = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
+    assert error.startswith("error: llama-server crashed on its first request (signal 11); nothing is served")
+    assert "hint: try --flash-attn off" in result.stderr
+    assert not (tmp_path / "run" / f"serve-{port}.json").exists()  # never reported ready
+
+
+def test_planning_flags_reach_the_plan_and_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """`check`'s planning flags on serve, and llama-server options after `--`: --swa-full is
+    planned for (every Gemma layer keeps the whole context), others pass through."""
+    args = ("--ctx", "2048", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--ubatch", "256")
+    with serving(assets, tmp_path, *args, "--port", str(free_port()), "--", "--swa-full", "--temp", "0.5") as (_, ready):
+        argv, request = ready["argv"], ready["plan"]["request"]
+        assert (request["cache_type_k"], request["cache_type_v"], request["n_ubatch"]) == ("q8_0", "q8_0", 256)
+        for flag, value in (("-ctk", "q8_0"), ("-ctv", "q8_0"), ("-ub", "256"), ("-fa", "on")):
+            assert argv[argv.index(flag) + 1] == value
+        assert argv[-3:] == ["--swa-full", "--temp", "0.5"]
+        # --swa-full: all 18 layers keep the whole 2048-token context (not 512 on the sliding
+        # ones), K and V of one 256-wide head in q8_0 (34 bytes per 32 values).
+        expected_kv = 18 * 2048 * 2 * 256 * 34 // 32
+        assert ready["plan"]["devices"][0]["kv_bytes"] == expected_kv
+        actual_kv = next(device for device in ready["actual"]["devices"] if device["name"] == "host")["kv_bytes"]
+        assert abs(actual_kv - expected_kv) <= 0.01 * 2**20  # the load log prints MiB to two decimals
+        host = next(device for device in ready["delta"]["devices"] if device["name"] == "host")
+        assert ready["delta"]["verified"] is True and abs(host["error"]) <= 0.05
+
+
+def test_options_after_the_separator_that_the_plan_sets_or_the_binary_lacks_are_refused(assets: Assets, tmp_path: Path) -> None:
+    env = {"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    for extra, message, hint in (
+        (["-c", "100"], "error: -c after -- is set by tierlocal's plan", "hint: use serve's --ctx instead"),
+        (["--flash-attn=off"], "error: --flash-attn after -- is set by tierlocal's plan", "hint: use serve's --flash-attn instead"),
+        (["--no-such-option"], "error: this llama-server (", "hint: see llama-server --help"),
+    ):
+        result = run_cli("serve", str(assets.gemma_gguf), "--port", str(free_port()), "--", *extra, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(message) and hint in result.stderr
+    assert not (tmp_path / "run").exists()
+    other = run_cli("serve", str(assets.gemma_gguf), "--engine", "python", "--", "--temp", "0.5", env=env)
+    assert other.returncode == 2 and "go to llama-server only" in other.stderr
 
 
 def test_full_offload_on_the_device(assets: Assets, tmp_path: Path) -> None:

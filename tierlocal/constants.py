@@ -51,6 +51,11 @@ LOAD_BYTES_PER_S = 50_000_000
 EXTEND_TIMEOUT_S = 60
 #: Seconds to wait for a started ``ollama serve`` to answer /api/version.
 OLLAMA_START_TIMEOUT_S = 60.0
+#: Seconds serve waits for the first short chat it sends before saying ready (a slow device's
+#: prompt processing included).
+FIRST_ANSWER_TIMEOUT_S = 300.0
+#: Output tokens of that first chat.
+FIRST_ANSWER_TOKENS = 2
 #: First ranged read of a remote header, in bytes; later reads grow with what was read.
 REMOTE_FIRST_READ_BYTES = 256 * 1024
 #: Largest single ranged read of a remote header, in bytes.

@@ -22,8 +22,12 @@ def serving(
     assets: Assets, home: Path, *args: str, vulkan: bool = False, extra_env: dict[str, str] | None = None, model: Path | None = None
 ) -> Iterator[tuple[subprocess.Popen[str], dict]]:  # type: ignore[type-arg]
     """Run `tierlocal serve --json` on ``model`` (the Gemma file), yield the process and its
-    ready object; stop it after."""
+    ready object; stop it after. On the Vulkan device (Mesa's llvmpipe) serve runs with
+    ``--flash-attn off`` unless ``args`` say otherwise: this llama.cpp segfaults there on the
+    first real prompt with flash attention on and any layer on the device."""
     binary = assets.llama_server_vulkan if vulkan else assets.llama_server_cpu
+    if vulkan and "--flash-attn" not in args:
+        args = (*args, "--flash-attn", "off")
     env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary), **(extra_env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "tierlocal", "serve", str(model or assets.gemma_gguf), "--threads", "2", "--json", *args],

@@ -18,7 +18,7 @@ from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, pars
 from ..gguf.sources import read_headers
 from ..hardware.types import Hardware
 from ..units import format_bytes, format_count, format_decimal_bytes
-from .common import console, gpu_option, json_option, machine, ngl_option, print_json
+from .common import console, gpu_option, json_option, machine, ngl_option, planning_options, print_json
 
 __all__ = ["check", "render_recommendation", "render_source_check"]
 
@@ -31,17 +31,7 @@ __all__ = ["check", "render_recommendation", "render_source_check"]
     "--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'."
 )
 @ngl_option
-@click.option("--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned).")
-@click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...).")
-@click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V.")
-@click.option(
-    "--flash-attn",
-    type=click.Choice(["on", "off", "auto"]),
-    default="auto",
-    show_default=True,
-    help="Flash attention (auto = on, as llama-server decides on CPU and GPU).",
-)
-@click.option("--ubatch", type=click.IntRange(1, 65536), default=constants.DEFAULT_UBATCH, show_default=True, help="Physical batch size (-ub).")
+@planning_options
 @click.option(
     "--min-speed",
     type=click.FloatRange(0),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
@@ -16,7 +16,23 @@ from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
 from ..hardware.types import Hardware
 
-__all__ = ["console", "print_json", "gpu_option", "json_option", "ngl_option", "ngl_text", "GpuLayers", "machine", "serve_options", "ollama_port", "PIPE_WIDTH"]
+if TYPE_CHECKING:
+    from ..serve.run import ServeOptions
+
+__all__ = [
+    "console",
+    "print_json",
+    "gpu_option",
+    "json_option",
+    "ngl_option",
+    "ngl_text",
+    "GpuLayers",
+    "machine",
+    "planning_options",
+    "serve_options",
+    "ollama_port",
+    "PIPE_WIDTH",
+]
 
 #: Columns of the tables when stdout is not a terminal (a pipe, a file, CI).
 PIPE_WIDTH = 120
@@ -86,6 +102,27 @@ ngl_option = click.option(
 _F = TypeVar("_F", bound=Callable[..., object])
 
 
+def planning_options(command: _F) -> _F:
+    """The options that change the plan's memory, as `check` and `serve` take them."""
+    for option in reversed(
+        [
+            click.option("--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned)."),
+            click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...)."),
+            click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V."),
+            click.option(
+                "--flash-attn",
+                type=click.Choice(["on", "off", "auto"]),
+                default="auto",
+                show_default=True,
+                help="Flash attention (auto = on, as llama-server decides on CPU and GPU).",
+            ),
+            click.option("--ubatch", type=click.IntRange(1, 65536), default=constants.DEFAULT_UBATCH, show_default=True, help="Physical batch size (-ub)."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 def serve_options(command: _F) -> _F:
     """The options `serve` and `service install serve` share (one definition, no drift)."""
     for option in reversed(
@@ -117,7 +154,7 @@ def serve_options(command: _F) -> _F:
         ]
     ):
         command = option(command)
-    return command
+    return planning_options(command)
 
 
 def ollama_port(port: int) -> int:
@@ -126,3 +163,36 @@ def ollama_port(port: int) -> int:
     if click.get_current_context().get_parameter_source("port") == click.core.ParameterSource.DEFAULT:
         return constants.OLLAMA_PORT
     return port
+
+
+#: The click parameters :func:`serve_options` adds, by the ServeOptions field they fill.
+SERVE_OPTION_FIELDS = (
+    "llama_server", "ctx", "parallel", "host", "port", "gpus", "ngl", "api_key_file", "chat_template",
+    "n_cpu_moe", "cache_type_k", "cache_type_v", "flash_attn", "ubatch",
+)  # fmt: skip
+
+
+def serve_options_from(model: Path, served: dict[str, Any], **more: Any) -> ServeOptions:
+    """ServeOptions for ``model`` from :func:`serve_options`' parameters (``served``) and the
+    command's own (``more``)."""
+    from ..serve.run import ServeOptions
+
+    return ServeOptions(model=model, **{name: served[name] for name in SERVE_OPTION_FIELDS}, **more)
+
+
+def serve_argv(options: ServeOptions) -> list[str]:
+    """The serve options back as `tierlocal serve` takes them, defaults left out (a unit's
+    command line): ``--ngl`` as typed, a template file by its absolute path."""
+    args = ["--ctx", options.ctx, "--parallel", options.parallel, "--host", options.host, "--port", str(options.port)]
+    for gpu in options.gpus:
+        args += ["--gpu", gpu]
+    args += ["--ngl", ngl_text(options.ngl)] if options.ngl is not None else []  # resolved where the service starts
+    if options.chat_template is not None:
+        template = Path(options.chat_template)
+        args += ["--chat-template", str(template.resolve()) if template.is_file() else options.chat_template]
+    args += ["--n-cpu-moe", str(options.n_cpu_moe)] if options.n_cpu_moe is not None else []
+    args += ["--cache-type-k", options.cache_type_k] if options.cache_type_k != "f16" else []
+    args += ["--cache-type-v", options.cache_type_v] if options.cache_type_v != "f16" else []
+    args += ["--flash-attn", options.flash_attn] if options.flash_attn != "auto" else []
+    args += ["--ubatch", str(options.ubatch)] if options.ubatch != constants.DEFAULT_UBATCH else []
+    return args

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import replace
+from typing import Any
 
 import click
 
@@ -13,15 +14,15 @@ from ..errors import TierlocalError, UsageError
 from ..fetch.resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
-from ..serve.run import ServeOptions
 from ..serve.state import running_servers
-from .common import ollama_port, print_json, serve_options
+from .common import ollama_port, print_json, serve_options, serve_options_from
 
 __all__ = ["serve", "status"]
 
 
 @click.command()
 @click.argument("source")
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- LLAMA_SERVER_OPTIONS...]")
 @click.option(
     "--engine",
     type=click.Choice(ENGINES),
@@ -39,23 +40,18 @@ def serve(
     source: str,
     engine: str,
     ollama_binary: str | None,
-    llama_server: str | None,
-    ctx: str,
-    parallel: str,
-    host: str,
-    port: int,
-    gpus: tuple[str, ...],
-    ngl: int | None,
-    api_key_file: Path | None,
-    chat_template: str | None,
+    engine_args: tuple[str, ...],
     pull: bool,
     load_timeout: float | None,
     threads: int | None,
     as_json: bool,
+    **served: Any,
 ) -> None:
     """Run llama-server with the planned -c, -np, -ngl (and --n-cpu-moe, cache types, -fa),
-    wait until it answers /health, check the load against the plan, and keep it running until
-    SIGTERM or Ctrl-C (systemd: Type=notify, READY=1 once verified).
+    wait until it answers /health, check the load against the plan and the chat template, send
+    one short chat, and keep it running until SIGTERM or Ctrl-C (systemd: Type=notify, READY=1
+    once it answered). Other llama-server options go after `--`; the ones the plan sets are
+    refused (use serve's own), --swa-full is planned for.
 
     \b
     Examples:
@@ -63,26 +59,22 @@ def serve(
       tierlocal serve qwen3-8b --pull --ctx max
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3
+      tierlocal serve ./model.gguf --flash-attn off -- --temp 0.7 --no-webui
       tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
     """
     model = resolve_model(source, pull=pull, say=_say)
-    options = ServeOptions(
-        model=model,
+    options = serve_options_from(
+        model,
+        served,
         engine=engine,
-        llama_server=llama_server,
         ollama_binary=ollama_binary,
         ollama_tag=source.removeprefix("ollama://") if engine == "ollama" and source.startswith("ollama://") else None,
-        ctx=ctx,
-        parallel=parallel,
-        host=host,
-        port=ollama_port(port) if engine == "ollama" else port,
-        gpus=gpus,
-        ngl=ngl,
-        api_key_file=api_key_file,
         load_timeout_s=load_timeout,
         threads=threads,
-        chat_template=chat_template,
+        engine_args=engine_args,
     )
+    if engine == "ollama":
+        options = replace(options, port=ollama_port(options.port))
     code = run_serve(options, say=_say, on_ready=_on_ready(as_json, _render_ollama if engine == "ollama" else _render_status))
     if code:
         sys.exit(code)

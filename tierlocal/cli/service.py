@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -26,7 +27,7 @@ from ..serve.systemd import (
     render_serve_unit,
     write_unit,
 )
-from .common import ngl_text, ollama_port, print_json, serve_options
+from .common import ollama_port, print_json, serve_argv, serve_options, serve_options_from
 
 __all__ = ["service"]
 
@@ -56,19 +57,11 @@ def install() -> None:
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
 def install_serve(
     model: Path,
-    llama_server: str | None,
-    ctx: str,
-    parallel: str,
-    host: str,
-    port: int,
-    gpus: tuple[str, ...],
-    ngl: int | None,
-    api_key_file: Path | None,
-    chat_template: str | None,
     engine: str,
     user: str,
     directory: Path,
     dry_run: bool,
+    **served: Any,
 ) -> None:
     """Write tierlocal-serve.service: Type=notify (READY=1 once the load is verified),
     Restart=on-failure with start limits, KillMode=mixed, a dedicated user, ProtectSystem=strict,
@@ -76,25 +69,19 @@ def install_serve(
     model = model.resolve()
     if not model.is_file():
         raise UsageError(f"{model}: no such model file", hint="pull it first: tierlocal pull …, then give its path")
+    options = serve_options_from(model, served, engine=engine)
     if engine == "ollama":
-        _install_ollama_dropin(
-            ServeOptions(model=model, engine="ollama", ctx=ctx, parallel=parallel, host=host, port=port, gpus=gpus, ngl=ngl), directory, dry_run
-        )
+        _install_ollama_dropin(options, directory, dry_run)
         return
-    binary = find_llama_server(llama_server)
+    binary = find_llama_server(options.llama_server)
     if binary is None:
         raise UsageError("no llama-server binary found", hint="pass --llama-server PATH")
+    api_key_file = options.api_key_file
     if api_key_file is not None:
-        check_exposure(host, api_key_file.resolve())
-    elif not is_loopback(host):
-        check_exposure(host, None)
-    args = ["--llama-server", str(binary.resolve()), "--ctx", ctx, "--parallel", parallel, "--host", host, "--port", str(port)]
-    for gpu in gpus:
-        args += ["--gpu", gpu]
-    if ngl is not None:
-        args += ["--ngl", ngl_text(ngl)]  # as typed: resolved when the service starts, on that machine
-    if chat_template is not None:
-        args += ["--chat-template", str(Path(chat_template).resolve()) if Path(chat_template).is_file() else chat_template]
+        check_exposure(options.host, api_key_file.resolve())
+    elif not is_loopback(options.host):
+        check_exposure(options.host, None)
+    args = ["--llama-server", str(binary.resolve()), *serve_argv(options)]
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None)
     text = render_serve_unit(unit)
     if dry_run:

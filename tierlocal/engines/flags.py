@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import constants
-from ..errors import EngineError
+from ..errors import EngineError, UsageError
 from ..fit.estimate import RunEstimate
 
-__all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv"]
+__all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv", "check_engine_args", "PLANNED_OPTIONS"]
 
 # "-fa,   --flash-attn [on|off|auto]   set ..." : an option, an optional argument after one
 # space, then ", " and the next alias; the description starts after two or more spaces.
@@ -24,6 +24,30 @@ _ALIAS = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*)(?: [^\s,-][^\s,]*)?(?:,\s+|(?=\
 _VERSION = re.compile(r"version: (\S+) \(build (\d+), commit (\S+)\)")
 # "--chat-template ... list of built-in templates:\n  bailing, chatml, ...\n  (env: ...)"
 _BUILTINS = re.compile(r"list of built-in templates:\s*\n(?P<names>(?:\s+[\w.,\s-]+?\n)+?)\s+\(env:")
+
+
+#: llama-server options the plan (or serve) sets, and the serve option to use instead.
+PLANNED_OPTIONS = {
+    **dict.fromkeys(("-m", "--model", "-hf", "--hf-repo", "-mu", "--model-url"), "SOURCE"),
+    **dict.fromkeys(("-c", "--ctx-size"), "--ctx"),
+    **dict.fromkeys(("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "--parallel"),
+    **dict.fromkeys(("-ngl", "--gpu-layers", "--n-gpu-layers", "-dev", "--device", "--fit", "-fit"), "--ngl / --gpu"),
+    **dict.fromkeys(("-fa", "--flash-attn"), "--flash-attn"),
+    **dict.fromkeys(("-ctk", "--cache-type-k"), "--cache-type-k"),
+    **dict.fromkeys(("-ctv", "--cache-type-v"), "--cache-type-v"),
+    **dict.fromkeys(("-ub", "--ubatch-size"), "--ubatch"),
+    **dict.fromkeys(("-ncmoe", "--n-cpu-moe", "-cmoe", "--cpu-moe"), "--n-cpu-moe"),
+    **dict.fromkeys(("--host", "--port", "--path"), "--host / --port"),
+    **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file"),
+    **dict.fromkeys(("--chat-template", "--chat-template-file", "--jinja", "--no-jinja"), "--chat-template"),
+    **dict.fromkeys(("-t", "--threads"), "--threads"),
+    **dict.fromkeys(("-lv", "--verbosity", "--log-verbosity"), "(tierlocal reads the load log at -lv 4)"),
+}
+#: Options that change memory in ways the plan does not model: passed on, with a warning.
+UNPLANNED_MEMORY_OPTIONS = (
+    "-nkvo", "--no-kv-offload", "-ot", "--override-tensor", "-sm", "--split-mode", "-ts", "--tensor-split",
+    "-mg", "--main-gpu", "--mmproj", "-mm", "--lora", "--control-vector", "-md", "--model-draft", "-ctxcp", "--ctx-checkpoints",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,6 +127,7 @@ def launch_argv(
     api_key_file: Path | None,
     threads: int | None = None,
     template_args: tuple[str, ...] = (),
+    engine_args: tuple[str, ...] = (),
 ) -> list[str]:
     """The planned run as ``binary`` takes it: the planned options in its spelling, the bind
     address, ``--fit off`` so llama.cpp does not re-plan what we planned, verbose load lines
@@ -130,4 +155,27 @@ def launch_argv(
         if not flags.knows("--api-key-file"):
             raise EngineError(f"{binary} has no --api-key-file", hint="use a newer llama-server; tierlocal never puts the key on the command line")
         argv += ["--api-key-file", str(api_key_file)]
-    return argv
+    return argv + list(engine_args)
+
+
+def _option_names(args: tuple[str, ...]) -> list[str]:
+    """The option names among ``args`` (``--x=1`` counts as ``--x``; negative numbers do not)."""
+    return [arg.split("=", 1)[0] for arg in args if arg.startswith("-") and not arg.lstrip("-").replace(".", "", 1).isdigit()]
+
+
+def check_engine_args(args: tuple[str, ...], flags: EngineFlags) -> list[str]:
+    """Warnings for llama-server options given after ``--``: those that change memory in ways the
+    plan does not model.
+
+    Raises:
+        UsageError: an option the plan sets (naming serve's own), or one this binary does not know.
+    """
+    warnings = []
+    for name in _option_names(args):
+        if name in PLANNED_OPTIONS:
+            raise UsageError(f"{name} after -- is set by tierlocal's plan", hint=f"use serve's {PLANNED_OPTIONS[name]} instead")
+        if flags.options and not flags.knows(name):
+            raise UsageError(f"this llama-server ({flags.version}) has no option {name}", hint="see llama-server --help")
+        if name in UNPLANNED_MEMORY_OPTIONS:
+            warnings.append(f"{name} changes memory in a way the plan does not model: the verification may report a difference")
+    return warnings

@@ -6,7 +6,8 @@ Every engine — :mod:`.llama` (llama-server), :mod:`.ollama` (Ollama), :mod:`.p
 -> exit code``; :func:`serve` picks one. :mod:`.run` holds the steps they share (plan, launch,
 verify, supervise), :mod:`.process` the child process, :mod:`.state` the file ``tierlocal
 status`` reads, :mod:`.history` the loads later plans learn from, :mod:`.exposure` who may reach
-a server, :mod:`.systemd` units and readiness notifications.
+a server, :mod:`.template` the chat template, :mod:`.probe` the first answer before "ready",
+:mod:`.systemd` units and readiness notifications.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ ENGINES = ("llama-server", "ollama", "python")
 
 def serve(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     """Run ``options.engine`` for ``options`` until SIGTERM/SIGINT; returns the exit code.
-    Each engine module is imported only when it runs (Ollama's client is a slow import)."""
+    Each engine module is imported only when it runs (Ollama's client is a slow import).
+
+    Raises:
+        UsageError: llama-server options (after ``--``) for another engine.
+    """
+    if options.engine_args and options.engine != "llama-server":
+        from ..errors import UsageError
+
+        raise UsageError(f"options after -- ({' '.join(options.engine_args)}) go to llama-server only", hint="drop them, or use --engine llama-server")
     if options.engine == "ollama":
         from .ollama import serve_ollama
 

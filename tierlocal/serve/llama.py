@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import constants
-from ..engines.flags import EngineFlags, launch_argv
+from ..engines.flags import EngineFlags, check_engine_args, launch_argv
 from ..engines.llama_server import find_llama_server, read_engine_flags
 from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
@@ -41,6 +41,8 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     key_file = check_exposure(options.host, options.api_key_file)
     flags = read_engine_flags(binary)
+    for warning in check_engine_args(options.engine_args, flags):
+        say(f"warning: {warning}")
     history_key: dict[str, object] = {
         "model": str(options.model.resolve()),
         "file_bytes": options.model.stat().st_size,
@@ -103,20 +105,22 @@ def _run_once(session: ServeSession, binary: Path, flags: EngineFlags, key_file:
         api_key_file=key_file,
         threads=options.threads,
         template_args=check.template.engine_args,
+        engine_args=options.engine_args,
     )
-    launched = launch(session, "llama-server", flags.version, argv, constants.child_environment(), "/health")
+    key = key_file.read_text().split()[0] if key_file is not None else None
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    launched = launch(session, "llama-server", flags.version, argv, constants.child_environment(), "/health", headers)
     if not isinstance(launched, Launched):
         return launched
-    return supervise_verified(session, launched, {"chat_template": _checked_template(session, launched, key_file)})
+    return supervise_verified(session, launched, {"chat_template": _checked_template(session, launched)})
 
 
-def _checked_template(session: ServeSession, launched: Launched, key_file: Path | None) -> dict[str, object]:
+def _checked_template(session: ServeSession, launched: Launched) -> dict[str, object]:
     """The template in use, with the prompt llama-server builds from one user message; an
     engine that renders the wrong format is stopped (EngineFailed)."""
     template = session.check.template
-    key = key_file.read_text().splitlines()[0].strip() if key_file is not None else None
     try:
-        prompt = rendered_prompt(launched.url, template, {"Authorization": f"Bearer {key}"} if key else None)
+        prompt = rendered_prompt(launched.url, template, launched.headers)
     except EngineFailed:
         launched.child.stop()
         raise

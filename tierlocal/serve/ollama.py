@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +23,13 @@ import ollama
 
 from .. import constants
 from ..engines.loadlog import LoadLogParser
-from ..engines.prompt_formats import TemplateChoice
+from ..engines.prompt_formats import PROBE_MESSAGE, TemplateChoice
 from ..errors import EngineFailed, UsageError
 from ..fit.source import SourceCheck
 from ..gguf import summarize
 from ..gguf.sources import read_headers
 from .exposure import check_ollama_exposure
+from .probe import crash_hint
 from .process import EngineChild, start_child
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, stop_on_signals
 from .state import log_path, state_path, write_state
@@ -239,10 +241,35 @@ def _checked_template(session: ServeSession, server: _Server, client: ollama.Cli
     return {**template.to_json(), "header": session.check.chat_template.to_json(), "ollama_template": held}
 
 
+def _first_answer(session: ServeSession, server: _Server, client: ollama.Client, name: str) -> float:
+    """Seconds Ollama took to answer one short chat; ready means it answered.
+
+    Raises:
+        EngineFailed: it did not (with the flag to try when flash attention was on a device).
+    """
+    settings = session.check.ollama
+    assert settings is not None
+    # The load's own num_ctx/num_gpu: other options would make Ollama load the model again.
+    options = {"num_ctx": settings.num_ctx, "num_gpu": settings.num_gpu, "num_predict": constants.FIRST_ANSWER_TOKENS, "temperature": 0}
+    started = time.monotonic()
+    try:
+        client.chat(model=name, messages=[{"role": "user", "content": PROBE_MESSAGE}], options=options)
+    except (ollama.ResponseError, ConnectionError, httpx.HTTPError) as exc:
+        detail = exc.error if isinstance(exc, ollama.ResponseError) else type(exc).__name__
+        assert session.check.estimate is not None
+        raise EngineFailed(
+            f"Ollama could not answer a first short chat with {name}: {detail}", hint=crash_hint(session.check.estimate, str(server.log))
+        ) from None
+    elapsed = time.monotonic() - started
+    session.say(f"Ollama answered a first short chat in {elapsed:.1f} s")
+    return round(elapsed, 3)
+
+
 def _create_load_verify(session: ServeSession, server: _Server, client: ollama.Client) -> int:
     name = session.options.ollama_tag or ollama_model_name(session.options.model)
     loaded = _create_and_load(session, server, client, name)
     payload = {**_payload(session.check, server, name, loaded), "chat_template": _checked_template(session, server, client, name)}
+    payload["first_answer_s"] = _first_answer(session, server, client, name)
     write_state(session.options.port, payload)
     notify("READY=1", f"STATUS=serving {name} through Ollama on {server.url}")
     session.on_ready(payload)

@@ -28,6 +28,7 @@ from ..gguf.sources import read_headers
 from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
 from .history import record_load
+from .probe import first_answer
 from .process import EngineChild, start_child
 from .state import log_path, write_state
 from .systemd import notify
@@ -62,6 +63,29 @@ class ServeOptions:
     threads: int | None = None
     #: ``--chat-template`` as typed: a built-in name or a Jinja file (None: tierlocal chooses).
     chat_template: str | None = None
+    #: The planning options `check` takes (None/defaults: planned).
+    n_cpu_moe: int | None = None
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    #: ``on``, ``off`` or ``auto`` (planned as on, passed as llama-server's -fa on).
+    flash_attn: str = "auto"
+    ubatch: int = constants.DEFAULT_UBATCH
+    #: Other llama-server options, given after ``--`` (checked against the binary's --help).
+    engine_args: tuple[str, ...] = ()
+
+    def run_request(self, base: RunRequest | None = None) -> RunRequest:
+        """``base`` (an engine's defaults) with what the user asked for."""
+        base = base or RunRequest()
+        return replace(
+            base,
+            ngl=self.ngl,
+            n_cpu_moe=self.n_cpu_moe,
+            cache_type_k=self.cache_type_k,
+            cache_type_v=self.cache_type_v,
+            flash_attn=self.flash_attn != "off",
+            n_ubatch=self.ubatch,
+            swa_full=base.swa_full or "--swa-full" in self.engine_args,
+        )
 
 
 @dataclass(frozen=True)
@@ -91,6 +115,8 @@ class Launched:
     argv: list[str]
     url: str
     log_path: Path
+    #: What a request to it must carry (the API key), if anything.
+    headers: dict[str, str] | None = None
 
 
 def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None = None, template: TemplateChoice | None = None) -> SourceCheck:
@@ -106,7 +132,7 @@ def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None
         machine,
         ctx=parse_ctx(options.ctx),
         parallel=parse_parallel(options.parallel),
-        request=replace(request or RunRequest(), ngl=options.ngl),
+        request=options.run_request(request),
         template=template,
     )
     if check.estimate is None or not check.estimate.fits:
@@ -172,7 +198,7 @@ def launch(
     url = f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
     readiness = child.wait_ready(url + ready_path, timeout, on_waiting=waiting, stop=session.stop, headers=headers)
     if readiness.ready:
-        return Launched(engine, version, child, parser, argv, url, log)
+        return Launched(engine, version, child, parser, argv, url, log, headers)
     report = parser.report()
     if readiness.exit_code is None:
         child.stop()
@@ -189,9 +215,9 @@ def launch(
 
 
 def supervise_verified(session: ServeSession, launched: Launched, extra: dict[str, object] | None = None) -> int:
-    """Once an engine is ready: verify its load against the plan, write the state file
-    `tierlocal status` reads (with ``extra`` added), record the load, notify systemd, and
-    supervise it until stopped."""
+    """Once an engine is ready: verify its load against the plan, send it one short chat (it
+    must answer), write the state file `tierlocal status` reads (with ``extra`` added), record
+    the load, notify systemd, and supervise it until stopped."""
     check, machine, options = session.check, session.machine, session.options
     assert check.estimate is not None
     planned = check.estimate
@@ -202,6 +228,8 @@ def supervise_verified(session: ServeSession, launched: Launched, extra: dict[st
         return estimate_run(spec, replace(planned.request, ngl=ngl), machine).est_decode_tokens_per_s
 
     verification = verify_load(planned, report, speed_for_ngl=speed_for_ngl)
+    first_answer_s = first_answer(launched.engine, launched.url, launched.child, planned, str(launched.log_path), headers=launched.headers)
+    session.say(f"{launched.engine} answered a first short chat in {first_answer_s:.1f} s")
     payload: dict[str, object] = {
         "url": launched.url,
         "pid": os.getpid(),
@@ -214,6 +242,7 @@ def supervise_verified(session: ServeSession, launched: Launched, extra: dict[st
         "actual": report.to_json(),
         "delta": verification.to_json(),
         "estimate_correction_bytes": machine.gpu_compute_correction_bytes,
+        "first_answer_s": round(first_answer_s, 3),
         **(extra or {}),
     }
     write_state(options.port, payload)
