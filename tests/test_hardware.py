@@ -99,8 +99,9 @@ def test_amd_sysfs_format(tmp_path: Path) -> None:
 
 def test_detect_merges_vendor_probes_and_reports_absence() -> None:
     hardware = detect(vendor_probes=[probe_nvml])
-    assert [probe.name for probe in hardware.probes] == ["nvml", "apple", "llama-server"]
-    assert all(probe.status == "absent" for probe in hardware.probes)
+    assert [probe.name for probe in hardware.probes] == ["nvml", "apple", "llama-server", "cpu"]
+    assert all(probe.status == "absent" for probe in hardware.probes[:-1])
+    assert hardware.probes[-1].detail.endswith("(from /proc/cpuinfo; the build may use fewer)")  # no engine to ask
 
 
 @pytest.mark.parametrize(

@@ -145,6 +145,7 @@ def render_source_check(check: SourceCheck) -> None:
             f"Suggestion: -ctk q8_0 -ctv q8_0 -fa on gives {hint.layers_offloaded}/{estimate.layers_total} layers on the GPU "
             f"at {hint.ctx:,} tokens{'' if hint.fits else ' (still does not fit)'}."
         )
+    _render_host_memory(out, check)
     template = check.template
     out.print(f"Chat template: {template.note}.")
     if template.warning:
@@ -155,6 +156,22 @@ def render_source_check(check: SourceCheck) -> None:
         env = " ".join(f"{k}={v}" for k, v in ollama.env.items())
         note = f" ({ollama.note})" if ollama.note else ""
         out.print(f"Ollama: num_gpu {ollama.num_gpu}, num_ctx {ollama.num_ctx}; {env}{note}")
+
+
+def _render_host_memory(out: Console, check: SourceCheck) -> None:
+    """System RAM as the kernel counts it, per load mode."""
+    if not check.host_memory:
+        return
+    table = Table(title=f"system RAM as the kernel counts it (repacking for: {', '.join(check.cpu_features) or 'no CPU feature'})", title_justify="left")
+    for column in ("--load-mode", "mapped (page cache)", "anonymous", "of which repacked", "at load", "in use"):
+        table.add_column(column, justify="left" if column == "--load-mode" else "right")
+    for memory in check.host_memory:
+        sizes = (memory.mapped_bytes, memory.anonymous_bytes, memory.repack_bytes, memory.peak_bytes, memory.in_use_bytes)
+        table.add_row(memory.load_mode, *(format_bytes(size) for size in sizes))
+    out.print(table)
+    out.print(
+        f"In use adds the compute buffer as prompts fill it; llama-server's prompt cache may add up to {format_bytes(check.host_memory[0].grows_by_bytes)} (--cache-ram)."
+    )
 
 
 def _fit_row(role: str, fit: CatalogFit) -> list[str]:

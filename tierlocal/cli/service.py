@@ -13,7 +13,7 @@ import click
 
 from .. import constants
 from ..engines.llama_server import find_llama_server
-from ..errors import UsageError
+from ..errors import TierlocalError, UsageError
 from ..serve.exposure import check_exposure, check_ollama_exposure, is_loopback
 from ..serve.run import ServeOptions
 from ..serve.systemd import (
@@ -21,6 +21,7 @@ from ..serve.systemd import (
     GatewayUnit,
     ServeUnit,
     describe_unit,
+    memory_limits,
     parse_systemctl_show,
     render_gateway_unit,
     render_ollama_dropin,
@@ -82,7 +83,7 @@ def install_serve(
     elif not is_loopback(options.host):
         check_exposure(options.host, None)
     args = ["--llama-server", str(binary.resolve()), *serve_argv(options)]
-    unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None)
+    unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None, _memory_lines(options, binary))
     text = render_serve_unit(unit)
     if dry_run:
         click.echo(text, nl=False)
@@ -94,6 +95,20 @@ def install_serve(
     except KeyError:
         click.echo(f"create the account first: useradd --system --home-dir /var/lib/tierlocal --shell /usr/sbin/nologin {user}", err=True)
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-serve", err=True)
+
+
+def _memory_lines(options: ServeOptions, binary: Path) -> str:
+    """MemoryHigh/MemoryMax from the plan on this machine, or a comment saying why not."""
+    from ..serve.run import detected_machine, plan_for
+
+    machine = detected_machine(options, llama_server=binary)
+    try:
+        check = plan_for(options, machine)
+    except TierlocalError as exc:
+        click.echo(f"note: no MemoryHigh/MemoryMax in the unit: the plan failed here ({exc})", err=True)
+        return f"# No MemoryHigh/MemoryMax: the plan failed on the machine this unit was written on ({str(exc)[:120]})."
+    memory = check.host_memory[0]  # mmap: llama-server's default load mode
+    return memory_limits(memory.in_use_bytes, memory.grows_by_bytes, machine.host_total_bytes)
 
 
 def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool) -> None:

@@ -14,7 +14,16 @@ from .. import constants
 from ..errors import EngineError
 from .flags import EngineFlags, parse_help
 
-__all__ = ["EngineDevice", "find_llama_server", "parse_list_devices", "list_devices", "read_engine_flags", "RunCommand"]
+__all__ = [
+    "EngineDevice",
+    "find_llama_server",
+    "parse_list_devices",
+    "list_devices",
+    "read_engine_flags",
+    "build_cpu_features",
+    "parse_system_info",
+    "RunCommand",
+]
 
 #: Runs argv with a timeout in seconds and returns (exit code, stdout + stderr).
 RunCommand = Callable[[list[str], float], tuple[int, str]]
@@ -84,6 +93,33 @@ def list_devices(binary: Path, *, run: RunCommand = _run) -> list[EngineDevice]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return parse_list_devices(output) if code == 0 else []
+
+
+# ggml's system_info names → the /proc/cpuinfo names tierlocal uses.
+_SYSTEM_INFO_FEATURES = {"AVX2": "avx2", "AVX512": "avx512f", "DOTPROD": "asimddp", "MATMUL_INT8": "i8mm", "SVE": "sve"}
+
+
+def parse_system_info(output: str) -> tuple[str, ...] | None:
+    """The CPU features a build was compiled for, from its ``system_info: … CPU : AVX2 = 1 |
+    … | REPACK = 1 |`` line (None: no such line). Without ``REPACK = 1`` nothing is repacked,
+    so no feature is reported."""
+    line = next((line for line in output.splitlines() if "system_info:" in line and "CPU :" in line), None)
+    if line is None:
+        return None
+    present = {name for name, value in re.findall(r"\b([A-Z0-9_]+) = (\d+)", line.split("CPU :", 1)[1]) if value != "0"}
+    if "REPACK" not in present:
+        return ()
+    return tuple(feature for name, feature in _SYSTEM_INFO_FEATURES.items() if name in present)
+
+
+def build_cpu_features(binary: Path, *, run: RunCommand = _run) -> tuple[str, ...] | None:
+    """The CPU features ``binary`` was built with (its own report, printed before it tries a
+    model that does not exist); None when it prints none (another build or version)."""
+    try:
+        _code, output = run([str(binary), "-m", "/nonexistent/tierlocal-probe.gguf", "--port", "0", "-lv", "4"], constants.HELP_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_system_info(output)
 
 
 def read_engine_flags(binary: Path) -> EngineFlags:

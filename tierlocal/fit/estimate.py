@@ -71,6 +71,10 @@ class Machine:
     #: Added to the GPU's compute buffer: what recorded loads of the same model with the same
     #: engine showed the estimate to miss (bytes; 0 without a record).
     gpu_compute_correction_bytes: int = 0
+    #: The host CPU's architecture (``x86_64``, ``aarch64``) and the instruction-set features
+    #: that decide which weights the CPU backend repacks (``avx2``, ``avx512f``, ``asimddp``).
+    cpu_arch: str = ""
+    cpu_features: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

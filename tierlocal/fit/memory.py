@@ -195,6 +195,8 @@ class WeightsSplit:
     cpu_mapped_bytes: int
     gpu_read_bytes: int = 0
     cpu_read_bytes: int = 0
+    #: The tensors kept on the CPU.
+    cpu_tensors: tuple[PlacedTensor, ...] = ()
 
 
 def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> WeightsSplit:
@@ -205,7 +207,8 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
     the output layer's device. ``--n-cpu-moe N`` keeps the expert tensors of blocks 0..N-1 on
     the CPU. A tensor larger than the device can bind (``max_tensor_bytes``, e.g. Vulkan's
     maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as llama.cpp falls
-    back when the device does not support the operation. CPU repack copies are not counted yet.
+    back when the device does not support the operation. CPU repack copies are host memory's
+    business (:mod:`tierlocal.fit.host_memory`).
     """
     on_gpu = gpu_layers(spec, ngl)
     expert_share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
@@ -234,7 +237,7 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
         mapped += max(t.offset + t.n_bytes for t in in_shard) - min(t.offset for t in in_shard)
     # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
     cpu_read = sum(read_per_token(t) for t in cpu_tensors if t.layer >= 0)
-    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped, round(gpu_read), round(cpu_read))
+    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped, round(gpu_read), round(cpu_read), tuple(cpu_tensors))
 
 
 def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:

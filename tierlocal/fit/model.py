@@ -51,6 +51,10 @@ class PlacedTensor:
     shard: int
     offset: int
     n_bytes: int
+    #: The quantisation type's name (``Q4_K``), and the tensor's dimensions in ggml order
+    #: (``ne[0]`` first: the row length, then the rows).
+    ggml_type: str = ""
+    shape: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,7 @@ def _place(headers: Sequence[GGUFHeader], n_layer: int) -> tuple[PlacedTensor, .
                 layer = -1
             else:
                 layer = n_layer
-            placed.append(PlacedTensor(tensor.name, layer, shard, tensor.offset, tensor.n_bytes))
+            placed.append(PlacedTensor(tensor.name, layer, shard, tensor.offset, tensor.n_bytes, tensor.ggml_type, tensor.shape))
     return tuple(placed)
 
 

@@ -15,7 +15,8 @@ from ..errors import UsageError
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
 from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
-from .model import model_spec
+from .host_memory import LOAD_MODES, HostMemory, host_memory
+from .model import ModelSpec, model_spec
 from .speed import DecodeSpeed, decode_speed
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
@@ -63,6 +64,10 @@ class SourceCheck:
     chat_template: ChatTemplateInfo = field(default_factory=lambda: ChatTemplateInfo("absent"))
     #: The template serve will use (the file's, or the engine built-in tierlocal picks).
     template: TemplateChoice = field(default_factory=lambda: TemplateChoice("engine-default"))
+    #: System RAM as the kernel counts it, per load mode (mmap first: llama-server's default).
+    host_memory: tuple[HostMemory, ...] = ()
+    #: The CPU features the repack figures assume, and where they came from.
+    cpu_features: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
@@ -102,6 +107,7 @@ class SourceCheck:
         payload["command"] = self.command
         payload["ollama"] = self.ollama.to_json() if self.ollama else {}
         payload["suggestion"] = self.suggestion.to_json() if self.suggestion else None
+        payload["host_memory"] = {"cpu_features": list(self.cpu_features), "modes": [memory.to_json() for memory in self.host_memory]}
         return payload
 
 
@@ -140,6 +146,8 @@ def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
         gpu_overhead_bytes=host.gpu_runtime_overhead_bytes if gpu else 0,
         margin_bytes=host.fit_margin_bytes,
         max_tensor_bytes=gpu.max_tensor_bytes if gpu else None,
+        cpu_arch=hardware.cpu_arch,
+        cpu_features=hardware.cpu_features,
     )
 
 
@@ -168,6 +176,16 @@ def _without_gpu(machine: Machine) -> Machine:
     )
 
 
+def _base_request(request: RunRequest, ctx: int | None, parallel: int | str | None) -> tuple[RunRequest, str]:
+    """The request to plan from, and why it fails if nothing fits."""
+    slots = None if isinstance(parallel, str) else parallel  # "max" is solved for by the planner
+    if parallel == "max":
+        return replace(request, ctx=ctx or 4096, parallel=1), "not even one slot fits"
+    if ctx is None:
+        return replace(request, parallel=slots), "not even 256 tokens of context fit"
+    return replace(request, ctx=ctx, parallel=slots), "it needs more memory than the machine has free"
+
+
 def default_template(summary: ModelSummary) -> TemplateChoice:
     """The template serve uses for a model when the user names none."""
     return choose_template(summary.chat_template, summary.architecture, tokenizer_model=summary.tokenizer_model, tokenizer_pre=summary.tokenizer_pre)
@@ -186,15 +204,7 @@ def check_source(
     """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with
     ``template`` (None: :func:`default_template`)."""
     spec, summary = model_spec(headers), summarize(headers)
-    template = template or default_template(summary)
-    slots = None if isinstance(parallel, str) else parallel  # "max" is solved for below
-    reason: str | None
-    if parallel == "max":
-        base, reason = replace(request, ctx=ctx or 4096, parallel=1), "not even one slot fits"
-    elif ctx is None:
-        base, reason = replace(request, parallel=slots), "not even 256 tokens of context fit"
-    else:
-        base, reason = replace(request, ctx=ctx, parallel=slots), "it needs more memory than the machine has free"
+    base, reason = _base_request(request, ctx, parallel)
 
     def planner(target: Machine) -> Callable[[RunRequest], RunEstimate | None]:
         def plan(r: RunRequest) -> RunEstimate | None:
@@ -216,20 +226,27 @@ def check_source(
         fallback = planner(cpu_machine)(base)
         if fallback is not None and fallback.fits:
             estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
-    reason = None if estimate is not None and estimate.fits else reason
+    template = template or default_template(summary)
     model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
+    command = planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args) if estimate else []
     return SourceCheck(
         source=source,
         architecture=spec.architecture,
         params=summary.params,
         file_bytes=summary.file_bytes,
         estimate=estimate,
-        reason=reason,
-        command=planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args) if estimate else [],
+        reason=None if estimate is not None and estimate.fits else reason,
+        command=command,
         ollama=ollama_settings(estimate) if estimate else None,
         speed=decode_speed(estimate, machine) if estimate else None,
         suggestion=_cache_suggestion(estimate, plan) if estimate else None,
         host_only=host_only,
         chat_template=summary.chat_template,
         template=template,
+        host_memory=_host_memory(spec, estimate, machine),
+        cpu_features=machine.cpu_features,
     )
+
+
+def _host_memory(spec: ModelSpec, estimate: RunEstimate | None, machine: Machine) -> tuple[HostMemory, ...]:
+    return tuple(host_memory(spec, estimate, machine, mode) for mode in LOAD_MODES) if estimate else ()

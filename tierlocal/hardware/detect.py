@@ -16,10 +16,10 @@ import psutil
 
 from .. import constants
 from ..catalog import GpuSpec, load_device_limits, load_gpus, normalise_gpu_name
-from ..engines.llama_server import find_llama_server, list_devices
+from ..engines.llama_server import build_cpu_features, find_llama_server, list_devices
 from .types import Device, Hardware, Probe
 
-__all__ = ["detect", "probe_nvml", "probe_amd_sysfs", "probe_apple", "probe_llama_server"]
+__all__ = ["detect", "probe_nvml", "probe_amd_sysfs", "probe_apple", "probe_llama_server", "probe_cpu", "cpu_features"]
 
 _GIB = 1024**3
 #: macOS lets Metal wire about 2/3 of RAM up to 36 GiB and 3/4 above (iogpu.wired_limit_mb
@@ -180,6 +180,8 @@ def detect(
     engine_gpus, engine_probe = probe_llama_server(llama_server)
     gpus.extend(device for device in engine_gpus if not _same_device(device, gpus))
     probes.append(engine_probe)
+    features, cpu_probe = probe_cpu(llama_server or find_llama_server())
+    probes.append(cpu_probe)
     disk_path, disk_free = _disk_free(models_dir or constants.models_dir())
     return Hardware(
         gpus=tuple(gpus),
@@ -190,4 +192,36 @@ def detect(
         disk_path=disk_path,
         disk_free_bytes=disk_free,
         probes=tuple(probes),
+        cpu_arch=platform.machine().lower(),
+        cpu_features=features,
     )
+
+
+#: The CPU features llama.cpp's CPU backend chooses kernels by (repacking among them).
+CPU_FEATURES = ("avx2", "avx512f", "asimddp", "i8mm", "sve")
+
+
+def probe_cpu(engine: Path | None) -> tuple[tuple[str, ...], Probe]:
+    """The CPU features llama.cpp's CPU backend will use: what ``engine`` was built for and
+    this CPU has, or (no engine, or one that does not say) what /proc/cpuinfo lists."""
+    built_for = build_cpu_features(engine) if engine is not None else None
+    if built_for is None or engine is None:
+        features = cpu_features()
+        return features, Probe("cpu", "found", f"features {', '.join(features) or 'none'} (from /proc/cpuinfo; the build may use fewer)")
+    features = tuple(feature for feature in built_for if feature in cpu_features())
+    return features, Probe("cpu", "found", f"features {', '.join(features) or 'none'} (as {engine.name} was built)")
+
+
+def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """Which of :data:`CPU_FEATURES` this CPU has, from the first processor's ``flags`` (x86)
+    or ``Features`` (ARM) line; none when the file cannot be read (not Linux)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")[: 1 << 20]
+    except OSError:
+        return ()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            present = set(value.split())
+            return tuple(feature for feature in CPU_FEATURES if feature in present)
+    return ()

@@ -43,6 +43,10 @@ class Hardware:
     disk_free_bytes: int | None
     probes: tuple[Probe, ...] = field(default=())
     overridden: bool = False
+    #: ``x86_64``, ``aarch64`` …, and the CPU features that matter to llama.cpp's CPU backend
+    #: (from /proc/cpuinfo: avx2, avx512f, asimddp, i8mm, sve).
+    cpu_arch: str = ""
+    cpu_features: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json``."""

@@ -25,6 +25,7 @@ __all__ = [
     "GatewayUnit",
     "ServeUnit",
     "describe_unit",
+    "memory_limits",
     "notify",
     "parse_systemctl_show",
     "render_gateway_unit",
@@ -74,6 +75,8 @@ class ServeUnit:
     model: Path
     user: str
     api_key_file: Path | None
+    #: MemoryHigh=/MemoryMax= lines (or a comment saying why there are none).
+    memory: str = ""
 
 
 def render_serve_unit(unit: ServeUnit) -> str:
@@ -87,8 +90,30 @@ def render_serve_unit(unit: ServeUnit) -> str:
         user=unit.user,
         environment="",
         credentials=credentials,
+        memory=unit.memory,
         model_dir=systemd_quote(str(unit.model.parent)),
     )
+
+
+#: Head room above the planned host memory for the cgroup limits.
+MEMORY_LIMIT_MARGIN = 0.10
+
+
+def memory_limits(in_use_bytes: int, prompt_cache_bytes: int, ram_total_bytes: int) -> str:
+    """The unit's memory lines for a plan whose llama-server holds ``in_use_bytes`` serving
+    full prompts and may add ``prompt_cache_bytes`` of saved prompts: MemoryHigh (reclaim and
+    throttle above it) at the first plus a margin, MemoryMax (the OOM line) at both plus a
+    margin — or, when that is more than the machine has, no MemoryMax and a comment saying so."""
+    high = -(-int(in_use_bytes * (1 + MEMORY_LIMIT_MARGIN)) // 2**20)
+    limit = -(-int((in_use_bytes + prompt_cache_bytes) * (1 + MEMORY_LIMIT_MARGIN)) // 2**20)
+    lines = (
+        "# From the plan (tierlocal check SOURCE: system RAM as the kernel counts it): in use "
+        f"{in_use_bytes / 2**20:.0f} MiB, + up to {prompt_cache_bytes / 2**20:.0f} MiB of saved prompts (--cache-ram), + 10%.\n"
+        f"MemoryHigh={high}M\n"
+    )
+    if limit * 2**20 > ram_total_bytes:
+        return lines + f"# No MemoryMax: {limit} MiB would be more than this machine's {ram_total_bytes / 2**20:.0f} MiB of RAM."
+    return lines + f"MemoryMax={limit}M"
 
 
 @dataclass(frozen=True)

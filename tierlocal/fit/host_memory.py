@@ -1,0 +1,142 @@
+"""Host memory as the kernel sees it: what a llama-server process holds in system RAM, split the
+way an OOM killer, a cgroup ``MemoryMax`` or a container limit counts it. Pure.
+
+- **mapped** (``RssFile``): with mmap (llama-server's default load mode) the weights on the CPU
+  are pages of the model file in the page cache, mapped into the process: reclaimable, but
+  resident and counted while mapped. Without mmap they are read into anonymous memory instead.
+- **anonymous** (``RssAnon``): what only this process holds — the CPU backend's repacked copies
+  of weight matrices (``CPU_REPACK``), the KV cache, the compute and output buffers, the weights
+  themselves without mmap, and the engine's own heap (vocabulary, threads, HTTP server).
+- **peak** (``VmHWM``): mapped + anonymous + the engine's own binary pages, reached as the load
+  finishes. The compute buffer is reserved then but its pages are touched only as prompts
+  grow: **in use** adds it, the figure a memory limit has to allow.
+
+The CPU backend repacks a weight matrix into an interleaved anonymous copy when its type has
+a kernel for this CPU and its row count divides the interleave (ggml-cpu/repack.cpp,
+``ggml_repack_get_optimal_repack_type``): on x86 with AVX2, Q4_0, Q4_K, IQ4_NL and MXFP4 in
+blocks of 8 rows, and Q2_K with AVX-512; on ARM with dot-product or int8-matmul instructions,
+Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, MXFP4 and Q8_0. Only matrices the backend multiplies are
+repacked — never the token embedding, which it reads row by row, except for a tied output, which
+loads the embedding a second time as the output projection. With mmap the file stays mapped
+beside the copy, so a Q4_K_M model on the CPU holds most of its weights twice.
+
+Usage adds to this afterwards, bounded by llama-server's own limits: saved prompts (the prompt
+cache, ``--cache-ram``, 8 GiB by default) and, for sliding-window and recurrent models, context
+checkpoints (``--ctx-checkpoints``) — reported beside the figures, not in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .estimate import Machine, RunEstimate
+from .memory import gpu_layers, weights_split
+from .model import ModelSpec, PlacedTensor
+
+__all__ = ["HostMemory", "host_memory", "repacked_bytes", "repack_rules", "LOAD_MODES", "ENGINE_FILE_BYTES", "PROMPT_CACHE_DEFAULT_BYTES"]
+
+#: llama-server's --load-mode values tierlocal plans for.
+LOAD_MODES = ("mmap", "none", "mlock")
+#: The llama-server binary's and its libraries' own resident file pages (CPU build, measured
+#: here: RssFile of a process whose model is not mapped, 12.0–12.4 MiB, 2026-11-30).
+ENGINE_FILE_BYTES = 12 * 2**20
+#: The engine's own anonymous memory besides the buffers it reports: a fixed part and a part
+#: per vocabulary entry (token strings, the token-to-piece cache, each slot's sampler arrays).
+#: Fitted, 2026-11-30, to two loads of this llama.cpp (Gemma 3 270M, 262,144 tokens: 55.1 MiB;
+#: a Llama-3-8B-shaped file, 128,256 tokens: 27.7 MiB); the rest of bench/host_memory.py is
+#: held out.
+ENGINE_BASE_BYTES = 6 * 2**20
+ENGINE_BYTES_PER_VOCAB_ENTRY = 190
+#: llama-server's --cache-ram default: saved prompts may take this much more, as they are used.
+PROMPT_CACHE_DEFAULT_BYTES = 8 * 2**30
+
+# (CPU feature that enables the kernel, rows per interleave) per type, from repack.cpp.
+_X86_RULES = {"Q4_0": ("avx2", 8), "Q4_K": ("avx2", 8), "IQ4_NL": ("avx2", 8), "MXFP4": ("avx2", 8), "Q2_K": ("avx512f", 8)}
+_ARM_RULES = {
+    "Q4_0": ("asimddp", 4), "Q4_K": ("asimddp", 8), "Q5_K": ("asimddp", 8), "Q6_K": ("asimddp", 8),
+    "IQ4_NL": ("asimddp", 4), "MXFP4": ("asimddp", 4), "Q8_0": ("asimddp", 4),
+}  # fmt: skip
+
+
+def repack_rules(cpu_arch: str, cpu_features: Iterable[str]) -> dict[str, int]:
+    """Types the CPU backend repacks on this CPU, with the row multiple each needs."""
+    features = set(cpu_features)
+    rules = _X86_RULES if cpu_arch in ("x86_64", "amd64", "i686") else _ARM_RULES if cpu_arch in ("aarch64", "arm64") else {}
+    return {ggml_type: rows for ggml_type, (feature, rows) in rules.items() if feature in features}
+
+
+def _repackable(tensor: PlacedTensor, rules: dict[str, int]) -> bool:
+    multiple = rules.get(tensor.ggml_type)
+    return multiple is not None and len(tensor.shape) in (2, 3) and tensor.shape[1] % multiple == 0
+
+
+def _repacked(tensor: PlacedTensor, rules: dict[str, int]) -> bool:
+    return tensor.layer >= 0 and _repackable(tensor, rules)
+
+
+def repacked_bytes(tensors: Iterable[PlacedTensor], rules: dict[str, int]) -> int:
+    """Bytes of the CPU_REPACK copies (the same size as the tensors they copy)."""
+    return sum(tensor.n_bytes for tensor in tensors if _repacked(tensor, rules))
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """One load mode's host memory, in bytes (see the module docstring for what each holds).
+    ``repack_bytes`` and ``engine_bytes`` are inside ``anonymous_bytes``; ``locked_bytes`` is
+    what ``mlock`` pins; ``grows_by_bytes`` what use may add (the prompt cache's limit)."""
+
+    load_mode: str
+    mapped_bytes: int
+    anonymous_bytes: int
+    peak_bytes: int
+    repack_bytes: int
+    engine_bytes: int
+    #: The compute buffer: reserved at load, its pages touched as prompts grow (not in the
+    #: load figures; in :attr:`in_use_bytes`).
+    compute_bytes: int = 0
+    locked_bytes: int = 0
+    grows_by_bytes: int = PROMPT_CACHE_DEFAULT_BYTES
+
+    @property
+    def in_use_bytes(self) -> int:
+        """The most the process holds serving full-size prompts: the load peak and every page
+        of the compute buffer (the prompt cache's growth aside)."""
+        return self.peak_bytes + self.compute_bytes
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "load_mode": self.load_mode,
+            "mapped_bytes": self.mapped_bytes,
+            "anonymous_bytes": self.anonymous_bytes,
+            "peak_bytes": self.peak_bytes,
+            "in_use_bytes": self.in_use_bytes,
+            "repack_bytes": self.repack_bytes,
+            "engine_bytes": self.engine_bytes,
+            "compute_bytes": self.compute_bytes,
+            "locked_bytes": self.locked_bytes,
+            "grows_by_bytes": self.grows_by_bytes,
+        }
+
+
+def host_memory(spec: ModelSpec, estimate: RunEstimate, machine: Machine, load_mode: str = "mmap") -> HostMemory:
+    """The host's share of ``estimate`` for ``load_mode`` (``mmap``, ``none``: read into
+    anonymous memory, ``mlock``: read and pinned), on a CPU with ``machine.cpu_features``."""
+    request = estimate.request
+    split = weights_split(spec, request.ngl or 0, n_cpu_moe=request.n_cpu_moe or 0, max_tensor_bytes=machine.max_tensor_bytes)
+    rules = repack_rules(machine.cpu_arch, machine.cpu_features)
+    repacked_in_place = repacked_bytes(split.cpu_tensors, rules)  # copies of tensors the file holds once
+    repack = repacked_in_place
+    if spec.tied_output and not gpu_layers(spec, request.ngl or 0)[spec.n_layer]:
+        # A tied output on the CPU is the token embedding loaded a second time for the output
+        # projection, a matrix multiplication: repacked where its type allows.
+        repack += sum(t.n_bytes for t in split.cpu_tensors if t.layer == -1 and t.name.startswith("token_embd.") and _repackable(t, rules))
+    host = estimate.devices[-1]
+    engine = ENGINE_BASE_BYTES + ENGINE_BYTES_PER_VOCAB_ENTRY * spec.n_vocab
+    buffers = host.kv_bytes + host.output_bytes + repack + engine  # the KV cache is cleared at load: every page touched
+    if load_mode == "mmap":
+        mapped, anonymous, locked = split.cpu_mapped_bytes, buffers, 0
+    else:  # the weights that are not repacked are read into an anonymous CPU buffer
+        mapped, anonymous = 0, buffers + split.cpu_bytes - repacked_in_place
+        locked = split.cpu_bytes - repacked_in_place if load_mode == "mlock" else 0
+    return HostMemory(load_mode, mapped, anonymous, mapped + anonymous + ENGINE_FILE_BYTES, repack, engine, host.compute_bytes, locked)
