@@ -34,6 +34,7 @@ class _LazyGroup(click.Group):
         "pull": "tierlocal.cli.pull:pull",
         "serve": "tierlocal.cli.serve:serve",
         "status": "tierlocal.cli.serve:status",
+        "bench": "tierlocal.cli.bench:bench",
         "service": "tierlocal.cli.service:service",
         "engine": "tierlocal.cli.engine:engine",
         "gateway": "tierlocal.cli.gateway:gateway",

@@ -4,6 +4,7 @@ per-device plan for one model (SOURCE), as tables or ``--json``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import click
 from rich.console import Console
@@ -11,12 +12,14 @@ from rich.table import Table
 
 from .. import constants
 from ..catalog import find_model, load_gpus, load_host_defaults, load_models
-from ..errors import UsageError
+from ..engines.llama_server import find_llama_server, read_engine_flags
+from ..errors import TierlocalError, UsageError
 from ..fit.estimate import RunRequest
 from ..fit.rule_of_thumb import CatalogFit, Recommendation, recommend
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..gguf.sources import read_headers
 from ..hardware.types import Hardware
+from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..units import format_bytes, format_count, format_decimal_bytes
 from .common import console, gpu_option, json_option, machine, ngl_option, planning_options, print_json
 
@@ -98,7 +101,21 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, 
         hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
         raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
     machine_ = machine_for(hardware, load_host_defaults())
-    return check_source(source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request)
+    result = check_source(source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request)
+    return replace(result, measured=_measured(source, result))
+
+
+def _measured(source: str, result: SourceCheck) -> dict[str, object] | None:
+    """What `tierlocal bench` recorded for this model file, the llama-server found here and the
+    planned device (None: nothing, or no binary to name the build)."""
+    if result.estimate is None or not bench_path().is_file():
+        return None
+    binary = find_llama_server()
+    try:
+        version = read_engine_flags(binary).version if binary is not None else None
+    except TierlocalError:
+        version = None
+    return measured_speed(bench_key(source, version, bench_device(result.to_json()))) if version else None
 
 
 def render_source_check(check: SourceCheck) -> None:
@@ -138,6 +155,12 @@ def render_source_check(check: SourceCheck) -> None:
     if spilled and estimate.layers_offloaded and estimate.est_decode_tokens_per_s and all_on_gpu:
         out.print(
             f"[bold]{spilled} layers run from system RAM[/bold]: expect ~{estimate.est_decode_tokens_per_s:,.1f} tok/s instead of ~{all_on_gpu:,.0f} with every layer on the GPU."
+        )
+    if check.measured:
+        measured = check.measured
+        out.print(
+            f"[bold]Measured[/bold] by tierlocal bench ({measured['time']}) with this engine build on this device: decode "
+            f"{measured['decode_tokens_per_s']} tok/s, prefill {measured['prefill_tokens_per_s']} tok/s — trust these over the estimate."
         )
     if check.suggestion:
         hint = check.suggestion

@@ -68,6 +68,9 @@ class SourceCheck:
     host_memory: tuple[HostMemory, ...] = ()
     #: The CPU features the repack figures assume, and where they came from.
     cpu_features: tuple[str, ...] = ()
+    #: What `tierlocal bench` measured for this model file, engine build and device (None:
+    #: nothing recorded): time, decode_tokens_per_s, prefill_tokens_per_s, runs.
+    measured: dict[str, object] | None = None
 
     def to_json(self) -> dict[str, object]:
         """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
@@ -108,6 +111,7 @@ class SourceCheck:
         payload["ollama"] = self.ollama.to_json() if self.ollama else {}
         payload["suggestion"] = self.suggestion.to_json() if self.suggestion else None
         payload["host_memory"] = {"cpu_features": list(self.cpu_features), "modes": [memory.to_json() for memory in self.host_memory]}
+        payload["measured"] = self.measured
         return payload
 
 

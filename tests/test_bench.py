@@ -1,0 +1,47 @@
+"""`tierlocal bench` against the real llama-server on the Gemma model: a server it starts for
+the measurement and one already running, the figures from llama-server's own timings, the
+record, and `check` showing it for the same model, engine build and device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
+from tests.support.engines import free_port
+from tests.support.serving import serving
+
+
+def _env(assets: Assets, home: Path) -> dict[str, str]:
+    return {"TIERLOCAL_HOME": str(home), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+
+
+def test_bench_starts_a_server_measures_records_and_check_shows_it(assets: Assets, tmp_path: Path) -> None:
+    env = _env(assets, tmp_path)
+    done = run_cli("bench", str(assets.gemma_gguf), "--ctx", "1024", "--threads", "2", "--json", env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    # 128 and 512 fit a 1024-token slot with the 32 generated; 2048 does not.
+    assert [abs(run["prompt_tokens"] - asked) <= 4 for run, asked in zip(result["runs"], (128, 512), strict=True)] == [True, True]
+    assert all(run["decode_tokens"] == 32 and run["decode_tokens_per_s"] > 0 and run["prefill_tokens_per_s"] > 0 for run in result["runs"])
+    assert all(run["first_token_s"] > run["prompt_tokens"] / run["prefill_tokens_per_s"] for run in result["runs"])
+    assert result["device"] == "cpu" and result["estimated_decode_tokens_per_s"] > 0
+    assert result["host_peak_bytes"] > 200 * 2**20  # the 241 MiB model is mapped
+    (record,) = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert record["key"]["model"] == str(assets.gemma_gguf.resolve()) and record["decode_tokens_per_s"] == result["decode_tokens_per_s"]
+    check = json.loads(run_cli("check", str(assets.gemma_gguf), "--json", env=env).stdout)
+    assert check["measured"]["decode_tokens_per_s"] == result["decode_tokens_per_s"]
+    human = run_cli("check", str(assets.gemma_gguf), env=env).stdout
+    assert "Measured by tierlocal bench" in " ".join(human.split())
+    assert not list((tmp_path / "run").glob("serve-*.json"))  # the server it started is gone
+
+
+def test_bench_attaches_to_the_running_serve(assets: Assets, tmp_path: Path) -> None:
+    port = free_port()
+    with serving(assets, tmp_path, "--ctx", "1024", "--port", str(port)):
+        done = run_cli("bench", "--port", str(port), "--json", env=_env(assets, tmp_path), timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout)["url"] == f"http://127.0.0.1:{port}"
+    nothing = run_cli("bench", env=_env(assets, tmp_path / "empty"))
+    assert nothing.returncode == 2 and nothing.stderr.startswith("error: no tierlocal serve is running")

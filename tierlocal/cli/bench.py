@@ -1,0 +1,112 @@
+"""``tierlocal bench``: a running server's speed measured, beside the estimate, and recorded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import click
+from rich.table import Table
+
+from ..errors import EngineFailed, TierlocalError, UsageError
+from ..serve.bench import BenchRun, bench_path, bench_server, record_bench
+from ..serve.state import running_servers
+from ..units import format_bytes
+from .common import console, json_option, print_json
+
+__all__ = ["bench"]
+
+
+@click.command()
+@click.argument("source", required=False)
+@click.option("--port", type=click.IntRange(1, 65535), help="Measure the `tierlocal serve` on this port (default: the only one running).")
+@click.option("--ctx", default="4096", show_default=True, help="With SOURCE: the context to serve it with.")
+@click.option("--llama-server", "llama_server", metavar="PATH", help="With SOURCE: the llama-server binary.")
+@click.option("--threads", type=click.IntRange(1, 1024), help="With SOURCE: CPU threads.")
+@json_option
+def bench(source: str | None, port: int | None, ctx: str, llama_server: str | None, threads: int | None, as_json: bool) -> None:
+    """Measure prefill and decode tokens/s and time to first token at a few prompt lengths,
+    and the engine's peak memory, on a running `tierlocal serve` — or, with SOURCE, on one
+    started for it and stopped after — and print them beside the estimate. Each result is
+    recorded ($TIERLOCAL_HOME/bench.jsonl) under the model file, engine build and device, and
+    `tierlocal check` shows it for the same three.
+
+    \b
+    Examples:
+      tierlocal bench                     # the running tierlocal serve
+      tierlocal bench ./gemma-3-270m-Q4_K_M.gguf --ctx 4096
+    """
+    if source is None:
+        servers = running_servers(port)
+        if len(servers) != 1:
+            raise UsageError(
+                "no tierlocal serve is running" + (f" on port {port}" if port else "") if not servers else f"{len(servers)} servers are running",
+                hint="start one with `tierlocal serve MODEL`, give --port, or give a SOURCE to serve for the measurement",
+            )
+        run = bench_server(servers[0], say=_say)
+    else:
+        run = _bench_source(source, ctx, llama_server, threads)
+    record_bench(run)
+    print_json(run.to_json()) if as_json else _render(run)
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int | None) -> BenchRun:
+    """`tierlocal serve SOURCE` started for the measurement (its plan, template check and first
+    answer included), measured, and stopped."""
+    argv = [sys.executable, "-m", "tierlocal", "serve", source, "--port", str(_free_port()), "--ctx", ctx, "--json"]
+    argv += ["--llama-server", llama_server] if llama_server else []
+    argv += ["--threads", str(threads)] if threads else []
+    _say(f"starting tierlocal serve {source} for the measurement")
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        assert process.stdout is not None
+        text = ""
+        for line in process.stdout:
+            text += line
+            if line.startswith("}"):
+                break
+        if not text.strip():
+            _, stderr = process.communicate(timeout=30)
+            error = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr.strip()[-300:])
+            raise EngineFailed(f"tierlocal serve {source} did not start: {error.removeprefix('error: ')}", hint="run it alone to see why")
+        return bench_server(json.loads(text), say=_say)
+    except TierlocalError:
+        raise
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _render(run: BenchRun) -> None:
+    out = console()
+    table = Table(title=f"{run.model} on {run.device} ({run.engine_version})", title_justify="left")
+    for column in ("prompt tokens", "prefill tok/s", "decode tok/s", "first token"):
+        table.add_column(column, justify="right")
+    for prompt in run.runs:
+        table.add_row(str(prompt.prompt_tokens), f"{prompt.prefill_tokens_per_s:,.1f}", f"{prompt.decode_tokens_per_s:,.1f}", f"{prompt.first_token_s:.2f} s")
+    out.print(table)
+    estimate = run.estimated_decode_tokens_per_s
+    versus = f" — the plan estimated {estimate:,.1f} (memory-bandwidth bound: {estimate / run.decode_tokens_per_s:.1f}× the measured)" if estimate else ""
+    out.print(f"Decode: {run.decode_tokens_per_s:,.1f} tok/s measured{versus}. Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured (not estimated yet).")
+    memory = ", ".join(f"{name} {format_bytes(size)} allocated" for name, size in run.device_bytes.items())
+    peak = f"host peak (VmHWM) {format_bytes(run.host_peak_bytes)}; " if run.host_peak_bytes else ""
+    out.print(f"Memory: {peak}{memory}.")
+    out.print(f"Recorded in {bench_path()}: `tierlocal check` shows it for this model, engine build and device.")
