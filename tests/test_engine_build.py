@@ -29,9 +29,13 @@ def test_backend_follows_the_tools_on_path(tmp_path: Path, tools: list[str], bac
 
 
 def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Path) -> None:
-    env = {"TIERLOCAL_HOME": str(tmp_path / "home")}
+    """The build tree lives in the build cache, next to the test assets (outside the checkout):
+    the first run compiles llama.cpp, later runs rebuild incrementally in seconds."""
+    build_cache = assets.llama_cpp_source.parent.parent / "engine-build"
+    env = {"TIERLOCAL_HOME": str(tmp_path / "home"), "TIERLOCAL_BUILD_CACHE": str(build_cache)}
     built = run_cli("engine", "build", "--backend", "cpu", "--source", str(assets.llama_cpp_source), "--json", env=env, timeout=1800)
     assert built.returncode == 0, built.stderr[-3000:]
+    assert any((tree / "bin" / "llama-server").is_file() for tree in build_cache.glob("build-*"))  # kept for the next build
     result = json.loads(built.stdout)
     binary = Path(result["binary"])
     assert binary == tmp_path / "home" / "engines" / "llama.cpp-local-cpu" / "bin" / "llama-server"

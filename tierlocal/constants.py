@@ -12,6 +12,8 @@ from pathlib import Path
 ENV_HOME = "TIERLOCAL_HOME"
 ENV_DEBUG = "TIERLOCAL_DEBUG"
 ENV_LLAMA_SERVER = "TIERLOCAL_LLAMA_SERVER"
+#: Where `tierlocal engine build` keeps its build trees (a rebuild is then incremental).
+ENV_BUILD_CACHE = "TIERLOCAL_BUILD_CACHE"
 
 # --- what a run is planned with -------------------------------------------------------------
 #: Context tokens planned when none is given (per slot for the catalog recommendation).
@@ -90,6 +92,16 @@ def home_dir() -> Path:
     xdg = os.environ.get("XDG_DATA_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "share"
     return base / "tierlocal"
+
+
+def build_cache_dir() -> Path:
+    """`tierlocal engine build`'s build trees and unpacked sources: ``$TIERLOCAL_BUILD_CACHE``,
+    else ``$XDG_CACHE_HOME/tierlocal/engine-build`` (``~/.cache/…``)."""
+    configured = os.environ.get(ENV_BUILD_CACHE)
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tierlocal" / "engine-build"
 
 
 def engine_dir() -> Path:

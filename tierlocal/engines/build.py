@@ -4,6 +4,7 @@ installed atomically into tierlocal's engine directory."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -101,6 +102,32 @@ def cpu_feature_flags(cpuinfo: str | None = None) -> list[str]:
     return ["-DGGML_NATIVE=OFF"] + [f"-D{switch}={'ON' if feature in present else 'OFF'}" for feature, switch in _X86_FEATURES.items()]
 
 
+def _build_tree(source: Path, flags: list[str]) -> Path:
+    """The persistent build directory for this source tree and these CMake flags, in the build
+    cache: the same build again is incremental (seconds instead of many minutes)."""
+    key = hashlib.sha256("\0".join([str(source), *flags]).encode()).hexdigest()[:16]
+    tree = constants.build_cache_dir() / f"build-{key}"
+    tree.mkdir(parents=True, exist_ok=True)
+    return tree
+
+
+def _cached_source(say: Callable[[str], None]) -> Path:
+    """The pinned llama.cpp, downloaded and unpacked into the build cache once."""
+    unpacked = constants.build_cache_dir() / f"llama-cpp-python-{LLAMA_CPP_PYTHON_PIN}"
+    source = unpacked / f"llama_cpp_python-{LLAMA_CPP_PYTHON_PIN}" / "vendor" / "llama.cpp"
+    if (source / "CMakeLists.txt").is_file():
+        return source
+    unpacked.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".source-", dir=unpacked.parent))
+    try:
+        _fetch_source(staging, say)
+        shutil.rmtree(unpacked, ignore_errors=True)
+        os.replace(staging, unpacked)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return source
+
+
 def _fetch_source(workdir: Path, say: Callable[[str], None]) -> Path:
     """Download the pinned llama-cpp-python sdist with pip and unpack its vendored llama.cpp."""
     downloads = workdir / "downloads"
@@ -177,27 +204,19 @@ def build_engine(
     target = engines / name
     workdir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=engines))
     try:
-        llama_source = source if source is not None else _fetch_source(workdir, say)
+        llama_source = source.resolve() if source is not None else _cached_source(say)
         if not (llama_source / "CMakeLists.txt").is_file():
             raise UsageError(f"--source {llama_source}: no CMakeLists.txt there", hint="give the llama.cpp checkout's top directory")
-        build_dir = workdir / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja", path=constants.search_path()) else []
+        cpu_flags = cpu_feature_flags() if platform.machine() in ("x86_64", "AMD64") else []
+        flags = [*generator, *_COMMON_FLAGS, *cpu_flags, *BACKENDS[backend]]
+        build_dir = _build_tree(llama_source, flags)
         log_path = workdir / "build.log"
         with log_path.open("w") as log:
-            say(f"configuring llama.cpp for {backend} (log: {target / 'build.log'})")
-            cpu_flags = cpu_feature_flags() if platform.machine() in ("x86_64", "AMD64") else []
-            configure = [
-                shutil.which("cmake") or "cmake",
-                "-S",
-                str(llama_source),
-                "-B",
-                str(build_dir),
-                *generator,
-                *_COMMON_FLAGS,
-                *cpu_flags,
-                *BACKENDS[backend],
-            ]
+            say(f"configuring llama.cpp for {backend} in {build_dir} (log: {target / 'build.log'})")
+            configure = [shutil.which("cmake") or "cmake", "-S", str(llama_source), "-B", str(build_dir), *flags]
             if _run_build(configure, log, None) != 0:
+                shutil.rmtree(build_dir, ignore_errors=True)  # a damaged tree: the next build starts clean
                 raise EngineError(f"cmake could not configure llama.cpp for {backend}: {_tail(log_path)}", hint=f"see {log_path}")
             say(f"building llama-server with {jobs or os.cpu_count() or 2} jobs")
             compile_argv = [shutil.which("cmake") or "cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)]
