@@ -112,11 +112,13 @@ def _one(client: httpx2.Client, url: str, tokens: int) -> PromptRun:
 
 def _peak_bytes(pid: object) -> int | None:
     """The engine process's VmHWM (this machine only)."""
+    if not isinstance(pid, int):
+        return None
     try:
-        for line in Path(f"/proc/{int(pid)}/status").read_text().splitlines():  # type: ignore[call-overload]
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
-    except (OSError, TypeError, ValueError):
+    except (OSError, ValueError):
         return None
     return None
 

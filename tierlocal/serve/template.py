@@ -37,7 +37,6 @@ def resolve_template(requested: str | None, summary: ModelSummary, builtins: fro
     Raises:
         UsageError: a file that is not a parseable template, or a name the engine does not know.
     """
-    kwargs: dict[str, object] = {"tokenizer_model": summary.tokenizer_model, "tokenizer_pre": summary.tokenizer_pre}
     if engine == "ollama":
         builtins = frozenset(PROMPT_FORMATS)
     elif engine == "python":
@@ -48,13 +47,26 @@ def resolve_template(requested: str | None, summary: ModelSummary, builtins: fro
         info = describe_template(_read_template_file(Path(requested)))
         if not info.usable:
             raise UsageError(f"{requested}: the chat template does not parse ({info.error or info.status})", hint="fix the template, or give a built-in name")
-        return choose_template(summary.chat_template, summary.architecture, requested_file=(str(Path(requested).resolve()), info), **kwargs)  # type: ignore[arg-type]
+        return choose_template(
+            summary.chat_template,
+            summary.architecture,
+            tokenizer_model=summary.tokenizer_model,
+            tokenizer_pre=summary.tokenizer_pre,
+            requested_file=(str(Path(requested).resolve()), info),
+        )
     if requested is not None and builtins and requested not in builtins:
         raise UsageError(
             f"--chat-template {requested!r} is neither a file nor a built-in template of {engine}",
             hint=f"give a Jinja file, or one of: {', '.join(sorted(builtins))}",
         )
-    return choose_template(summary.chat_template, summary.architecture, requested_name=requested, builtins=builtins or None, **kwargs)  # type: ignore[arg-type]
+    return choose_template(
+        summary.chat_template,
+        summary.architecture,
+        tokenizer_model=summary.tokenizer_model,
+        tokenizer_pre=summary.tokenizer_pre,
+        requested_name=requested,
+        builtins=builtins or None,
+    )
 
 
 def rendered_prompt(url: str, choice: TemplateChoice, headers: dict[str, str] | None = None) -> str | None:
