@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -71,7 +70,7 @@ def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int 
     argv += ["--llama-server", llama_server] if llama_server else []
     argv += ["--threads", str(threads)] if threads else []
     _say(f"starting tierlocal serve {source} for the measurement")
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         text = ""

@@ -156,12 +156,7 @@ def render_source_check(check: SourceCheck) -> None:
         out.print(
             f"[bold]{spilled} layers run from system RAM[/bold]: expect ~{estimate.est_decode_tokens_per_s:,.1f} tok/s instead of ~{all_on_gpu:,.0f} with every layer on the GPU."
         )
-    if check.measured:
-        measured = check.measured
-        out.print(
-            f"[bold]Measured[/bold] by tierlocal bench ({measured['time']}) with this engine build on this device: decode "
-            f"{measured['decode_tokens_per_s']} tok/s, prefill {measured['prefill_tokens_per_s']} tok/s — trust these over the estimate."
-        )
+    _render_measured(out, check)
     if check.suggestion:
         hint = check.suggestion
         out.print(
@@ -179,6 +174,16 @@ def render_source_check(check: SourceCheck) -> None:
         env = " ".join(f"{k}={v}" for k, v in ollama.env.items())
         note = f" ({ollama.note})" if ollama.note else ""
         out.print(f"Ollama: num_gpu {ollama.num_gpu}, num_ctx {ollama.num_ctx}; {env}{note}")
+
+
+def _render_measured(out: Console, check: SourceCheck) -> None:
+    """What `tierlocal bench` recorded for this model, engine build and device, if anything."""
+    if check.measured:
+        measured = check.measured
+        out.print(
+            f"[bold]Measured[/bold] by tierlocal bench ({measured['time']}) with this engine build on this device: decode "
+            f"{measured['decode_tokens_per_s']} tok/s, prefill {measured['prefill_tokens_per_s']} tok/s — trust these over the estimate."
+        )
 
 
 def _render_host_memory(out: Console, check: SourceCheck) -> None:
