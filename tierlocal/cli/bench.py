@@ -11,7 +11,7 @@ import sys
 import click
 from rich.table import Table
 
-from ..errors import EngineFailed, TierlocalError, UsageError
+from ..errors import EngineFailed, UsageError
 from ..serve.bench import BenchRun, bench_path, bench_server, record_bench
 from ..serve.state import running_servers
 from ..units import format_bytes
@@ -83,8 +83,6 @@ def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int 
             error = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr.strip()[-300:])
             raise EngineFailed(f"tierlocal serve {source} did not start: {error.removeprefix('error: ')}", hint="run it alone to see why")
         return bench_server(json.loads(text), say=_say)
-    except TierlocalError:
-        raise
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -177,10 +177,11 @@ def detect(
     apple, apple_probe = probe_apple(int(memory.total))
     gpus.extend(apple)
     probes.append(apple_probe)
-    engine_gpus, engine_probe = probe_llama_server(llama_server)
+    engine = llama_server or find_llama_server()  # found once, asked for devices and CPU features
+    engine_gpus, engine_probe = probe_llama_server(engine)
     gpus.extend(device for device in engine_gpus if not _same_device(device, gpus))
     probes.append(engine_probe)
-    features, cpu_probe = probe_cpu(llama_server or find_llama_server())
+    features, cpu_probe = probe_cpu(engine)
     probes.append(cpu_probe)
     disk_path, disk_free = _disk_free(models_dir or constants.models_dir())
     return Hardware(
