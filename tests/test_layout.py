@@ -25,6 +25,8 @@ PURE = [
     "tierlocal.fit.memory",
     "tierlocal.fit.estimate",
     "tierlocal.fit.speed",
+    "tierlocal.fit.device_speed",
+    "tierlocal.fit.calibration",
     "tierlocal.fit.source",
     "tierlocal.fit.rule_of_thumb",
     "tierlocal.fit.verify",

@@ -1,13 +1,287 @@
-"""Decode speed of a planned run: the bytes each token reads from the GPU and from system RAM,
-against each side's memory bandwidth. Pure."""
+"""Speed of a planned run: decode tokens/s, prefill tokens/s and time to first token, from the
+tensors each device holds and that device's effective figures. Pure.
+
+The model is linear in a few *features* of a run, each priced by the device that does the work
+(:class:`DeviceSpeed`, seconds per unit):
+
+- Decode, per generated token: the bytes of every weight matrix the token multiplies, by
+  quantisation type (``bytes:Q4_K`` …; expert tensors count their used share; the token
+  embedding one row, i.e. nothing; a tied output reads the embedding matrix), priced at that
+  type's mat-vec rate on its device — memory- or dequantisation-bound, whichever the device
+  showed; the KV cache read at the current depth (at the F16 rate); and fixed costs — per
+  token, per layer on the device, and per vocabulary entry (logits and sampling, on the host).
+- Prefill, per prompt token: 2 FLOPs per weight a token multiplies (experts: the used share),
+  by type (``flops:Q4_K``); attention, 2 × heads × (K + V head size) FLOPs per key attended;
+  per-layer and per-token fixed costs. The output layer runs once per prompt (llama-server
+  keeps the last token's logits only).
+- Time to first token = prefill of the prompt + one decode step.
+
+A CPU's figures come from ``tierlocal hw --calibrate`` (the engine timed on probe models,
+:func:`fit_device_speed`); a GPU's from published llama-bench results (recipes/gpu_speed.toml).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+from .device_speed import DeviceSpeed
 from .estimate import Machine, RunEstimate
+from .memory import EXPERT_TENSOR, cache_type_bytes, gpu_layers, weights_split
+from .model import ModelSpec, PlacedTensor
 
-__all__ = ["DecodeSpeed", "decode_speed"]
+__all__ = [
+    "RunFeatures",
+    "SpeedEstimate",
+    "DecodeSpeed",
+    "decode_speed",
+    "run_features",
+    "estimate_speed",
+    "add_feature",
+    "Features",
+    "DEFAULT_DEPTH",
+    "TTFT_PROMPTS",
+]
+
+#: Tokens already in the context when a decode speed is quoted (a short chat turn).
+DEFAULT_DEPTH = 512
+#: Prompt lengths time to first token is quoted for (those that fit a slot).
+TTFT_PROMPTS = (128, 512, 2048)
+#: The prompt length a prefill rate is quoted at (llama-bench's pp512).
+PREFILL_PROMPT = 512
+
+Features = dict[str, float]
+
+
+@dataclass(frozen=True)
+class RunFeatures:
+    """What one run asks of each device (``host``, ``gpu``): decode features per generated
+    token at ``depth`` tokens of context, and prefill features per prompt token for a prompt
+    of ``prompt`` tokens (``once`` holds the output layer's, paid once per prompt)."""
+
+    depth: int
+    prompt: int
+    decode: dict[str, Features]
+    prefill: dict[str, Features]
+    once: dict[str, Features]
+
+
+def _is_matrix(tensor: PlacedTensor) -> bool:
+    return len(tensor.shape) >= 2 and min(tensor.shape[:2]) > 1
+
+
+def _elements(tensor: PlacedTensor) -> int:
+    return math.prod(tensor.shape) if tensor.shape else 0
+
+
+def add_feature(features: Features, name: str, amount: float) -> None:
+    if amount:
+        features[name] = features.get(name, 0.0) + amount
+
+
+def run_features(
+    spec: ModelSpec,
+    *,
+    ngl: int = 0,
+    n_cpu_moe: int = 0,
+    max_tensor_bytes: int | None = None,
+    depth: int = DEFAULT_DEPTH,
+    prompt: int = PREFILL_PROMPT,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    kv_on_gpu: bool = True,
+) -> RunFeatures:
+    """The features of decoding at ``depth`` and prefilling ``prompt`` tokens with
+    ``-ngl ngl --n-cpu-moe n_cpu_moe``, per device."""
+    split = weights_split(spec, ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes)
+    on_host = {id(tensor) for tensor in split.cpu_tensors}
+    layer_on_gpu = gpu_layers(spec, ngl)
+    share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
+    decode: dict[str, Features] = {"host": {}, "gpu": {}}
+    prefill: dict[str, Features] = {"host": {}, "gpu": {}}
+    once: dict[str, Features] = {"host": {}, "gpu": {}}
+
+    ffn_width = [0.0] * (spec.n_layer + 1)
+
+    def account(tensor: PlacedTensor, device: str, output_layer: bool) -> None:
+        expert = EXPERT_TENSOR.search(tensor.name) is not None
+        used = share if expert else 1.0
+        prefix = "x" if expert else ""  # experts' mat-mul runs through mul_mat_id: a rate of its own
+        ggml_type = "F16" if tensor.ggml_type == "F32" else tensor.ggml_type  # small F32 matrices (routers): F16's rates
+        add_feature(decode[device], f"bytes:{ggml_type}", tensor.n_bytes * used)
+        flops = 2.0 * _elements(tensor) * used
+        add_feature(once[device] if output_layer else prefill[device], f"{prefix}flops:{ggml_type}", flops)
+        if ".ffn_up" in tensor.name and len(tensor.shape) >= 2:
+            ffn_width[tensor.layer] += tensor.shape[1] * (spec.n_expert_used if expert else 1)
+
+    for tensor in spec.tensors:
+        if tensor.layer < 0 or not _is_matrix(tensor):
+            continue  # the embedding is a row lookup; norms and biases are in the per-layer cost
+        account(tensor, "host" if id(tensor) in on_host else "gpu", tensor.layer == spec.n_layer)
+    if spec.tied_output:  # the output projection multiplies by the embedding matrix
+        embedding = next((t for t in spec.tensors if t.layer == -1 and _is_matrix(t)), None)
+        if embedding is not None:
+            fits = max_tensor_bytes is None or embedding.n_bytes <= max_tensor_bytes
+            account(embedding, "gpu" if layer_on_gpu[spec.n_layer] and fits else "host", True)
+
+    for il in range(spec.n_layer):
+        device = "gpu" if layer_on_gpu[il] else "host"
+        add_feature(decode[device], "layer", 1)
+        add_feature(prefill[device], "layer", 1)
+        # element-wise work (norms, activations, residuals) per token grows with the widths
+        add_feature(prefill[device], "elems", spec.n_embd + ffn_width[il])
+        kv_bytes, attn_flops = _attention(spec, il, depth, prompt, cache_type_k, cache_type_v)
+        add_feature(decode[device if kv_on_gpu else "host"], "kv_bytes", kv_bytes)
+        add_feature(prefill[device], "attn_flops", attn_flops)
+    decode["host"]["token"] = 1
+    decode["host"]["vocab"] = spec.n_vocab
+    prefill["host"]["token"] = 1
+    return RunFeatures(depth, prompt, decode, prefill, once)
+
+
+def _attention(spec: ModelSpec, il: int, depth: int, prompt: int, cache_type_k: str, cache_type_v: str) -> tuple[float, float]:
+    """Layer ``il``'s KV bytes read per decoded token at ``depth``, and its attention FLOPs per
+    prompt token over a ``prompt``-token prompt (none for a recurrent layer)."""
+    if (spec.is_recurrent and spec.is_recurrent[il]) or spec.n_head_kv[il] == 0:
+        return 0.0, 0.0
+    window = spec.n_swa if spec.is_swa[il] and spec.n_swa else None
+    keys_decode = min(depth, window) if window else depth
+    cell = cache_type_bytes(cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(cache_type_v, spec.n_embd_v_gqa(il)) if spec.n_embd_v_gqa(il) else 0)
+    # mean keys attended over the prompt's positions 1..prompt (capped by the window)
+    keys = sum(min(p, window) for p in range(1, prompt + 1)) / prompt if window and window < prompt else (prompt + 1) / 2
+    return float(cell * keys_decode), 2.0 * spec.n_head[il] * (spec.head_k + spec.head_v) * keys
+
+
+def _priced(features: Features, table: Mapping[str, float], unit: str, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
+    """Seconds for the ``{unit}:TYPE`` and ``x{unit}:TYPE`` (expert) features at ``table``'s rates."""
+    seconds = 0.0
+    for name, amount in features.items():
+        kind, _, ggml_type = name.partition(":")
+        if kind not in (unit, f"x{unit}"):
+            continue
+        rate, exact = speed.rate(table, ggml_type)
+        if kind != unit:
+            rate *= speed.expert_factor(table, ggml_type)
+        if not exact:
+            uncalibrated.add(ggml_type)
+        seconds += amount / rate
+    return seconds
+
+
+def _decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
+    seconds = _priced(features, speed.decode_bytes_per_s, "bytes", speed, uncalibrated)
+    seconds += features.get("kv_bytes", 0.0) / speed.rate(speed.decode_bytes_per_s, "F16")[0]
+    seconds += features.get("token", 0.0) * speed.token_overhead_s
+    seconds += features.get("layer", 0.0) * speed.layer_overhead_s
+    seconds += features.get("vocab", 0.0) * speed.vocab_overhead_s
+    return seconds
+
+
+def _prefill_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
+    seconds = _priced(features, speed.prefill_flops_per_s, "flops", speed, uncalibrated)
+    seconds += features.get("elems", 0.0) * speed.prefill_element_s
+    seconds += features.get("attn_flops", 0.0) / speed.attention_flops_per_s
+    seconds += features.get("token", 0.0) * speed.prefill_token_overhead_s
+    seconds += features.get("layer", 0.0) * speed.prefill_layer_overhead_s
+    return seconds
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    """Decode and prefill of one planned run. Tokens/s; seconds. ``decode_s`` splits one
+    decode step by device; ``first_token_s`` maps prompt tokens to time to first token;
+    ``sources`` says where each device's figures came from; ``uncalibrated_types`` lists
+    weight types priced at a neighbour's rate."""
+
+    decode_tokens_per_s: float | None
+    prefill_tokens_per_s: float | None
+    first_token_s: tuple[tuple[int, float], ...]
+    decode_s: dict[str, float]
+    depth: int
+    sources: dict[str, str]
+    uncalibrated_types: tuple[str, ...] = ()
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "decode_tokens_per_s": None if self.decode_tokens_per_s is None else round(self.decode_tokens_per_s, 1),
+            "prefill_tokens_per_s": None if self.prefill_tokens_per_s is None else round(self.prefill_tokens_per_s, 1),
+            "first_token_s": {str(prompt): round(seconds, 3) for prompt, seconds in self.first_token_s},
+            "decode_s_per_token": {device: round(seconds, 5) for device, seconds in self.decode_s.items()},
+            "depth": self.depth,
+            "sources": self.sources,
+            "uncalibrated_types": list(self.uncalibrated_types),
+            "reason": self.reason,
+        }
+
+
+def _decode_step(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], uncalibrated: set[str]) -> dict[str, float]:
+    """Seconds of one decode step on each device that has work."""
+    return {name: _decode_seconds(f, speed, uncalibrated) for name, f in run.decode.items() if f and (speed := devices[name]) is not None}
+
+
+def _prefill_time(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], uncalibrated: set[str]) -> float:
+    """Seconds to process ``run.prompt`` prompt tokens, every device's share in turn."""
+    total = 0.0
+    for name, speed in devices.items():
+        if speed is not None:
+            total += _prefill_seconds(run.prefill[name], speed, uncalibrated) * run.prompt + _prefill_seconds(run.once[name], speed, uncalibrated)
+    return total
+
+
+def estimate_speed(
+    spec: ModelSpec,
+    estimate: RunEstimate,
+    host: DeviceSpeed,
+    gpu: DeviceSpeed | None = None,
+    *,
+    max_tensor_bytes: int | None = None,
+    depth: int = DEFAULT_DEPTH,
+    prompts: Sequence[int] = TTFT_PROMPTS,
+    prefill_prompt: int = PREFILL_PROMPT,
+) -> SpeedEstimate:
+    """Decode tokens/s at ``depth`` tokens of context, prefill tokens/s for a prompt of
+    ``prefill_prompt`` tokens, and time to first token for each of ``prompts`` that fits a slot."""
+    request = estimate.request
+    ngl, n_cpu_moe = request.ngl or 0, request.n_cpu_moe or 0
+    sources = {"host": f"{host.source}: {host.note}"}
+    if estimate.layers_offloaded:
+        if gpu is None:
+            return SpeedEstimate(None, None, (), {}, depth, sources, reason="no speed figures for this GPU (name it with --gpu, or see recipes/gpu_speed.toml)")
+        sources["gpu"] = f"{gpu.source}: {gpu.note}"
+    devices: dict[str, DeviceSpeed | None] = {"host": host, "gpu": gpu}
+    uncalibrated: set[str] = set()
+
+    def features(prompt: int, at_depth: int) -> RunFeatures:
+        return run_features(
+            spec, ngl=ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes, depth=at_depth, prompt=prompt,
+            cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v,
+        )  # fmt: skip
+
+    at_depth = features(prefill_prompt, depth)
+    step = _decode_step(at_depth, devices, uncalibrated)
+    decode_seconds = sum(step.values())
+    if gpu is not None and estimate.layers_offloaded and not gpu.prefill_flops_per_s:
+        reason = f"no published prefill figure for {gpu.device} (recipes/gpu_speed.toml): prefill and first token not estimated"
+        return SpeedEstimate(1 / decode_seconds, None, (), step, depth, sources, tuple(sorted(uncalibrated)), reason)
+    prefill_seconds = _prefill_time(at_depth, devices, uncalibrated)
+    ttft = []
+    for prompt in (p for p in prompts if p + 1 <= estimate.params.n_ctx_seq):
+        run = features(prompt, prompt)
+        ttft.append((prompt, _prefill_time(run, devices, uncalibrated) + sum(_decode_step(run, devices, uncalibrated).values())))
+    return SpeedEstimate(
+        decode_tokens_per_s=1 / decode_seconds if decode_seconds > 0 else None,
+        prefill_tokens_per_s=prefill_prompt / prefill_seconds if prefill_seconds > 0 else None,
+        first_token_s=tuple(ttft),
+        decode_s=step,
+        depth=depth,
+        sources=sources,
+        uncalibrated_types=tuple(sorted(uncalibrated)),
+    )
+
+
+# -- the bandwidth-only figure (what check showed before calibration) ---------------------------
 
 
 @dataclass(frozen=True)
@@ -21,6 +295,7 @@ class DecodeSpeed:
     host_bandwidth_bytes_per_s: int
     host_bandwidth_assumed: bool
     all_on_gpu_tokens_per_s: float | None
+    estimate: SpeedEstimate | None = field(default=None)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -30,13 +305,15 @@ class DecodeSpeed:
             "host_bandwidth_bytes_per_s": self.host_bandwidth_bytes_per_s,
             "host_bandwidth_assumed": self.host_bandwidth_assumed,
             "all_on_gpu_tokens_per_s": self.all_on_gpu_tokens_per_s,
+            "calibrated": self.estimate.to_json() if self.estimate else None,
         }
 
 
-def decode_speed(estimate: RunEstimate, machine: Machine) -> DecodeSpeed:
-    """Decode speed by memory bandwidth, the GPU part and the part spilled to RAM apart."""
+def decode_speed(estimate: RunEstimate, machine: Machine, calibrated: SpeedEstimate | None = None) -> DecodeSpeed:
+    """Decode speed by memory bandwidth, the GPU part and the part spilled to RAM apart, with
+    the calibrated estimate beside it when there is one."""
     gpu_read, host_read = estimate.gpu_read_bytes_per_token, estimate.host_read_bytes_per_token
     all_on_gpu = None
     if machine.gpu_bandwidth and machine.gpu_name is not None:
         all_on_gpu = round(machine.gpu_bandwidth / max(gpu_read + host_read, 1), 1)
-    return DecodeSpeed(gpu_read, host_read, machine.gpu_bandwidth, machine.host_bandwidth, True, all_on_gpu)
+    return DecodeSpeed(gpu_read, host_read, machine.gpu_bandwidth, machine.host_bandwidth, True, all_on_gpu, calibrated)

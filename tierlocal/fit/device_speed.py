@@ -1,0 +1,182 @@
+"""What a device does per second for llama.cpp: effective rates per weight type and fixed
+costs (:class:`DeviceSpeed`), measured on this CPU by `tierlocal hw --calibrate` or derived
+for a GPU from published llama-bench results (recipes/gpu_speed.toml). Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+__all__ = ["DeviceSpeed", "GpuSpeedRow", "bits_per_weight", "gpu_device_speed"]
+
+
+def bits_per_weight(ggml_type: str) -> float | None:
+    """Bits per weight of a ggml type name (``Q4_K`` 4.5), None for an unknown name."""
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    except KeyError:
+        return None
+    return size * 8 / block
+
+
+@dataclass(frozen=True)
+class DeviceSpeed:
+    """One device's effective figures for llama.cpp: rates per ggml type (bytes/s streamed by
+    decode's mat-vec; FLOP/s in prefill's mat-mul; ``*`` for any type not listed), attention
+    FLOP/s, and fixed costs in seconds. ``source`` is ``measured`` (calibrated on this machine),
+    ``table`` (published llama-bench results) or ``assumed``; ``note`` says which."""
+
+    device: str
+    source: str
+    note: str
+    decode_bytes_per_s: Mapping[str, float]
+    prefill_flops_per_s: Mapping[str, float]
+    attention_flops_per_s: float
+    token_overhead_s: float = 0.0
+    layer_overhead_s: float = 0.0
+    vocab_overhead_s: float = 0.0
+    prefill_token_overhead_s: float = 0.0
+    prefill_layer_overhead_s: float = 0.0
+    #: Per element of a layer's width (n_embd + FFN width) per prompt token: element-wise work.
+    prefill_element_s: float = 0.0
+
+    def expert_factor(self, table: Mapping[str, float], ggml_type: str) -> float:
+        """Expert tensors' rate relative to dense ones: measured for ``x:TYPE`` entries (a
+        probe with experts), else the ratio of the measured type nearest in bits."""
+        measured = [name[2:] for name in table if name.startswith("x:") and name[2:] in table]
+        if not measured:
+            return 1.0
+        bits = bits_per_weight(ggml_type) or 16.0
+        nearest = min(measured, key=lambda name: abs((bits_per_weight(name) or 16.0) - bits))
+        return table[f"x:{nearest}"] / table[nearest]
+
+    def rate(self, table: Mapping[str, float], ggml_type: str) -> tuple[float, bool]:
+        """The rate for ``ggml_type`` and whether it was measured for that type (else: the
+        listed type nearest in bits per weight, or ``*``)."""
+        if ggml_type in table:
+            return table[ggml_type], True
+        if "*" in table:  # one published figure for every type (a GPU's table row)
+            return table["*"], True
+        bits = bits_per_weight(ggml_type) or 16.0
+        known = [(abs((bits_per_weight(name) or 16.0) - bits), name) for name in table if not name.startswith("x:")]
+        return table[min(known)[1]], False
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "device": self.device,
+            "source": self.source,
+            "note": self.note,
+            "decode_bytes_per_s": {name: round(rate) for name, rate in sorted(self.decode_bytes_per_s.items())},
+            "prefill_flops_per_s": {name: round(rate) for name, rate in sorted(self.prefill_flops_per_s.items())},
+            "attention_flops_per_s": round(self.attention_flops_per_s),
+            "token_overhead_s": self.token_overhead_s,
+            "layer_overhead_s": self.layer_overhead_s,
+            "vocab_overhead_s": self.vocab_overhead_s,
+            "prefill_token_overhead_s": self.prefill_token_overhead_s,
+            "prefill_layer_overhead_s": self.prefill_layer_overhead_s,
+            "prefill_element_s": self.prefill_element_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> DeviceSpeed:
+        """Read :meth:`to_json`'s form back.
+
+        Raises:
+            ValueError: a field is missing or not a number (a damaged cache).
+        """
+
+        def rates(name: str) -> dict[str, float]:
+            value = data.get(name)
+            if not isinstance(value, dict) or not value or len(value) > 64:
+                raise ValueError(f"{name} is not a table of rates")
+            out = {str(key): float(rate) for key, rate in value.items()}
+            if not all(math.isfinite(rate) and rate > 0 for rate in out.values()):
+                raise ValueError(f"{name} has a rate that is not positive")
+            return out
+
+        def number(name: str) -> float:
+            value = data.get(name, 0.0)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} is not a non-negative number")
+            return float(value)
+
+        attention = number("attention_flops_per_s")
+        if attention <= 0:
+            raise ValueError("attention_flops_per_s is not positive")
+        return cls(
+            device=str(data.get("device", "cpu")),
+            source=str(data.get("source", "measured")),
+            note=str(data.get("note", ""))[:500],
+            decode_bytes_per_s=rates("decode_bytes_per_s"),
+            prefill_flops_per_s=rates("prefill_flops_per_s"),
+            attention_flops_per_s=attention,
+            token_overhead_s=number("token_overhead_s"),
+            layer_overhead_s=number("layer_overhead_s"),
+            vocab_overhead_s=number("vocab_overhead_s"),
+            prefill_token_overhead_s=number("prefill_token_overhead_s"),
+            prefill_layer_overhead_s=number("prefill_layer_overhead_s"),
+            prefill_element_s=number("prefill_element_s"),
+        )
+
+
+@dataclass(frozen=True)
+class GpuSpeedRow:
+    """One published llama.cpp result (recipes/gpu_speed.toml): ``model`` of ``model_bytes``
+    and ``params`` on ``gpu``; tokens/s generated (tg) and prompt tokens/s (pp)."""
+
+    gpu: str
+    model: str
+    model_bytes: int
+    params: int
+    embedding_params: int
+    output_params: int
+    tg_tokens_per_s: float | None
+    pp_tokens_per_s: float | None
+    source: str
+    date: str
+
+    @property
+    def decode_bytes_per_s(self) -> float | None:
+        """Weight bytes streamed per second (the embedding is a row lookup)."""
+        if self.tg_tokens_per_s is None:
+            return None
+        return self.model_bytes * (1 - self.embedding_params / self.params) * self.tg_tokens_per_s
+
+    @property
+    def prefill_flops_per_s(self) -> float | None:
+        if self.pp_tokens_per_s is None:
+            return None
+        return 2.0 * (self.params - self.embedding_params - self.output_params) * self.pp_tokens_per_s
+
+
+def gpu_device_speed(name: str, rows: Sequence[GpuSpeedRow], *, datasheet_bytes_per_s: int | None, datasheet: Mapping[str, int]) -> DeviceSpeed | None:
+    """A GPU's figures: its own published row (``table``), else its datasheet bandwidth
+    derated by the median effective/datasheet ratio of the rows whose GPUs ``datasheet``
+    (name → bytes/s) knows (``table-derated``); prefill only from a row. None: neither."""
+    own = [row for row in rows if row.gpu.lower() == name.lower()]
+    if own and own[0].decode_bytes_per_s is not None:
+        row = own[0]
+        prefill = row.prefill_flops_per_s
+        note = f"{row.model} on {row.gpu}, {row.date}: {row.source}"
+    elif datasheet_bytes_per_s:
+        ratios = sorted(r.decode_bytes_per_s / datasheet[r.gpu] for r in rows if r.decode_bytes_per_s and datasheet.get(r.gpu))
+        if not ratios:
+            return None
+        prefill = own[0].prefill_flops_per_s if own else None
+        ratio = ratios[len(ratios) // 2]
+        note = f"datasheet bandwidth × {ratio:.2f}, the median that published llama.cpp results reach (recipes/gpu_speed.toml)"
+        return _gpu_speed(name, "table-derated", note, datasheet_bytes_per_s * ratio, prefill)
+    else:
+        return None
+    return _gpu_speed(name, "table", note, row.decode_bytes_per_s or 0.0, prefill)
+
+
+def _gpu_speed(name: str, source: str, note: str, decode: float, prefill: float | None) -> DeviceSpeed:
+    """One rate for every type; no prefill rates (an empty table) without a published figure."""
+    return DeviceSpeed(
+        device=name, source=source, note=note, decode_bytes_per_s={"*": decode},
+        prefill_flops_per_s={"*": prefill} if prefill else {}, attention_flops_per_s=prefill or 0.0,
+    )  # fmt: skip

@@ -1,0 +1,121 @@
+"""Probe models for timing the engine: a Llama-architecture GGUF of a chosen width, depth,
+vocabulary and weight type whose tensor data is a sparse hole (zeros). llama.cpp loads and runs
+it at the speed of a real model of that shape — its kernels do not look at the values — while
+nothing is downloaded and almost nothing is stored. Written with the gguf package's writer;
+I/O: the one file it writes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+
+__all__ = ["ProbeShape", "write_probe_gguf"]
+
+_ALIGN = 32
+
+
+@dataclass(frozen=True)
+class ProbeShape:
+    """A dense Llama-style transformer. Sizes in elements; ``weight_type`` for every matrix
+    (the norms stay F32)."""
+
+    name: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    weight_type: str
+    n_ctx_train: int = 4096
+    #: Mixtral-style experts in place of the dense FFN (``n_ff`` is then each expert's width).
+    n_expert: int = 0
+    n_expert_used: int = 0
+
+
+def _matrices(shape: ProbeShape) -> list[tuple[str, tuple[int, ...]]]:
+    """Tensor names and ggml dimensions (row length first)."""
+    q_dim, kv_dim = shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
+    tensors: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (shape.n_embd, shape.n_vocab))]
+    for il in range(shape.n_layer):
+        tensors += [
+            (f"blk.{il}.attn_norm.weight", (shape.n_embd,)),
+            (f"blk.{il}.attn_q.weight", (shape.n_embd, q_dim)),
+            (f"blk.{il}.attn_k.weight", (shape.n_embd, kv_dim)),
+            (f"blk.{il}.attn_v.weight", (shape.n_embd, kv_dim)),
+            (f"blk.{il}.attn_output.weight", (q_dim, shape.n_embd)),
+            (f"blk.{il}.ffn_norm.weight", (shape.n_embd,)),
+        ]
+        if shape.n_expert:
+            tensors += [
+                (f"blk.{il}.ffn_gate_inp.weight", (shape.n_embd, shape.n_expert)),
+                (f"blk.{il}.ffn_gate_exps.weight", (shape.n_embd, shape.n_ff, shape.n_expert)),
+                (f"blk.{il}.ffn_up_exps.weight", (shape.n_embd, shape.n_ff, shape.n_expert)),
+                (f"blk.{il}.ffn_down_exps.weight", (shape.n_ff, shape.n_embd, shape.n_expert)),
+            ]
+        else:
+            tensors += [
+                (f"blk.{il}.ffn_gate.weight", (shape.n_embd, shape.n_ff)),
+                (f"blk.{il}.ffn_up.weight", (shape.n_embd, shape.n_ff)),
+                (f"blk.{il}.ffn_down.weight", (shape.n_ff, shape.n_embd)),
+            ]
+    tensors += [("output_norm.weight", (shape.n_embd,)), ("output.weight", (shape.n_embd, shape.n_vocab))]
+    return tensors
+
+
+def write_probe_gguf(path: Path, shape: ProbeShape) -> Path:
+    """Write ``shape`` to ``path`` (its data a hole); returns ``path``.
+
+    Raises:
+        ValueError: the width is not whole blocks of the weight type.
+    """
+    qtype = GGMLQuantizationType[shape.weight_type]
+    block = GGML_QUANT_SIZES[qtype][0]
+    if shape.n_embd % block or shape.n_ff % block or (shape.n_head * shape.head_dim) % block:
+        raise ValueError(f"{shape.name}: rows must be whole {shape.weight_type} blocks of {block}")
+    arch = "llama"
+    writer = GGUFWriter(path, arch)
+    writer.add_string("general.name", shape.name)
+    for key, value in {
+        "block_count": shape.n_layer,
+        "context_length": shape.n_ctx_train,
+        "embedding_length": shape.n_embd,
+        "feed_forward_length": shape.n_ff,
+        "attention.head_count": shape.n_head,
+        "attention.head_count_kv": shape.n_head_kv,
+        "attention.key_length": shape.head_dim,
+        "attention.value_length": shape.head_dim,
+        "rope.dimension_count": shape.head_dim,
+    }.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    if shape.n_expert:
+        writer.add_uint32(f"{arch}.expert_count", shape.n_expert)
+        writer.add_uint32(f"{arch}.expert_used_count", shape.n_expert_used)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    writer.add_string("tokenizer.ggml.model", "llama")
+    writer.add_token_list([f"<p{i}>" for i in range(shape.n_vocab)])
+    writer.add_token_scores([0.0] * shape.n_vocab)
+    writer.add_token_types([1] * shape.n_vocab)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    data_bytes = 0
+    for name, dims in _matrices(shape):
+        tensor_type = qtype if len(dims) >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32
+        t_block, t_bytes = GGML_QUANT_SIZES[tensor_type]
+        n_bytes = math.prod(dims) // t_block * t_bytes
+        writer.add_tensor_info(name, tuple(reversed(dims)), np.dtype(np.float32), n_bytes, raw_dtype=tensor_type)
+        data_bytes += -(-n_bytes // _ALIGN) * _ALIGN
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    data_start = -(-path.stat().st_size // _ALIGN) * _ALIGN
+    with path.open("r+b") as handle:
+        handle.truncate(data_start + data_bytes)
+    return path
