@@ -71,6 +71,7 @@ def _known_speed() -> DeviceSpeed:
         decode_bytes_per_s={name: 12e9 + 1.5e9 * i for i, name in enumerate(types)},
         prefill_flops_per_s={**{name: 90e9 + 10e9 * i for i, name in enumerate(types)}, "x:Q4_K": 70e9},
         attention_flops_per_s=40e9, token_overhead_s=4e-4, layer_overhead_s=3e-5, vocab_overhead_s=5e-9,
+        decode_row_s={name: 1e-9 + 2e-10 * i for i, name in enumerate(types)},
         prefill_token_overhead_s=2e-5, prefill_layer_overhead_s=1e-6, prefill_element_s=2e-10,
     )  # fmt: skip
 
@@ -93,9 +94,19 @@ def test_the_calibration_fit_recovers_the_figures_that_timed_the_probes(tmp_path
     fitted = fit_device_speed(runs)
     for name, rate in truth.decode_bytes_per_s.items():
         assert fitted.decode_bytes_per_s[name] == pytest.approx(rate, rel=1e-6), name
+    for name, cost in truth.decode_row_s.items():
+        assert fitted.decode_row_s[name] == pytest.approx(cost, rel=1e-5), name
     for name, rate in truth.prefill_flops_per_s.items():
         assert fitted.prefill_flops_per_s[name] == pytest.approx(rate, rel=1e-6), name
-    for field in ("attention_flops_per_s", "token_overhead_s", "layer_overhead_s", "vocab_overhead_s", "prefill_layer_overhead_s", "prefill_element_s"):
+    fields = (
+        "attention_flops_per_s",
+        "token_overhead_s",
+        "layer_overhead_s",
+        "vocab_overhead_s",
+        "prefill_layer_overhead_s",
+        "prefill_element_s",
+    )
+    for field in fields:
         assert getattr(fitted, field) == pytest.approx(getattr(truth, field), rel=1e-5), field
 
 

@@ -97,6 +97,7 @@ def fit_device_speed(runs: Iterable[TimedRun], *, device: str = "cpu", note: str
         token_overhead_s=decode.get("token", 0.0),
         layer_overhead_s=decode.get("layer", 0.0),
         vocab_overhead_s=decode.get("vocab", 0.0),
+        decode_row_s={name.partition(":")[2]: cost for name, cost in decode.items() if name.startswith("rows:")},
         prefill_token_overhead_s=prefill.get("token", 0.0),
         prefill_layer_overhead_s=prefill.get("layer", 0.0),
         prefill_element_s=prefill.get("elems", 0.0),

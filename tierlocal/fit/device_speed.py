@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -38,6 +38,10 @@ class DeviceSpeed:
     token_overhead_s: float = 0.0
     layer_overhead_s: float = 0.0
     vocab_overhead_s: float = 0.0
+    #: Seconds per matrix row multiplied in decode, by type: a mat-vec pays per row as well as
+    #: per byte, so short rows (narrow models, a large vocabulary's output projection) run
+    #: below the type's byte rate.
+    decode_row_s: Mapping[str, float] = field(default_factory=dict)
     prefill_token_overhead_s: float = 0.0
     prefill_layer_overhead_s: float = 0.0
     #: Per element of a layer's width (n_embd + FFN width) per prompt token: element-wise work.
@@ -64,6 +68,10 @@ class DeviceSpeed:
         known = [(abs((bits_per_weight(name) or 16.0) - bits), name) for name in table if not name.startswith("x:")]
         return table[min(known)[1]], False
 
+    def row_seconds(self, ggml_type: str) -> float:
+        """Decode's cost per matrix row of ``ggml_type`` (0 without figures)."""
+        return self.rate(self.decode_row_s, ggml_type)[0] if self.decode_row_s else 0.0
+
     def to_json(self) -> dict[str, object]:
         return {
             "device": self.device,
@@ -75,6 +83,7 @@ class DeviceSpeed:
             "token_overhead_s": self.token_overhead_s,
             "layer_overhead_s": self.layer_overhead_s,
             "vocab_overhead_s": self.vocab_overhead_s,
+            "decode_row_s": dict(sorted(self.decode_row_s.items())),
             "prefill_token_overhead_s": self.prefill_token_overhead_s,
             "prefill_layer_overhead_s": self.prefill_layer_overhead_s,
             "prefill_element_s": self.prefill_element_s,
@@ -97,6 +106,15 @@ class DeviceSpeed:
                 raise ValueError(f"{name} has a rate that is not positive")
             return out
 
+        def costs(name: str) -> dict[str, float]:
+            value = data.get(name, {})
+            if not isinstance(value, dict) or len(value) > 64:
+                raise ValueError(f"{name} is not a table of costs")
+            out = {str(key): float(cost) for key, cost in value.items()}
+            if not all(math.isfinite(cost) and cost >= 0 for cost in out.values()):
+                raise ValueError(f"{name} has a cost that is negative")
+            return out
+
         def number(name: str) -> float:
             value = data.get(name, 0.0)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
@@ -116,6 +134,7 @@ class DeviceSpeed:
             token_overhead_s=number("token_overhead_s"),
             layer_overhead_s=number("layer_overhead_s"),
             vocab_overhead_s=number("vocab_overhead_s"),
+            decode_row_s=costs("decode_row_s"),
             prefill_token_overhead_s=number("prefill_token_overhead_s"),
             prefill_layer_overhead_s=number("prefill_layer_overhead_s"),
             prefill_element_s=number("prefill_element_s"),

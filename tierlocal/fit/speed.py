@@ -110,6 +110,7 @@ def run_features(
         prefix = "x" if expert else ""  # experts' mat-mul runs through mul_mat_id: a rate of its own
         ggml_type = "F16" if tensor.ggml_type == "F32" else tensor.ggml_type  # small F32 matrices (routers): F16's rates
         add_feature(decode[device], f"bytes:{ggml_type}", tensor.n_bytes * used)
+        add_feature(decode[device], f"rows:{ggml_type}", _elements(tensor) / tensor.shape[0] * used)
         flops = 2.0 * _elements(tensor) * used
         add_feature(once[device] if output_layer else prefill[device], f"{prefix}flops:{ggml_type}", flops)
         if ".ffn_up" in tensor.name and len(tensor.shape) >= 2:
@@ -175,6 +176,7 @@ def _decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[st
     seconds += features.get("token", 0.0) * speed.token_overhead_s
     seconds += features.get("layer", 0.0) * speed.layer_overhead_s
     seconds += features.get("vocab", 0.0) * speed.vocab_overhead_s
+    seconds += sum(amount * speed.row_seconds(name[5:]) for name, amount in features.items() if name.startswith("rows:"))
     return seconds
 
 
