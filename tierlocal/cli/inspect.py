@@ -5,8 +5,12 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
+from ..engines.llama_server import find_llama_server, read_engine_flags
+from ..errors import TierlocalError
+from ..fit.device_speed import DeviceSpeed
 from ..gguf import ModelSummary, summarize
 from ..gguf.sources import read_headers
+from ..hardware.calibrate import calibrate_cpu, calibration_key, load_calibration, memory_read_bytes_per_s, require_engine, save_calibration
 from ..hardware.types import Hardware
 from ..units import format_bytes, format_count
 from .common import console, gpu_option, json_option, machine, print_json
@@ -38,19 +42,79 @@ def inspect(source: str, as_json: bool) -> None:
 
 @click.command()
 @gpu_option
+@click.option("--calibrate", is_flag=True, help="Time the engine on probe models (a few minutes, once) and keep this CPU's speed figures for check.")
 @json_option
-def hw(gpus: tuple[str, ...], as_json: bool) -> None:
+def hw(gpus: tuple[str, ...], calibrate: bool, as_json: bool) -> None:
     """Show this machine's GPUs, RAM, free disk and cores (or what --gpu describes).
 
     GPUs are found through NVML (NVIDIA), sysfs (AMD), unified memory (Apple) and
     `llama-server --list-devices` when a llama-server binary is found
     (TIERLOCAL_LLAMA_SERVER, PATH, or tierlocal's engine directory).
+
+    With --calibrate: load probe models (sparse GGUFs, nothing downloaded) in that llama-server
+    on the CPU, time prompt processing and generation, and fit this CPU's effective figures
+    (per weight type, fixed costs, attention), filed under the CPU and the engine build.
+    `tierlocal check SOURCE` then estimates decode, prefill and time to first token with them.
     """
+    if calibrate:
+        _calibrate(as_json)
+        return
     hardware = machine(gpus)
     if as_json:
         print_json(hardware.to_json())
     else:
         render_hardware(hardware)
+        if not gpus:
+            _render_calibration_status()
+
+
+def _render_calibration_status() -> None:
+    """Whether check's speed estimate has this CPU's measured figures."""
+    binary = find_llama_server()
+    if binary is None:
+        return
+    try:
+        speed = load_calibration(calibration_key(read_engine_flags(binary).version))
+    except TierlocalError:
+        return
+    if speed is None:
+        console().print("Speed calibration: none for this CPU and engine build — `tierlocal hw --calibrate` (a few minutes, once).")
+    else:
+        console().print(f"Speed calibration: {speed.note}.")
+
+
+def _calibrate(as_json: bool) -> None:
+    binary = require_engine(find_llama_server())
+    version = read_engine_flags(binary).version
+    key = calibration_key(version)
+    say = (lambda line: click.echo(line, err=True)) if as_json else console().print
+    say(f"calibrating {key['cpu']} ({key['cores']} cores) with {binary} — a few minutes; nothing is downloaded")
+    bandwidth = memory_read_bytes_per_s()
+    speed, raw = calibrate_cpu(binary, version, say=say)
+    path = save_calibration(key, speed, raw, memory_bytes_per_s=bandwidth)
+    if as_json:
+        print_json({"key": key, "file": str(path), "memory_read_bytes_per_s": round(bandwidth), "speed": speed.to_json()})
+        return
+    render_calibration(speed, bandwidth)
+    console().print(f"Saved to {path}; `tierlocal check SOURCE` uses it for this CPU and engine build.")
+
+
+def render_calibration(speed: DeviceSpeed, memory_bytes_per_s: float) -> None:
+    """The fitted figures: per weight type, then the fixed costs."""
+    out = console()
+    table = Table(title=f"this CPU with llama.cpp ({speed.note})", title_justify="left")
+    for column in ("weight type", "decode (weights streamed)", "prefill (mat-mul)"):
+        table.add_column(column, justify="left" if column == "weight type" else "right")
+    for name in sorted(set(speed.decode_bytes_per_s) | set(speed.prefill_flops_per_s)):
+        decode, prefill = speed.decode_bytes_per_s.get(name), speed.prefill_flops_per_s.get(name)
+        table.add_row(name, f"{decode / 1e9:,.1f} GB/s" if decode else "-", f"{prefill / 1e9:,.0f} GFLOP/s" if prefill else "-")
+    out.print(table)
+    out.print(
+        f"Attention {speed.attention_flops_per_s / 1e9:,.0f} GFLOP/s; per decoded token {speed.token_overhead_s * 1e3:.2f} ms "
+        f"+ {speed.layer_overhead_s * 1e6:.1f} µs per layer + {speed.vocab_overhead_s * 1e8:.2f} ms per 100k vocabulary entries "
+        "+ a cost per matrix row (by type); "
+        f"one thread reads RAM at {memory_bytes_per_s / 1e9:,.1f} GB/s."
+    )
 
 
 def _heads(value: int | list[int] | None) -> str:

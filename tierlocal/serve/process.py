@@ -76,6 +76,7 @@ class EngineChild:
                     self.tail.append(line.rstrip("\n"))
                     if self._on_line is not None:
                         self._on_line(line)
+        self.process.stdout.close()  # at end of output: the pipe is not left for the collector
         self._drained.set()
 
     def wait_output(self, timeout_s: float = 5.0) -> None:

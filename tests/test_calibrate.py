@@ -1,0 +1,74 @@
+"""`tierlocal hw --calibrate` on the real CPU llama-server: the probes load and answer, the fitted
+figures are filed under this CPU and engine build, and `check` then estimates the Gemma model's
+decode and prefill within reach of what the same engine does with it (the held-out model: no
+probe is Gemma). bench/speed_accuracy.py runs the whole comparison over six shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
+from tierlocal.errors import EngineFailed
+from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
+from tierlocal.hardware.calibrate import PROBE_TYPES, PROBES, time_probe
+
+
+def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Assets, gemma: Path, isolated_env: Path, tmp_path: Path) -> None:
+    env = {"TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    before = json.loads(run_cli("check", str(gemma), "--json", env=env).stdout)
+    assert before["speed"]["calibrated"] is None  # nothing measured yet: the bandwidth bound only
+
+    done = run_cli("hw", "--calibrate", "--json", env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert f"[{len(PROBES)}/{len(PROBES)}]" in done.stderr  # progress, one line per probe
+    assert result["key"]["engine_version"] and result["key"]["cores"] >= 1
+    assert set(result["speed"]["decode_bytes_per_s"]) >= set(PROBE_TYPES)
+    assert all(rate > 1e8 for rate in result["speed"]["decode_bytes_per_s"].values())  # faster than 100 MB/s, slower than
+    assert all(rate < 1e12 for rate in result["speed"]["decode_bytes_per_s"].values())  # 1 TB/s: a CPU
+    assert result["memory_read_bytes_per_s"] > 1e8
+    filed = json.loads((isolated_env / "calibration.json").read_text())
+    assert filed[-1]["key"] == result["key"] and len(filed[-1]["probes"]) == len(PROBES)
+
+    after = json.loads(run_cli("check", str(gemma), "--json", env=env).stdout)
+    calibrated = after["speed"]["calibrated"]
+    assert calibrated["sources"]["host"].startswith("measured: calibrated")
+    assert set(calibrated["first_token_s"]) == {"128", "512", "2048"}
+    assert calibrated["first_token_s"]["128"] < calibrated["first_token_s"]["512"] < calibrated["first_token_s"]["2048"]
+    human = run_cli("check", str(gemma), env=env).stdout
+    assert "prefill" in " ".join(human.split()) and "measured: calibrated" in " ".join(human.split())
+
+    # tierlocal bench on a Gemma server: measured beside the calibrated estimate
+    bench = run_cli("bench", str(gemma), "--ctx", "4096", env=env, timeout=600)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    said = " ".join(bench.stdout.split())
+    assert "tok/s measured," in said and "estimated (" in said and "estimated at 512 tokens" in said
+    record = json.loads((isolated_env / "bench.jsonl").read_text().splitlines()[-1])
+    assert record["calibrated_estimate"]["decode_tokens_per_s"] == calibrated["decode_tokens_per_s"]
+
+    prefill_s, decode_s = time_probe(assets.llama_server_cpu, gemma, 512, log_dir=tmp_path)
+    # Held out, on a shared 2-core machine: within 40% here (the bench holds 25% / 35% in one
+    # quiet run); the bandwidth-only figure beside it is ~9x over.
+    assert calibrated["decode_tokens_per_s"] * decode_s == pytest.approx(1.0, abs=0.4)
+    assert calibrated["prefill_tokens_per_s"] * prefill_s == pytest.approx(1.0, abs=0.4)
+    assert after["est_decode_tokens_per_s"] * decode_s > 3  # what the estimate replaced
+
+
+def test_a_probe_the_engine_cannot_load_is_a_clear_error(assets: Assets, tmp_path: Path) -> None:
+    shape = ProbeShape("broken", 2, 256, 768, 2, 2, 128, 4096, "Q8_0")
+    path = write_probe_gguf(tmp_path / "broken.gguf", shape)
+    with path.open("r+b") as handle:  # cut the tensor data short: llama.cpp refuses the file
+        handle.truncate(path.stat().st_size // 2)
+    with pytest.raises(EngineFailed, match=r"did not load the probe broken\.gguf"):
+        time_probe(assets.llama_server_cpu, path, 64, log_dir=tmp_path)
+
+
+def test_calibrate_without_an_engine_says_how_to_get_one(isolated_env: Path, tmp_path: Path) -> None:
+    done = run_cli("hw", "--calibrate", env={"PATH": str(tmp_path)})
+    assert done.returncode != 0
+    assert "no llama-server was found" in done.stderr and "tierlocal engine build" in done.stderr
+    assert not (isolated_env / "calibration.json").exists()

@@ -1,0 +1,229 @@
+"""`tierlocal hw --calibrate`: this CPU's effective figures for llama.cpp, measured once with
+the engine and cached.
+
+Probe models (sparse GGUFs, :mod:`tierlocal.gguf.synthetic`) are loaded one at a time by the
+real llama-server on the CPU with its default threads, as `tierlocal serve` runs it; each answers
+a prompt of known length and generates a few tokens, and llama-server's own ``/completion``
+timings give seconds per prompt token and per decoded token. Wide and medium probes, two per
+weight type, fix that type's rates and its cost per matrix row; narrow probes of 4 and 32
+layers, a large vocabulary, long rows and a long prompt fix the fixed costs and attention (:func:`tierlocal.fit.speed.fit_device_speed`). A short
+memory-read probe gives the host's bandwidth. The result is filed under the CPU model, its
+cores and the engine build in ``$TIERLOCAL_HOME/calibration.json``.
+
+I/O: temporary files, the engine as a child process, HTTP on loopback, the cache file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx2
+
+from .. import constants
+from ..errors import EngineFailed, UsageError
+from ..fit.calibration import TimedRun, fit_device_speed
+from ..fit.device_speed import DeviceSpeed
+from ..fit.model import model_spec
+from ..fit.speed import run_features
+from ..gguf.sources import read_headers
+from ..gguf.synthetic import ProbeShape, write_probe_gguf
+from ..serve.process import start_child
+
+__all__ = ["PROBE_TYPES", "PROBES", "Probe", "calibration_key", "calibrate_cpu", "load_calibration", "save_calibration", "memory_read_bytes_per_s"]
+
+#: Weight types timed: those the common GGUF quantisations are made of.
+PROBE_TYPES = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "IQ4_NL", "Q5_0", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16")
+#: Tokens generated per timed request.
+DECODE_TOKENS = 32
+#: Longest the engine may take to load a probe (s).
+LOAD_TIMEOUT_S = 120.0
+#: Most calibrations kept in the cache file.
+MAX_ENTRIES = 32
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A probe model and the prompt it is timed with."""
+
+    shape: ProbeShape
+    prompt: int = 512
+
+
+def _wide(weight_type: str) -> Probe:
+    return Probe(ProbeShape(f"wide-{weight_type}", 8, 2048, 4 * 2048, 16, 4, 128, 4096, weight_type))
+
+
+def _medium(weight_type: str) -> Probe:
+    """Rows of 768: with the wide probe, the type's cost per row apart from its byte rate."""
+    return Probe(ProbeShape(f"medium-{weight_type}", 12, 768, 4 * 768, 6, 2, 128, 4096, weight_type), prompt=256)
+
+
+_NARROW = ProbeShape("narrow-32", 32, 256, 768, 2, 2, 128, 4096, "Q8_0")
+PROBES: tuple[Probe, ...] = (
+    *(_wide(weight_type) for weight_type in PROBE_TYPES),
+    *(_medium(weight_type) for weight_type in PROBE_TYPES),
+    Probe(_NARROW),
+    Probe(replace(_NARROW, name="narrow-32-long"), prompt=2048),
+    Probe(replace(_NARROW, name="narrow-4", n_layer=4)),
+    Probe(replace(_NARROW, name="narrow-4-vocab", n_layer=4, n_vocab=131072)),
+    # many short rows without a large vocabulary: the per-row cost apart from sampling's
+    Probe(replace(_NARROW, name="narrow-4-tall", n_layer=4, n_ff=32 * 1024)),
+    # experts: zero weights route every token to the same experts (as the sparse test models do)
+    # 12 blocks: a prompt long enough (seconds) to run at the CPU's sustained speed, as real ones do
+    Probe(ProbeShape("experts-Q4_K", 12, 2048, 768, 16, 4, 128, 4096, "Q4_K", n_expert=32, n_expert_used=8)),
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _timed(client: httpx2.Client, url: str, prompt: int) -> tuple[float, float]:
+    """(seconds per prompt token, seconds per decoded token) of one request."""
+    body = {"prompt": [3 + i % 64 for i in range(prompt)], "n_predict": DECODE_TOKENS, "cache_prompt": False, "temperature": 0, "ignore_eos": True}
+    response = client.post(f"{url}/completion", json=body)
+    if response.status_code != 200:
+        raise EngineFailed(f"the engine answered {response.status_code} to a probe: {response.text[:200]}")
+    timings = response.json().get("timings") or {}
+    try:
+        return float(timings["prompt_ms"]) / 1000 / int(timings["prompt_n"]), float(timings["predicted_ms"]) / 1000 / int(timings["predicted_n"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise EngineFailed("the engine's /completion gave no timings", hint="calibration needs llama-server") from None
+
+
+def time_probe(binary: Path, model: Path, prompt: int, *, log_dir: Path, repeats: int = 3, warmup: int | None = None) -> tuple[float, float]:
+    """Load ``model`` in ``binary`` and time ``repeats`` requests of ``prompt`` tokens after a
+    warm-up request of ``warmup`` tokens (default: as long); the median of each figure.
+
+    Raises:
+        EngineFailed: the engine did not load the probe or did not answer.
+    """
+    port = _free_port()
+    ctx = -(-(prompt + DECODE_TOKENS + 64) // 256) * 256
+    argv = [str(binary), "-m", str(model), "-c", str(ctx), "-np", "1", "--host", "127.0.0.1", "--port", str(port), "--no-webui"]
+    child = start_child(argv, log_dir / f"{model.stem}.log")
+    try:
+        readiness = child.wait_ready(f"http://127.0.0.1:{port}/health", LOAD_TIMEOUT_S)
+        if not readiness.ready:
+            tail = " | ".join(child.lines()[-3:])
+            raise EngineFailed(f"llama-server did not load the probe {model.name}: {tail[:300]}", hint="check the engine with `tierlocal engine status`")
+        url = f"http://127.0.0.1:{port}"
+        with httpx2.Client(timeout=600.0) as client:
+            _timed(client, url, warmup or prompt)  # a warm-up: first-use allocations and a cold CPU are not speed
+            results = [_timed(client, url, prompt) for _ in range(repeats)]
+        return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
+    finally:
+        child.stop()
+
+
+def memory_read_bytes_per_s(size_bytes: int = 256 << 20, repeats: int = 3) -> float:
+    """Bytes/s one thread reads from RAM (numpy's sum over a buffer larger than any cache)."""
+    import numpy as np
+
+    buffer = np.ones(size_bytes // 8, dtype=np.float64)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - started)
+    return size_bytes / best
+
+
+def calibration_key(engine_version: str) -> dict[str, object]:
+    """What a calibration is filed under: the CPU model, its cores, the engine build."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace")[: 1 << 20].splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cores": os.cpu_count() or 1, "engine_version": engine_version}
+
+
+def calibrate_cpu(
+    binary: Path, engine_version: str, *, say: Callable[[str], None], probes: tuple[Probe, ...] = PROBES
+) -> tuple[DeviceSpeed, list[dict[str, object]]]:
+    """Time every probe and fit this CPU's figures. Returns them and the raw timings.
+
+    Raises:
+        EngineFailed: the engine failed a probe.
+    """
+    runs: list[TimedRun] = []
+    raw: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="tierlocal-calibrate-") as scratch:
+        directory = Path(scratch)
+        for index, probe in enumerate(probes, 1):
+            started = time.monotonic()
+            path = write_probe_gguf(directory / f"{probe.shape.name}.gguf", probe.shape)
+            spec = model_spec(read_headers(str(path)))
+            prefill_s, decode_s = time_probe(binary, path, probe.prompt, log_dir=directory)
+            features = run_features(spec, depth=probe.prompt + DECODE_TOKENS // 2, prompt=probe.prompt)
+            runs.append(TimedRun(probe.shape.name, features.decode["host"], features.prefill["host"], features.once["host"], probe.prompt, decode_s, prefill_s))
+            raw.append({"probe": probe.shape.name, "prompt": probe.prompt, "prefill_s_per_token": prefill_s, "decode_s_per_token": decode_s})
+            say(
+                f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s ({time.monotonic() - started:.0f} s)"
+            )
+            path.unlink()
+    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate)"
+    return fit_device_speed(runs, device="cpu", note=note), raw
+
+
+def _cache_path() -> Path:
+    return constants.home_dir() / "calibration.json"
+
+
+def _entries(path: Path) -> list[dict[str, object]]:
+    try:
+        if path.stat().st_size > 4 << 20:
+            return []
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [entry for entry in data if isinstance(entry, dict)][-MAX_ENTRIES:] if isinstance(data, list) else []
+
+
+def save_calibration(key: dict[str, object], speed: DeviceSpeed, raw: list[dict[str, object]], *, memory_bytes_per_s: float | None) -> Path:
+    """File ``speed`` under ``key`` (replacing an older one for the same key)."""
+    path = _cache_path()
+    entries = [entry for entry in _entries(path) if entry.get("key") != key]
+    entries.append(
+        {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "speed": speed.to_json(), "memory_read_bytes_per_s": memory_bytes_per_s, "probes": raw}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(entries[-MAX_ENTRIES:], indent=1))
+    temporary.replace(path)
+    return path
+
+
+def load_calibration(key: dict[str, object]) -> DeviceSpeed | None:
+    """The cached calibration for ``key`` (None: none, or a damaged one)."""
+    for entry in reversed(_entries(_cache_path())):
+        if entry.get("key") == key and isinstance(entry.get("speed"), dict):
+            try:
+                return DeviceSpeed.from_json(entry["speed"])  # type: ignore[arg-type]
+            except ValueError:
+                return None
+    return None
+
+
+def require_engine(binary: Path | None) -> Path:
+    """The engine calibration runs.
+
+    Raises:
+        UsageError: none was found.
+    """
+    if binary is None:
+        raise UsageError("calibration times the engine, and no llama-server was found", hint="run `tierlocal engine build`, or set TIERLOCAL_LLAMA_SERVER")
+    return binary
