@@ -14,9 +14,12 @@ from functools import cache
 from pathlib import Path
 
 from .errors import CatalogError
+from .fit.device_speed import DeviceSpeed, GpuSpeedRow, gpu_device_speed
 from .tiers.arithmetic import ApiPrices, Precision, PublishedConfig, weights_bytes
 
 __all__ = [
+    "load_gpu_speed_rows",
+    "gpu_speed_for",
     "ApiEntry",
     "FrontierModel",
     "PublishedConfig",
@@ -298,6 +301,42 @@ def load_rental_defaults() -> RentalDefaults:
         return RentalDefaults(float(low), float(high), default, str(rental["date"]), str(rental["source"]))  # type: ignore[index]
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpus.toml [rental] lacks {exc}", hint="fix the file") from None
+
+
+@cache
+def load_gpu_speed_rows() -> tuple[GpuSpeedRow, ...]:
+    """The [[row]] entries of recipes/gpu_speed.toml: published llama.cpp speed per GPU.
+
+    Raises:
+        CatalogError: an entry lacks a field.
+    """
+    rows = []
+    try:
+        for entry in _load("gpu_speed.toml").get("row", []):  # type: ignore[attr-defined]
+            tg, pp = entry.get("tg_tokens_per_s"), entry.get("pp_tokens_per_s")
+            rows.append(
+                GpuSpeedRow(
+                    gpu=str(entry["gpu"]), model=str(entry["model"]), model_bytes=int(entry["model_bytes"]), params=int(entry["params"]),
+                    embedding_params=int(entry["embedding_params"]), output_params=int(entry["output_params"]),
+                    tg_tokens_per_s=None if tg is None else float(tg), pp_tokens_per_s=None if pp is None else float(pp),
+                    source=str(entry["source"]), date=str(entry["date"]),
+                )
+            )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/gpu_speed.toml: a row lacks {exc}", hint="fix the entry") from None
+    return tuple(rows)
+
+
+def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> DeviceSpeed | None:
+    """A GPU's speed figures: its published llama.cpp row (recipes/gpu_speed.toml; ``name``
+    as detected, e.g. "NVIDIA GeForce RTX 4090", contains the row's GPU), else its datasheet
+    ``bandwidth_bytes_per_s`` derated as the rows are; None without either."""
+    if name is None:
+        return None
+    rows = load_gpu_speed_rows()
+    named = next((row.gpu for row in rows if normalise_gpu_name(row.gpu) in normalise_gpu_name(name)), name)
+    datasheet = {row.gpu: spec.bandwidth_bytes_per_s for row in rows if (spec := find_gpu(row.gpu)) is not None}
+    return gpu_device_speed(named, rows, datasheet_bytes_per_s=bandwidth_bytes_per_s, datasheet=datasheet)
 
 
 def find_gpu(name: str) -> GpuSpec | None:

@@ -8,16 +8,18 @@ from dataclasses import replace
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import find_model, load_gpus, load_host_defaults, load_models
+from ..catalog import find_model, gpu_speed_for, load_gpus, load_host_defaults, load_models
 from ..engines.llama_server import find_llama_server, read_engine_flags
 from ..errors import TierlocalError, UsageError
 from ..fit.estimate import RunRequest
 from ..fit.rule_of_thumb import CatalogFit, Recommendation, recommend
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..gguf.sources import read_headers
+from ..hardware.calibrate import calibration_key, load_calibration
 from ..hardware.types import Hardware
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..units import format_bytes, format_count, format_decimal_bytes
@@ -101,20 +103,29 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, 
         hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
         raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
     machine_ = machine_for(hardware, load_host_defaults())
-    result = check_source(source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request)
-    return replace(result, measured=_measured(source, result))
+    version = _engine_version()
+    host_speed = load_calibration(calibration_key(version)) if version else None
+    result = check_source(
+        source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request,
+        host_speed=host_speed, gpu_speed=gpu_speed_for(machine_.gpu_name, machine_.gpu_bandwidth),
+    )  # fmt: skip
+    return replace(result, measured=_measured(source, result, version))
 
 
-def _measured(source: str, result: SourceCheck) -> dict[str, object] | None:
+def _engine_version() -> str | None:
+    """The version of the llama-server found here (None: none found, or it does not run)."""
+    binary = find_llama_server()
+    try:
+        return read_engine_flags(binary).version if binary is not None else None
+    except TierlocalError:
+        return None
+
+
+def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
     """What `tierlocal bench` recorded for this model file, the llama-server found here and the
     planned device (None: nothing, or no binary to name the build)."""
     if result.estimate is None or not bench_path().is_file():
         return None
-    binary = find_llama_server()
-    try:
-        version = read_engine_flags(binary).version if binary is not None else None
-    except TierlocalError:
-        version = None
     return measured_speed(bench_key(source, version, bench_device(result.to_json()))) if version else None
 
 
@@ -147,9 +158,8 @@ def render_source_check(check: SourceCheck) -> None:
         )
         table.add_row(device.name, *(format_bytes(v) for v in sizes))
     out.print(table)
-    speed = f"~{estimate.est_decode_tokens_per_s:,.1f} tok/s (memory-bandwidth bound)" if estimate.est_decode_tokens_per_s else "speed unknown"
     verdict = "fits" if estimate.fits else f"does not fit: {check.reason}"
-    out.print(f"Verdict: {verdict}; {speed}.")
+    out.print(f"Verdict: {verdict}; {_speed_line(check)}.")
     spilled = estimate.layers_total - estimate.layers_offloaded
     all_on_gpu = check.speed.all_on_gpu_tokens_per_s if check.speed else None
     if spilled and estimate.layers_offloaded and estimate.est_decode_tokens_per_s and all_on_gpu:
@@ -174,6 +184,27 @@ def render_source_check(check: SourceCheck) -> None:
         env = " ".join(f"{k}={v}" for k, v in ollama.env.items())
         note = f" ({ollama.note})" if ollama.note else ""
         out.print(f"Ollama: num_gpu {ollama.num_gpu}, num_ctx {ollama.num_ctx}; {env}{note}")
+
+
+def _speed_line(check: SourceCheck) -> str:
+    """The calibrated speed with where its figures came from, or the bandwidth bound."""
+    estimate = check.estimate
+    bound = estimate.est_decode_tokens_per_s if estimate else None
+    bandwidth = f"~{bound:,.1f} tok/s (memory-bandwidth bound)" if bound else "speed unknown"
+    calibrated = check.speed.estimate if check.speed else None
+    if calibrated is None:
+        return bandwidth + "; run `tierlocal hw --calibrate` once for decode, prefill and first-token estimates measured on this CPU"
+    if calibrated.decode_tokens_per_s is None:
+        return f"{bandwidth}; {calibrated.reason}"
+    sources = "; ".join(f"{device}: {text}" for device, text in calibrated.sources.items())
+    guessed = f"; {', '.join(calibrated.uncalibrated_types)} priced at the nearest measured type" if calibrated.uncalibrated_types else ""
+    decode = f"decode ~{calibrated.decode_tokens_per_s:,.1f} tok/s at {calibrated.depth} tokens of context"
+    if calibrated.prefill_tokens_per_s is None:
+        prefill = f" ({calibrated.reason})"
+    else:
+        ttft = ", ".join(f"{seconds:,.2f} s for {prompt}" for prompt, seconds in calibrated.first_token_s)
+        prefill = f", prefill ~{calibrated.prefill_tokens_per_s:,.0f} tok/s, first token in {ttft} prompt tokens"
+    return f"{decode}{prefill} ({escape(sources + guessed)}) — the bandwidth bound alone says {bandwidth.split(' (')[0]}"
 
 
 def _render_measured(out: Console, check: SourceCheck) -> None:

@@ -14,10 +14,11 @@ from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
+from .device_speed import DeviceSpeed
 from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
 from .host_memory import LOAD_MODES, HostMemory, host_memory
 from .model import ModelSpec, model_spec
-from .speed import DecodeSpeed, decode_speed
+from .speed import DecodeSpeed, SpeedEstimate, decode_speed, estimate_speed
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
 
@@ -204,9 +205,12 @@ def check_source(
     parallel: int | str | None,
     request: RunRequest,
     template: TemplateChoice | None = None,
+    host_speed: DeviceSpeed | None = None,
+    gpu_speed: DeviceSpeed | None = None,
 ) -> SourceCheck:
     """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with
-    ``template`` (None: :func:`default_template`)."""
+    ``template`` (None: :func:`default_template`). With ``host_speed`` (this CPU's calibration)
+    and, for offloaded layers, ``gpu_speed``, the speed is estimated from them too."""
     spec, summary = model_spec(headers), summarize(headers)
     base, reason = _base_request(request, ctx, parallel)
 
@@ -242,7 +246,7 @@ def check_source(
         reason=None if estimate is not None and estimate.fits else reason,
         command=command,
         ollama=ollama_settings(estimate) if estimate else None,
-        speed=decode_speed(estimate, machine) if estimate else None,
+        speed=decode_speed(estimate, machine, _calibrated(spec, estimate, machine, host_speed, gpu_speed)) if estimate else None,
         suggestion=_cache_suggestion(estimate, plan) if estimate else None,
         host_only=host_only,
         chat_template=summary.chat_template,
@@ -250,6 +254,12 @@ def check_source(
         host_memory=_host_memory(spec, estimate, machine),
         cpu_features=machine.cpu_features,
     )
+
+
+def _calibrated(spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> SpeedEstimate | None:
+    if host is None:
+        return None
+    return estimate_speed(spec, estimate, host, gpu, max_tensor_bytes=machine.max_tensor_bytes)
 
 
 def _host_memory(spec: ModelSpec, estimate: RunEstimate | None, machine: Machine) -> tuple[HostMemory, ...]:

@@ -15,6 +15,7 @@ from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
 from ..gguf import summarize
 from ..gguf.sources import read_headers
+from ..hardware.calibrate import calibration_key, load_calibration
 from .exposure import check_exposure
 from .history import gpu_correction
 from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
@@ -62,7 +63,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
             "recorded load(s) of this model with this engine"
         )
     template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), flags.chat_templates or None)
-    check = plan_for(options, machine, template=template)
+    check = plan_for(options, machine, template=template, host_speed=load_calibration(calibration_key(flags.version)))
     say(f"chat template: {template.note}")
     if template.warning:
         say(f"warning: {template.warning}")

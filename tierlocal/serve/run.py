@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import constants
-from ..catalog import load_host_defaults
+from ..catalog import gpu_speed_for, load_host_defaults
 from ..engines.loadlog import LoadLogParser, LoadReport
 from ..engines.prompt_formats import TemplateChoice
 from ..errors import AllocationFailed, EngineFailed, TierlocalError
+from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunRequest, estimate_run
 from ..fit.model import model_spec
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
@@ -119,9 +120,12 @@ class Launched:
     headers: dict[str, str] | None = None
 
 
-def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None = None, template: TemplateChoice | None = None) -> SourceCheck:
+def plan_for(
+    options: ServeOptions, machine: Machine, request: RunRequest | None = None, template: TemplateChoice | None = None, host_speed: DeviceSpeed | None = None
+) -> SourceCheck:
     """The plan for ``options`` on ``machine`` (``request``: engine-specific defaults;
-    ``template``: the chat template chosen, None: the model's default).
+    ``template``: the chat template chosen, None: the model's default; ``host_speed``: this
+    CPU's calibration, for the speed estimate).
 
     Raises:
         TierlocalError: it does not fit.
@@ -134,6 +138,8 @@ def plan_for(options: ServeOptions, machine: Machine, request: RunRequest | None
         parallel=parse_parallel(options.parallel),
         request=options.run_request(request),
         template=template,
+        host_speed=host_speed,
+        gpu_speed=gpu_speed_for(machine.gpu_name, machine.gpu_bandwidth) if host_speed else None,
     )
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(
