@@ -94,15 +94,32 @@ def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int 
 
 def _render(run: BenchRun) -> None:
     out = console()
+    calibrated = run.calibrated or {}
+    first_token = calibrated.get("first_token_s") if isinstance(calibrated.get("first_token_s"), dict) else {}
+    assert isinstance(first_token, dict)
     table = Table(title=f"{run.model} on {run.device} ({run.engine_version})", title_justify="left")
-    for column in ("prompt tokens", "prefill tok/s", "decode tok/s", "first token"):
+    for column in ("prompt tokens", "prefill tok/s", "decode tok/s", "first token", "first token, estimated"):
         table.add_column(column, justify="right")
     for prompt in run.runs:
-        table.add_row(str(prompt.prompt_tokens), f"{prompt.prefill_tokens_per_s:,.1f}", f"{prompt.decode_tokens_per_s:,.1f}", f"{prompt.first_token_s:.2f} s")
+        estimated = first_token.get(str(prompt.prompt_tokens))
+        table.add_row(
+            str(prompt.prompt_tokens), f"{prompt.prefill_tokens_per_s:,.1f}", f"{prompt.decode_tokens_per_s:,.1f}", f"{prompt.first_token_s:.2f} s",
+            f"{estimated:.2f} s" if isinstance(estimated, int | float) else "-",
+        )  # fmt: skip
     out.print(table)
     estimate = run.estimated_decode_tokens_per_s
-    versus = f" — the plan estimated {estimate:,.1f} (memory-bandwidth bound: {estimate / run.decode_tokens_per_s:.1f}× the measured)" if estimate else ""
-    out.print(f"Decode: {run.decode_tokens_per_s:,.1f} tok/s measured{versus}. Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured (not estimated yet).")
+    bound = f"; the memory-bandwidth bound says {estimate:,.1f} ({estimate / run.decode_tokens_per_s:.1f}× the measured)" if estimate else ""
+    decode, prefill = calibrated.get("decode_tokens_per_s"), calibrated.get("prefill_tokens_per_s")
+    if isinstance(decode, int | float) and isinstance(prefill, int | float):
+        out.print(
+            f"Decode: {run.decode_tokens_per_s:,.1f} tok/s measured, {decode:,.1f} estimated ({decode / run.decode_tokens_per_s:.2f}×){bound}. "
+            f"Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured, {prefill:,.1f} estimated at 512 tokens ({prefill / run.prefill_tokens_per_s:.2f}×)."
+        )
+    else:
+        out.print(
+            f"Decode: {run.decode_tokens_per_s:,.1f} tok/s measured{bound}. Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured "
+            "(estimated once this CPU is calibrated: `tierlocal hw --calibrate`)."
+        )
     memory = ", ".join(f"{name} {format_bytes(size)} allocated" for name, size in run.device_bytes.items())
     peak = f"host peak (VmHWM) {format_bytes(run.host_peak_bytes)}; " if run.host_peak_bytes else ""
     out.print(f"Memory: {peak}{memory}.")

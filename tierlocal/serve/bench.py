@@ -64,6 +64,8 @@ class BenchRun:
     estimated_decode_tokens_per_s: float | None
     host_peak_bytes: int | None
     device_bytes: dict[str, int] = field(default_factory=dict)
+    #: The plan's calibrated speed estimate (``check --json``'s ``speed.calibrated``), if any.
+    calibrated: dict[str, object] | None = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -87,6 +89,7 @@ class BenchRun:
             "estimated_decode_tokens_per_s": self.estimated_decode_tokens_per_s,
             "host_peak_bytes": self.host_peak_bytes,
             "device_bytes": self.device_bytes,
+            "calibrated_estimate": self.calibrated,
         }
 
 
@@ -158,8 +161,14 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
     return BenchRun(
         url, _model_of(state), str(state.get("engine_version") or "unknown"), bench_device(plan), tuple(runs),
         plan.get("est_decode_tokens_per_s") if isinstance(plan.get("est_decode_tokens_per_s"), int | float) else None,
-        _peak_bytes(state.get("engine_pid")), devices,
+        _peak_bytes(state.get("engine_pid")), devices, _calibrated(plan),
     )  # fmt: skip
+
+
+def _calibrated(plan: dict[str, object]) -> dict[str, object] | None:
+    speed = plan.get("speed")
+    calibrated = speed.get("calibrated") if isinstance(speed, dict) else None
+    return calibrated if isinstance(calibrated, dict) else None
 
 
 def bench_device(plan: dict[str, object]) -> str:
