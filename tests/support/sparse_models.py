@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
+from tierlocal.gguf.synthetic import add_placeholder_vocab, finish_sparse
+
 Q = GGMLQuantizationType
 
 
@@ -202,12 +204,7 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
         if key.endswith("rope.freq_base"):
             continue
         (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)  # type: ignore[operator]
-    writer.add_string("tokenizer.ggml.model", "llama")
-    writer.add_token_list([f"<t{i}>" for i in range(spec.n_vocab)])
-    writer.add_token_scores([0.0] * spec.n_vocab)
-    writer.add_token_types([1] * spec.n_vocab)
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    add_placeholder_vocab(writer, spec.n_vocab)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
     total = 0
@@ -215,15 +212,7 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
         n_bytes = _bytes(qtype, shape)
         writer.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes, raw_dtype=qtype)
         total += -(-n_bytes // 32) * 32
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    writer.close()
-    header_end = path.stat().st_size
-    data_start = -(-header_end // 32) * 32
-    with path.open("r+b") as handle:
-        handle.truncate(data_start + total)
-    return path
+    return finish_sparse(writer, path, total)
 
 
 if __name__ == "__main__":  # write them for a look: python -m tests.support.sparse_models DIR

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-__all__ = ["ProbeShape", "write_probe_gguf"]
+__all__ = ["ProbeShape", "write_probe_gguf", "add_placeholder_vocab", "finish_sparse"]
 
 _ALIGN = 32
 
@@ -98,12 +98,7 @@ def write_probe_gguf(path: Path, shape: ProbeShape) -> Path:
         writer.add_uint32(f"{arch}.expert_used_count", shape.n_expert_used)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    writer.add_string("tokenizer.ggml.model", "llama")
-    writer.add_token_list([f"<p{i}>" for i in range(shape.n_vocab)])
-    writer.add_token_scores([0.0] * shape.n_vocab)
-    writer.add_token_types([1] * shape.n_vocab)
-    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    add_placeholder_vocab(writer, shape.n_vocab)
     data_bytes = 0
     for name, dims in _matrices(shape):
         tensor_type = qtype if len(dims) >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32
@@ -111,6 +106,23 @@ def write_probe_gguf(path: Path, shape: ProbeShape) -> Path:
         n_bytes = math.prod(dims) // t_block * t_bytes
         writer.add_tensor_info(name, tuple(reversed(dims)), np.dtype(np.float32), n_bytes, raw_dtype=tensor_type)
         data_bytes += -(-n_bytes // _ALIGN) * _ALIGN
+    return finish_sparse(writer, path, data_bytes)
+
+
+def add_placeholder_vocab(writer: GGUFWriter, n_vocab: int) -> None:
+    """A SentencePiece-style vocabulary of ``n_vocab`` placeholder tokens (ids 1 and 2 BOS and
+    EOS): what llama.cpp needs to load a model that is only ever fed token ids."""
+    writer.add_string("tokenizer.ggml.model", "llama")
+    writer.add_token_list([f"<p{i}>" for i in range(n_vocab)])
+    writer.add_token_scores([0.0] * n_vocab)
+    writer.add_token_types([1] * n_vocab)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+
+
+def finish_sparse(writer: GGUFWriter, path: Path, data_bytes: int) -> Path:
+    """Write the header the writer holds, then extend the file by ``data_bytes`` of tensor data
+    (aligned) as a hole: no data is written. Returns ``path``."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
