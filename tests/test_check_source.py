@@ -112,6 +112,7 @@ def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
 
 
 def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
+    """MiniMax-01's lightning attention keeps a state outside the modelled families: refused."""
     import numpy as np
 
     from tests.support.small_gguf import write_small_gguf
@@ -121,12 +122,39 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
         "{arch}.context_length": 4096,
         "{arch}.embedding_length": 64,
         "{arch}.attention.head_count": 4,
-        "{arch}.ssm.state_size": 16,
+        "{arch}.linear_attention.head_dim": 16,
     }
-    path = write_small_gguf(tmp_path / "hybrid.gguf", "nemotron_h", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
+    path = write_small_gguf(tmp_path / "hybrid.gguf", "minimax-01", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     result = run_cli("check", str(path))
     assert result.returncode == 2
-    assert "recurrent or linear-attention state (ssm.state_size)" in result.stderr.splitlines()[0]
+    assert "recurrent or linear-attention state (linear_attention.head_dim)" in result.stderr.splitlines()[0]
+
+
+def test_a_modelled_hybrid_is_planned_with_its_state(tmp_path: Path) -> None:
+    """Nemotron-H's Mamba-2 blocks: planned, the state in the KV column (no refusal)."""
+    import numpy as np
+
+    from tests.support.small_gguf import write_small_gguf
+
+    metadata = {
+        "{arch}.block_count": 2,
+        "{arch}.context_length": 4096,
+        "{arch}.embedding_length": 64,
+        "{arch}.attention.head_count": 4,
+        "{arch}.attention.head_count_kv": [0, 4],
+        "{arch}.feed_forward_length": [0, 0],
+        "{arch}.ssm.conv_kernel": 4,
+        "{arch}.ssm.state_size": 16,
+        "{arch}.ssm.group_count": 1,
+        "{arch}.ssm.inner_size": 128,
+    }
+    path = write_small_gguf(tmp_path / "hybrid.gguf", "nemotron_h", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
+    result = run_cli("check", str(path), "--ctx", "4096", "--json")
+    assert result.returncode == 0, result.stderr
+    host = json.loads(result.stdout)["devices"][-1]
+    state = (3 * (128 + 2 * 16) + 16 * 128) * 4  # one sequence
+    kv = 4 * 16 * 2 * 2 * 4096  # 4 KV heads of 64 / 4 = 16, K and V, f16, 4096 cells
+    assert host["kv_bytes"] == state + kv
 
 
 def test_a_gpu_too_small_for_anything_plans_the_cpu_alone(assets: Assets, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ PURE = [
     "tierlocal.fit.speed",
     "tierlocal.fit.device_speed",
     "tierlocal.fit.calibration",
+    "tierlocal.fit.recurrent",
     "tierlocal.fit.source",
     "tierlocal.fit.rule_of_thumb",
     "tierlocal.fit.verify",

@@ -151,21 +151,25 @@ def _cache_cells(spec: ModelSpec, params: ContextParams) -> tuple[int, int]:
 
 def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
     """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers), and of
-    the fixed-size recurrent state for recurrent layers (LFM2's short convolutions)."""
+    the fixed-size recurrent state for recurrent layers (:mod:`tierlocal.fit.recurrent`); a
+    Falcon-H1 layer keeps both."""
     cells_full, cells_swa = _cache_cells(spec, params)
     layers = []
     for il in range(spec.n_layer):
+        state = 0
         if spec.is_recurrent and spec.is_recurrent[il]:
             # Recurrent state: (n_embd_r + n_embd_s) float32 values per sequence, whatever the context.
-            layers.append((spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max))
-            continue
+            state = (spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max)
+            if not spec.attention_in_recurrent:
+                layers.append(state)
+                continue
         if spec.n_head_kv[il] == 0:
-            layers.append(0)
+            layers.append(state)
             continue
         cells = cells_swa if spec.is_swa[il] else cells_full
         v_elements = spec.n_embd_v_gqa(il)
         per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(params.cache_type_v, v_elements) if v_elements else 0)
-        layers.append(per_cell * cells * params.n_stream)
+        layers.append(state + per_cell * cells * params.n_stream)
     return KvCache(cells_full, cells_swa, params.n_stream, tuple(layers))
 
 

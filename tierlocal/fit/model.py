@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..errors import HeaderError, UnsupportedModelError
 from ..gguf.parse import GGUFHeader
 from ..gguf.summary import merge_split
+from .recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_facts
 
 __all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS"]
 
@@ -36,9 +37,6 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
 _UNMODELLED_CACHE_KEYS = ("ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention", "kda.")
-#: Hybrids whose recurrent state is modelled: LFM2's short-convolution blocks (no KV heads)
-#: keep n_embd × (l_cache − 1) float32 values per sequence.
-_SHORTCONV_ARCHS = ("lfm2", "lfm2moe")
 
 
 @dataclass(frozen=True)
@@ -87,10 +85,13 @@ class ModelSpec:
     mla: bool = False
     kv_lora_rank: int = 0
     head_k_mla: int = 0
-    #: Recurrent blocks (fixed-size state instead of KV) and their state sizes in float32 values.
+    #: Recurrent blocks (fixed-size state instead of KV) and their state sizes in float32 values;
+    #: whether those blocks keep attention KV as well (Falcon-H1), and the state's family.
     is_recurrent: tuple[bool, ...] = ()
     n_embd_r: int = 0
     n_embd_s: int = 0
+    attention_in_recurrent: bool = False
+    recurrent_family: str = ""
     #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
     attn_out_dim: int = 0
 
@@ -167,15 +168,6 @@ def _place(headers: Sequence[GGUFHeader], n_layer: int) -> tuple[PlacedTensor, .
     return tuple(placed)
 
 
-def _recurrent_facts(metadata: Mapping[str, object], arch: str, n_layer: int, n_embd: int, n_head_kv: tuple[int, ...]) -> tuple[tuple[bool, ...], int, int]:
-    """(which blocks are recurrent, n_embd_r, n_embd_s): LFM2's short-convolution blocks (no
-    KV heads) keep n_embd × (l_cache − 1) float32 values; nothing else is recurrent here."""
-    if arch not in _SHORTCONV_ARCHS:
-        return (False,) * n_layer, 0, 0
-    l_cache = metadata.get(f"{arch}.shortconv.l_cache", 0)
-    return tuple(heads == 0 for heads in n_head_kv), n_embd * max(int(l_cache) - 1, 0) if isinstance(l_cache, int) else 0, 0
-
-
 def _int(metadata: Mapping[str, object], key: str, default: int | None = None) -> int:
     value = metadata.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
@@ -193,7 +185,7 @@ def _refuse_unmodelled(metadata: Mapping[str, object], arch: str, source: str) -
         {
             key.split(".", 1)[1]
             for key in metadata
-            if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS) and not (arch in _SHORTCONV_ARCHS and ".shortconv." in key)
+            if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS) and arch not in RECURRENT_ARCHS | HYBRID_ARCHS
         }
     )
     if unmodelled:
@@ -234,7 +226,8 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
     n_ff = metadata.get(f"{arch}.feed_forward_length", 0)
     n_ff = max(n_ff) if isinstance(n_ff, list) and n_ff else n_ff
-    is_recurrent, n_embd_r, n_embd_s = _recurrent_facts(metadata, arch, n_layer, n_embd, n_head_kv)
+    n_ff_layers = _per_layer(metadata.get(f"{arch}.feed_forward_length", 0), n_layer, "feed_forward_length", source)
+    recurrent = recurrent_facts(metadata, arch, n_layer, n_embd, n_head, n_head_kv, n_ff_layers)
     tokens = metadata.get("tokenizer.ggml.tokens")
     n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
     return ModelSpec(
@@ -258,8 +251,10 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         mla=f"{arch}.attention.kv_lora_rank" in metadata and f"{arch}.attention.key_length_mla" in metadata,
         kv_lora_rank=_number(metadata, f"{arch}.attention.kv_lora_rank"),
         head_k_mla=_number(metadata, f"{arch}.attention.key_length_mla"),
-        is_recurrent=is_recurrent,
-        n_embd_r=n_embd_r,
-        n_embd_s=n_embd_s,
+        is_recurrent=recurrent.is_recurrent,
+        n_embd_r=recurrent.n_embd_r,
+        n_embd_s=recurrent.n_embd_s,
+        attention_in_recurrent=recurrent.attention_too,
+        recurrent_family=recurrent.family,
         attn_out_dim=max(n_head) * _number(metadata, f"{arch}.attention.value_length_mla", head_v),
     )

@@ -144,7 +144,7 @@ def run_features(
 def _attention(spec: ModelSpec, il: int, depth: int, prompt: int, cache_type_k: str, cache_type_v: str) -> tuple[float, float]:
     """Layer ``il``'s KV bytes read per decoded token at ``depth``, and its attention FLOPs per
     prompt token over a ``prompt``-token prompt (none for a recurrent layer)."""
-    if (spec.is_recurrent and spec.is_recurrent[il]) or spec.n_head_kv[il] == 0:
+    if (spec.is_recurrent and spec.is_recurrent[il] and not spec.attention_in_recurrent) or spec.n_head_kv[il] == 0:
         return 0.0, 0.0
     window = spec.n_swa if spec.is_swa[il] and spec.n_swa else None
     keys_decode = min(depth, window) if window else depth

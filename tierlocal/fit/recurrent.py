@@ -1,0 +1,104 @@
+"""Which layers of a model keep a recurrent (or linear-attention) state instead of a KV cache,
+and how big that state is: llama.cpp's own rules, read from the header. Pure.
+
+From llama.cpp (vendored in llama-cpp-python 0.3.36): ``llm_arch_is_recurrent`` /
+``llm_arch_is_hybrid`` (src/llama-arch.cpp), each architecture's ``load_arch_hparams``
+(src/models/*.cpp: which layers are recurrent), ``llama_hparams::n_embd_r()`` and
+``n_embd_s()`` (src/llama-hparams.cpp: the state's sizes), and the memory each context creates
+(src/llama-model.cpp ``create_memory``: F32 rows, ``max(1, n_seq_max)`` of them per layer;
+which layers of a hybrid also keep attention KV).
+
+Per recurrent layer, ``n_embd_r`` (the convolution / token-shift rows) and ``n_embd_s`` (the
+state proper) float32 values per sequence:
+
+- RWKV-6/7 (``wkv.head_size``): r = token_shift_count (2) × n_embd; s = n_embd × head size.
+- LFM2 short convolutions (``shortconv.l_cache``): r = n_embd × (l_cache − 1); s = 0.
+- Kimi Delta Attention (``kda.head_dim``): r = 3 × (d_conv − 1) × heads × head_dim (Q, K and V
+  convolutions); s = head_dim² × heads.
+- Mamba, Mamba-2 and gated delta nets (``ssm.*``): r = (d_conv − 1) × (d_inner + 2 × groups ×
+  d_state); s = d_state × d_inner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["RecurrentFacts", "recurrent_facts", "RECURRENT_ARCHS", "HYBRID_ARCHS"]
+
+#: Every layer recurrent, no attention (llm_arch_is_recurrent).
+RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+#: Hybrids whose recurrent layers are those with no KV heads (the per-layer head_count_kv array).
+_BY_ZERO_KV_HEADS = frozenset({"jamba", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "kimi-linear", "kimi-k3", "bailingmoe3", "glm5-next"})
+#: Hybrids with an explicit recurrent-layer array, else every layer but each ``interval``-th.
+_BY_INTERVAL = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+#: Nemotron-H: recurrent = no KV heads and no feed-forward (its MLP-only layers keep nothing).
+_NEMOTRON = frozenset({"nemotron_h", "nemotron_h_moe"})
+#: Falcon-H1: every layer runs attention and a Mamba-2 mixer side by side, and keeps both.
+_EVERY_LAYER_BOTH = frozenset({"falcon-h1"})
+#: The hybrids modelled here.
+HYBRID_ARCHS = _BY_ZERO_KV_HEADS | _BY_INTERVAL | _NEMOTRON | _EVERY_LAYER_BOTH
+_DEFAULT_FULL_ATTENTION_INTERVAL = 4
+_DEFAULT_TOKEN_SHIFT_COUNT = 2
+
+
+@dataclass(frozen=True)
+class RecurrentFacts:
+    """Which layers keep a state, its sizes (float32 values per sequence per layer), whether
+    those layers keep attention KV too, and the family the rules came from ("" for none)."""
+
+    is_recurrent: tuple[bool, ...]
+    n_embd_r: int
+    n_embd_s: int
+    attention_too: bool = False
+    family: str = ""
+
+
+def _int(metadata: Mapping[str, object], key: str, default: int = 0) -> int:
+    value = metadata.get(key, default)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _recurrent_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_head_kv: Sequence[int], n_ff: Sequence[int]) -> tuple[bool, ...]:
+    if arch in RECURRENT_ARCHS or arch in _EVERY_LAYER_BOTH:
+        return (True,) * n_layer
+    if arch in _BY_INTERVAL:
+        explicit = metadata.get(f"{arch}.attention.recurrent_layers")
+        if isinstance(explicit, list) and len(explicit) >= n_layer:
+            return tuple(bool(value) for value in explicit[:n_layer])
+        interval = _int(metadata, f"{arch}.full_attention_interval", _DEFAULT_FULL_ATTENTION_INTERVAL) or _DEFAULT_FULL_ATTENTION_INTERVAL
+        return tuple((il + 1) % interval != 0 for il in range(n_layer))
+    if arch in _NEMOTRON:
+        return tuple(n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_layer))
+    return tuple(heads == 0 for heads in n_head_kv)
+
+
+def _state_sizes(metadata: Mapping[str, object], arch: str, n_embd: int, n_head: Sequence[int]) -> tuple[int, int, str]:
+    """(n_embd_r, n_embd_s, family) in llama_hparams' order of precedence."""
+    wkv = _int(metadata, f"{arch}.wkv.head_size")
+    if wkv:
+        shifts = _int(metadata, f"{arch}.token_shift_count", _DEFAULT_TOKEN_SHIFT_COUNT)
+        return shifts * n_embd, n_embd * wkv, "rwkv"
+    l_cache = _int(metadata, f"{arch}.shortconv.l_cache")
+    if l_cache:
+        return n_embd * max(l_cache - 1, 0), 0, "short convolution"
+    d_conv = _int(metadata, f"{arch}.ssm.conv_kernel")
+    kda = _int(metadata, f"{arch}.kda.head_dim")
+    if kda:
+        heads = n_head[0] if n_head else 0
+        return 3 * (d_conv - 1 if d_conv > 0 else 3) * heads * kda, kda * kda * heads, "kimi delta attention"
+    d_inner, d_state, groups = _int(metadata, f"{arch}.ssm.inner_size"), _int(metadata, f"{arch}.ssm.state_size"), _int(metadata, f"{arch}.ssm.group_count")
+    n_conv = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * groups * d_state)
+    family = "gated delta net" if arch in _BY_INTERVAL else ("mamba-2" if groups else "mamba")
+    return n_conv, d_state * d_inner, family
+
+
+def recurrent_facts(
+    metadata: Mapping[str, object], arch: str, n_layer: int, n_embd: int, n_head: Sequence[int], n_head_kv: Sequence[int], n_ff: Sequence[int]
+) -> RecurrentFacts:
+    """The recurrent layers of ``arch`` and their state, or none for an attention-only model."""
+    if arch not in RECURRENT_ARCHS and arch not in HYBRID_ARCHS:
+        return RecurrentFacts((False,) * n_layer, 0, 0)
+    n_embd_r, n_embd_s, family = _state_sizes(metadata, arch, n_embd, n_head)
+    layers = _recurrent_layers(metadata, arch, n_layer, n_head_kv, n_ff)
+    return RecurrentFacts(layers, n_embd_r, n_embd_s, attention_too=arch in _EVERY_LAYER_BOTH, family=family)
