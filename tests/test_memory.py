@@ -210,3 +210,25 @@ def test_hybrid_recurrent_state_matches_llama_server(assets: Assets, tmp_path: P
     # The compute formula errs high here (+6.4%): the safe side.
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
+
+
+def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """Granite-4.0-H-350M: 4 attention blocks with a KV cache and 28 Mamba-2 blocks whose state
+    is (d_conv − 1)(d_inner + 2·groups·d_state) + d_state·d_inner float32 values per sequence
+    (llama_hparams::n_embd_r / n_embd_s), the RS buffer llama.cpp allocates."""
+    from tests.support.sparse_models import GRANITE_4_H_350M, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "granite.gguf", GRANITE_4_H_350M)
+    spec = model_spec(read_headers(str(path)))
+    assert sum(spec.is_recurrent) == 28 and spec.recurrent_family == "mamba-2"
+    assert (spec.n_embd_r, spec.n_embd_s) == (3 * (1536 + 2 * 128), 128 * 1536)
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 43.15 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)

@@ -48,6 +48,9 @@ class SparseArch:
     conv_l_cache: int = 0
     #: tokenizer.chat_template (None: the file has none).
     chat_template: str | None = None
+    #: Granite-4-H style Mamba-2 mixers in the blocks that are not attention_layers:
+    #: (d_conv, d_state, n_group, n_ssm_head), with d_inner = 2 × n_embd.
+    mamba2: tuple[int, int, int, int] | None = None
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -57,6 +60,14 @@ QWEN3_30B_A3B = SparseArch("qwen3-30b-a3b-q4k", "qwen3moe", 48, 2048, 32, 4, 128
 LFM2_1_2B = SparseArch(
     "lfm2-1.2b-q4k", "lfm2", 16, 2048, 32, 8, 64, 8192, 65536, 128000,
     tied_output=True, qk_norm=True, attention_layers=(2, 5, 8, 10, 12, 14), conv_l_cache=3,
+)  # fmt: skip
+# Granite-4.0-H-350M (ibm-granite/granite-4.0-h-350m config.json, as the model's published
+# config gives it): 32 blocks, attention in 10, 13, 17 and 27 (12 heads, 4 KV heads of 64), the
+# rest Mamba-2 (48 heads of 32, d_state 128, one group, conv 4), a 2,048-wide dense MLP in every
+# block, vocabulary 100,352, tied embeddings.
+GRANITE_4_H_350M = SparseArch(
+    "granite-4.0-h-350m-q4k", "granitehybrid", 32, 768, 12, 4, 64, 2048, 100352, 32768,
+    tied_output=True, attention_layers=(10, 13, 17, 27), mamba2=(4, 128, 1, 48),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -93,6 +104,30 @@ def _mla_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], G
     return [(name, shape, Q.F32 if len(shape) == 1 else _block_quant(spec.weight_type, shape)) for name, shape in shapes]
 
 
+def _mamba2_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Granite-4-H Mamba-2 block (llama.cpp's granite-hybrid.cpp load_arch_tensors) and its MLP."""
+    assert spec.mamba2 is not None
+    d_conv, d_state, n_group, n_head = spec.mamba2
+    d_inner = 2 * spec.n_embd
+    conv_dim = d_inner + 2 * n_group * d_state
+    f32, w = Q.F32, spec.weight_type
+    return [
+        (blk + "attn_norm.weight", (spec.n_embd,), f32),
+        (blk + "ssm_in.weight", (spec.n_embd, 2 * d_inner + 2 * n_group * d_state + n_head), w),
+        (blk + "ssm_conv1d.weight", (d_conv, conv_dim), f32),
+        (blk + "ssm_conv1d.bias", (conv_dim,), f32),
+        (blk + "ssm_dt.bias", (n_head,), f32),
+        (blk + "ssm_a", (1, n_head), f32),
+        (blk + "ssm_d", (1, n_head), f32),
+        (blk + "ssm_norm.weight", (d_inner // n_group, n_group), f32),
+        (blk + "ssm_out.weight", (d_inner, spec.n_embd), w),
+        (blk + "ffn_norm.weight", (spec.n_embd,), f32),
+        (blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w),
+        (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
+        (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
+    ]
+
+
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
     f32, w = Q.F32, spec.weight_type
@@ -100,6 +135,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     for il in range(spec.n_layer):
         blk = f"blk.{il}."
+        if spec.mamba2 is not None and spec.attention_layers is not None and il not in spec.attention_layers:
+            tensors += _mamba2_block(spec, blk)
+            continue
         if spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += [
                 (blk + "attn_norm.weight", (spec.n_embd,), f32),
@@ -176,7 +214,18 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
     if spec.attention_layers is not None:
         writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if il in spec.attention_layers else 0 for il in range(spec.n_layer)])
-        writer.add_uint32(f"{a}.shortconv.l_cache", spec.conv_l_cache)
+        if spec.conv_l_cache:
+            writer.add_uint32(f"{a}.shortconv.l_cache", spec.conv_l_cache)
+        if spec.mamba2:
+            d_conv, d_state, n_group, n_head = spec.mamba2
+            for key, value in {
+                "conv_kernel": d_conv,
+                "state_size": d_state,
+                "group_count": n_group,
+                "time_step_rank": n_head,
+                "inner_size": 2 * spec.n_embd,
+            }.items():
+                writer.add_uint32(f"{a}.ssm.{key}", value)
     else:
         writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
     if spec.mla:
