@@ -232,3 +232,25 @@ def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 43.15 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+
+
+def test_gated_delta_net_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """Qwen3-Next-80B-A3B's width in 4 blocks: 3 gated delta nets, whose state is
+    3 × (2·16·128 + 32·128) conv rows plus a 128 × 4096 state, beside 1 attention block."""
+    from tests.support.sparse_models import QWEN3_NEXT_4L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "qwen3next.gguf", QWEN3_NEXT_4L)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.is_recurrent == (True, True, True, False) and spec.recurrent_family == "gated delta net"
+    assert (spec.n_embd_r, spec.n_embd_s) == (3 * (2 * 16 * 128 + 32 * 128), 128 * 32 * 128)
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.56 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 8 MiB
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
+    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.06)  # 92.0 vs 88.01

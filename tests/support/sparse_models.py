@@ -48,6 +48,9 @@ class SparseArch:
     conv_l_cache: int = 0
     #: tokenizer.chat_template (None: the file has none).
     chat_template: str | None = None
+    #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
+    #: interval); every interval-th block is full attention, the others delta nets.
+    gated_delta_net: tuple[int, int, int, int, int] | None = None
     #: Granite-4-H style Mamba-2 mixers in the blocks that are not attention_layers:
     #: (d_conv, d_state, n_group, n_ssm_head), with d_inner = 2 × n_embd.
     mamba2: tuple[int, int, int, int] | None = None
@@ -68,6 +71,16 @@ LFM2_1_2B = SparseArch(
 GRANITE_4_H_350M = SparseArch(
     "granite-4.0-h-350m-q4k", "granitehybrid", 32, 768, 12, 4, 64, 2048, 100352, 32768,
     tied_output=True, attention_layers=(10, 13, 17, 27), mamba2=(4, 128, 1, 48),
+)  # fmt: skip
+# Qwen3-Next-80B-A3B (its published config.json: Qwen/Qwen3-Coder-Next shares it): hidden 2048,
+# full attention every 4th block (16 heads with an output gate, 2 KV heads of 256, q/k norms),
+# gated delta nets elsewhere (16 key heads and 32 value heads of 128, conv 4), 512 experts (10
+# used) of 512 plus a shared expert of 512, vocabulary 151,936. Depth reduced from 48 blocks to
+# 4 (3 delta-net + 1 attention; the width is the published one) so its experts fit this disk's
+# page cache.
+QWEN3_NEXT_4L = SparseArch(
+    "qwen3-next-80b-a3b-4-blocks-q4k", "qwen3next", 4, 2048, 16, 2, 256, 5120, 151936, 262144,
+    qk_norm=True, experts=(512, 10, 512), n_expert_shared=1, gated_delta_net=(4, 16, 32, 128, 4),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -128,6 +141,50 @@ def _mamba2_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...]
     ]
 
 
+def _qwen3next_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Qwen3-Next block (llama.cpp's qwen3next.cpp load_block_trunk): gated delta net or
+    gated attention, then 512 experts and a shared expert."""
+    assert spec.gated_delta_net is not None and spec.experts is not None
+    d_conv, k_heads, v_heads, head, interval = spec.gated_delta_net
+    n_expert, _, n_ff_exp = spec.experts
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    key_dim, value_dim = k_heads * head, v_heads * head
+    tensors = [(blk + "attn_norm.weight", (e,), f32), (blk + "post_attention_norm.weight", (e,), f32)]
+    if (il + 1) % interval:
+        tensors += [
+            (blk + "attn_qkv.weight", (e, 2 * key_dim + value_dim), w),
+            (blk + "attn_gate.weight", (e, value_dim), w),
+            (blk + "ssm_conv1d.weight", (d_conv, 2 * key_dim + value_dim), f32),
+            (blk + "ssm_dt.bias", (v_heads,), f32),
+            (blk + "ssm_a", (v_heads,), f32),
+            (blk + "ssm_ba.weight", (e, 2 * v_heads), w),
+            (blk + "ssm_norm.weight", (head,), f32),
+            (blk + "ssm_out.weight", (value_dim, e), w),
+        ]
+    else:
+        q_dim = spec.n_head * spec.head_dim
+        tensors += [
+            (blk + "attn_q.weight", (e, 2 * q_dim), w),
+            (blk + "attn_k.weight", (e, spec.n_head_kv * spec.head_dim), w),
+            (blk + "attn_v.weight", (e, spec.n_head_kv * spec.head_dim), w),
+            (blk + "attn_output.weight", (q_dim, e), w),
+            (blk + "attn_q_norm.weight", (spec.head_dim,), f32),
+            (blk + "attn_k_norm.weight", (spec.head_dim,), f32),
+        ]
+    shared = n_ff_exp * spec.n_expert_shared
+    return [
+        *tensors,
+        (blk + "ffn_gate_inp.weight", (e, n_expert), f32),
+        (blk + "ffn_gate_exps.weight", (e, n_ff_exp, n_expert), w),
+        (blk + "ffn_up_exps.weight", (e, n_ff_exp, n_expert), w),
+        (blk + "ffn_down_exps.weight", (n_ff_exp, e, n_expert), w),
+        (blk + "ffn_gate_inp_shexp.weight", (e,), f32),
+        (blk + "ffn_gate_shexp.weight", (e, shared), w),
+        (blk + "ffn_up_shexp.weight", (e, shared), w),
+        (blk + "ffn_down_shexp.weight", (shared, e), w),
+    ]
+
+
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
     f32, w = Q.F32, spec.weight_type
@@ -135,6 +192,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     for il in range(spec.n_layer):
         blk = f"blk.{il}."
+        if spec.gated_delta_net is not None:
+            tensors += _qwen3next_block(spec, il)
+            continue
         if spec.mamba2 is not None and spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += _mamba2_block(spec, blk)
             continue
@@ -244,6 +304,13 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
         writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
+    if spec.gated_delta_net:
+        d_conv, k_heads, v_heads, head, interval = spec.gated_delta_net
+        for key, value in {"conv_kernel": d_conv, "state_size": head, "group_count": k_heads, "time_step_rank": v_heads, "inner_size": v_heads * head}.items():
+            writer.add_uint32(f"{a}.ssm.{key}", value)
+        writer.add_uint32(f"{a}.full_attention_interval", interval)
+        writer.add_uint32(f"{a}.rope.dimension_count", spec.head_dim // 4)
+        writer.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.experts[2] * spec.n_expert_shared if spec.experts else 0)
     if spec.experts:
         n_expert, n_used, n_ff_exp = spec.experts
         writer.add_uint32(f"{a}.expert_count", n_expert)
