@@ -111,8 +111,9 @@ def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
     assert "layers run from system RAM" in human and "Suggestion: -ctk q8_0 -ctv q8_0 -fa on" in human
 
 
-def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
-    """MiniMax-01's lightning attention keeps a state outside the modelled families: refused."""
+def test_an_unmodelled_state_is_named_and_the_architecture_labelled_unverified(tmp_path: Path) -> None:
+    """MiniMax-01's lightning attention keeps a state outside the modelled families: the
+    generic estimate, with that state named, in the table and the JSON (not a refusal)."""
     import numpy as np
 
     from tests.support.small_gguf import write_small_gguf
@@ -125,9 +126,13 @@ def test_unmodelled_caches_are_refused_not_guessed(tmp_path: Path) -> None:
         "{arch}.linear_attention.head_dim": 16,
     }
     path = write_small_gguf(tmp_path / "hybrid.gguf", "minimax-01", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
-    result = run_cli("check", str(path))
-    assert result.returncode == 2
-    assert "recurrent or linear-attention state (linear_attention.head_dim)" in result.stderr.splitlines()[0]
+    result = run_cli("check", str(path), "--ctx", "4096", "--json")
+    assert result.returncode == 0, result.stderr
+    model = json.loads(result.stdout)["model"]
+    assert model["verified"] is False and model["unknown_state"] == ["linear_attention.head_dim"]
+    assert "unverified architecture (minimax-01)" in model["unverified_note"] and "is not counted" in model["unverified_note"]
+    human = " ".join(run_cli("check", str(path), "--ctx", "4096").stdout.split())
+    assert "Unverified: unverified architecture (minimax-01)" in human and "linear_attention.head_dim" in human
 
 
 def test_a_modelled_hybrid_is_planned_with_its_state(tmp_path: Path) -> None:

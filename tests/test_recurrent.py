@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tierlocal.errors import UnsupportedModelError
+from tierlocal.errors import HeaderError
 from tierlocal.fit.memory import kv_cache, server_context
 from tierlocal.fit.model import model_spec
 from tierlocal.gguf.parse import GGUFHeader
@@ -114,6 +114,15 @@ def test_kimi_delta_attention_layers_and_mla_layers() -> None:
     assert layers[3] > 0  # the MLA layer keeps its latent cache (the MLA rules are tested elsewhere)
 
 
-def test_an_unknown_architecture_with_recurrent_keys_is_still_refused() -> None:
-    with pytest.raises(UnsupportedModelError, match="recurrent or linear-attention state"):
-        _spec("minimax-01", 2, 1024, {"minimax-01.attention.head_count": 8, "minimax-01.linear_attention.head_dim": 128})
+def test_an_unknown_architecture_gets_the_generic_estimate_with_its_state_named() -> None:
+    """MiniMax-01's lightning attention is outside the modelled families: attention KV from the
+    header's shape, the state's keys named, the architecture marked unverified."""
+    extra = {"minimax-01.attention.head_count": 8, "minimax-01.attention.head_count_kv": 2, "minimax-01.linear_attention.head_dim": 128}
+    spec = _spec("minimax-01", 2, 1024, extra)
+    assert not spec.verified and spec.unknown_state == ("linear_attention.head_dim",)
+    assert kv_cache(spec, server_context(spec, ctx=4096, parallel=1)).layer_bytes == (2 * 128 * 2 * 2 * 4096,) * 2
+
+
+def test_a_self_contradictory_header_is_refused() -> None:
+    with pytest.raises(HeaderError, match="layer 1 has 16 KV heads for 8 attention heads"):
+        _spec("qwen3", 2, 1024, {"qwen3.attention.head_count": 8, "qwen3.attention.head_count_kv": [8, 16]})

@@ -7,7 +7,6 @@ The tree::
     ├── HeaderError                a GGUF header that is truncated, corrupt or hostile   exit 2
     ├── SourceError                a file, URL or hub repo that cannot be read           exit 2
     ├── HardwareError              a GPU override that names nothing we know             exit 2
-    ├── UnsupportedModelError      a model whose memory rules the estimator lacks        exit 2
     ├── CatalogError               recipes/ data that is missing or malformed
     ├── EngineError                an engine binary that cannot be run, built or used
     │   └── EngineFailed           the engine died, or never became healthy
@@ -32,7 +31,6 @@ __all__ = [
     "SourceError",
     "HardwareError",
     "CatalogError",
-    "UnsupportedModelError",
     "EngineError",
     "EngineFailed",
     "AllocationFailed",
@@ -87,12 +85,6 @@ class SourceError(TierlocalError):
 
 class HardwareError(TierlocalError):
     """A ``--gpu`` override that does not name a known GPU or a size."""
-
-    exit_code = 2
-
-
-class UnsupportedModelError(TierlocalError):
-    """A model whose cache design (MLA, recurrent, hybrid) the estimator does not model yet."""
 
     exit_code = 2
 

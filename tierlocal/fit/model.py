@@ -12,12 +12,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..errors import HeaderError, UnsupportedModelError
+from ..errors import HeaderError
 from ..gguf.parse import GGUFHeader
 from ..gguf.summary import merge_split
 from .recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_facts
 
-__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS"]
+__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS", "VERIFIED_ARCHS"]
 
 #: Architectures whose sliding-window layers follow a period when the header gives none:
 #: (period, dense_first). From llama.cpp's src/models/<arch>.cpp load_swa_pattern calls.
@@ -34,6 +34,9 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 }
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+#: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
+#: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
+VERIFIED_ARCHS = frozenset({"llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "lfm2", "granitehybrid", "qwen3next"})
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
 _UNMODELLED_CACHE_KEYS = ("ssm.", "wkv.", "shortconv.", "full_attention_interval", "linear_attention", "kda.")
@@ -92,6 +95,10 @@ class ModelSpec:
     n_embd_s: int = 0
     attention_in_recurrent: bool = False
     recurrent_family: str = ""
+    #: Whether this architecture's rules were checked against llama.cpp's own buffers here
+    #: (VERIFIED_ARCHS); the header keys of a state no modelled family explains.
+    verified: bool = True
+    unknown_state: tuple[str, ...] = ()
     #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
     attn_out_dim: int = 0
 
@@ -175,24 +182,26 @@ def _int(metadata: Mapping[str, object], key: str, default: int | None = None) -
     return value
 
 
-def _refuse_unmodelled(metadata: Mapping[str, object], arch: str, source: str) -> None:
-    """Refuse a cache design the estimator does not model yet, rather than guess it.
+def _unmodelled_state(metadata: Mapping[str, object], arch: str) -> tuple[str, ...]:
+    """The header's recurrent or linear-attention keys that no modelled family explains (an
+    architecture outside :mod:`tierlocal.fit.recurrent`): the state the estimate cannot size."""
+    if arch in RECURRENT_ARCHS | HYBRID_ARCHS:
+        return ()
+    return tuple(sorted({key.split(".", 1)[1] for key in metadata if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS)}))
+
+
+def _check_consistent(n_head: Sequence[int], n_head_kv: Sequence[int], source: str) -> None:
+    """Refuse a header that contradicts itself (more KV heads than heads, heads that do not
+    group): a generic estimate from it would be wrong in ways no label covers.
 
     Raises:
-        UnsupportedModelError: the header declares one (recurrent, linear-attention state).
+        HeaderError: it does.
     """
-    unmodelled = sorted(
-        {
-            key.split(".", 1)[1]
-            for key in metadata
-            if key.startswith(f"{arch}.") and any(m in key for m in _UNMODELLED_CACHE_KEYS) and arch not in RECURRENT_ARCHS | HYBRID_ARCHS
-        }
-    )
-    if unmodelled:
-        raise UnsupportedModelError(
-            f"{source}: {arch} keeps a recurrent or linear-attention state ({', '.join(unmodelled[:3])}) that the estimator does not model yet",
-            hint="tierlocal inspect shows its header; measure with llama-server (-lv 4 prints every buffer)",
-        )
+    for il, (heads, kv_heads) in enumerate(zip(n_head, n_head_kv, strict=False)):
+        if kv_heads > heads or (kv_heads and heads % kv_heads):
+            raise HeaderError(
+                source, 0, f"layer {il} has {kv_heads} KV heads for {heads} attention heads", hint="the header contradicts itself; re-convert the model"
+            )
 
 
 def _number(metadata: Mapping[str, object], key: str, default: object = 0) -> int:
@@ -211,7 +220,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise HeaderError(source, 0, "general.architecture is missing")
-    _refuse_unmodelled(metadata, arch, source)
+    unknown_state = _unmodelled_state(metadata, arch)
     try:
         n_layer = _int(metadata, f"{arch}.block_count")
         n_embd = _int(metadata, f"{arch}.embedding_length")
@@ -220,12 +229,11 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         raise HeaderError(source, 0, f"{exc.args[0]} is missing", hint="the estimate needs it; is this a language model?") from None
     n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
     n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
+    _check_consistent(n_head, n_head_kv, source)
     max_heads = max(n_head) or 1
     head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
     head_v = metadata.get(f"{arch}.attention.value_length", head_k)
     n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
-    n_ff = metadata.get(f"{arch}.feed_forward_length", 0)
-    n_ff = max(n_ff) if isinstance(n_ff, list) and n_ff else n_ff
     n_ff_layers = _per_layer(metadata.get(f"{arch}.feed_forward_length", 0), n_layer, "feed_forward_length", source)
     recurrent = recurrent_facts(metadata, arch, n_layer, n_embd, n_head, n_head_kv, n_ff_layers)
     tokens = metadata.get("tokenizer.ggml.tokens")
@@ -244,7 +252,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_vocab=int(n_vocab),
         tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
         tensors=_place(headers, n_layer),
-        n_ff=int(n_ff) if isinstance(n_ff, int) else 0,
+        n_ff=max(n_ff_layers, default=0),
         n_expert=_number(metadata, f"{arch}.expert_count"),
         n_expert_used=_number(metadata, f"{arch}.expert_used_count"),
         n_ff_exp=_number(metadata, f"{arch}.expert_feed_forward_length"),
@@ -256,5 +264,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_embd_s=recurrent.n_embd_s,
         attention_in_recurrent=recurrent.attention_too,
         recurrent_family=recurrent.family,
+        verified=arch in VERIFIED_ARCHS,
+        unknown_state=unknown_state,
         attn_out_dim=max(n_head) * _number(metadata, f"{arch}.attention.value_length_mla", head_v),
     )

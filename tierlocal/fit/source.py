@@ -72,6 +72,20 @@ class SourceCheck:
     #: What `tierlocal bench` measured for this model file, engine build and device (None:
     #: nothing recorded): time, decode_tokens_per_s, prefill_tokens_per_s, runs.
     measured: dict[str, object] | None = None
+    #: False for an architecture whose rules were not checked against llama.cpp here (the
+    #: generic estimate); the header keys of a state the estimate could not size.
+    verified: bool = True
+    unknown_state: tuple[str, ...] = ()
+
+    @property
+    def unverified_note(self) -> str | None:
+        """What the estimate of an unverified architecture does and does not count."""
+        if self.verified and not self.unknown_state:
+            return None
+        note = f"unverified architecture ({self.architecture}): weights exact from the tensor table, KV cache from the header's attention shape"
+        if self.unknown_state:
+            note += f"; a recurrent or linear-attention state ({', '.join(self.unknown_state[:4])}) is not counted"
+        return note
 
     def to_json(self) -> dict[str, object]:
         """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
@@ -83,6 +97,9 @@ class SourceCheck:
                 "params": self.params,
                 "layers": estimate.layers_total - 1 if estimate else None,
                 "file_bytes": self.file_bytes,
+                "verified": self.verified,
+                "unverified_note": self.unverified_note,
+                "unknown_state": list(self.unknown_state),
             },
             "fits": bool(estimate and estimate.fits),
             "reason": self.reason,
@@ -253,6 +270,8 @@ def check_source(
         template=template,
         host_memory=_host_memory(spec, estimate, machine),
         cpu_features=machine.cpu_features,
+        verified=spec.verified,
+        unknown_state=spec.unknown_state,
     )
 
 
