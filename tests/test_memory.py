@@ -254,3 +254,23 @@ def test_gated_delta_net_state_matches_llama_server(assets: Assets, tmp_path: Pa
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 8 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.06)  # 92.0 vs 88.01
+
+
+def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """NVIDIA-Nemotron-Nano-9B-v2's first 16 blocks: 8 Mamba-2 mixers keep a state, the one
+    attention block a KV cache, and the 7 MLP blocks nothing — as llama.cpp allocates it."""
+    from tests.support.sparse_models import NEMOTRON_H_9B_16L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "nemotron.gguf", NEMOTRON_H_9B_16L)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.is_recurrent == tuple(kind == "M" for kind in "M-M-M-MM-M-M-M*-")
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    assert [size for size, kind in zip(kv.layer_bytes, "M-M-M-MM-M-M-M*-", strict=True) if kind == "-"] == [0] * 7
+    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 82.25 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB

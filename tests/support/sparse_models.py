@@ -51,6 +51,9 @@ class SparseArch:
     #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
     #: interval); every interval-th block is full attention, the others delta nets.
     gated_delta_net: tuple[int, int, int, int, int] | None = None
+    #: Nemotron-H: one character per block, M a Mamba-2 mixer, - an MLP, * attention (its
+    #: hybrid_override_pattern); with mamba2 for the mixers' shape (d_inner from them).
+    nemotron_pattern: str | None = None
     #: Granite-4-H style Mamba-2 mixers in the blocks that are not attention_layers:
     #: (d_conv, d_state, n_group, n_ssm_head), with d_inner = 2 × n_embd.
     mamba2: tuple[int, int, int, int] | None = None
@@ -81,6 +84,14 @@ GRANITE_4_H_350M = SparseArch(
 QWEN3_NEXT_4L = SparseArch(
     "qwen3-next-80b-a3b-4-blocks-q4k", "qwen3next", 4, 2048, 16, 2, 256, 5120, 151936, 262144,
     qk_norm=True, experts=(512, 10, 512), n_expert_shared=1, gated_delta_net=(4, 16, 32, 128, 4),
+)  # fmt: skip
+# NVIDIA-Nemotron-Nano-9B-v2 (its published config.json): hidden 4480, Mamba-2 mixers of 128
+# heads × 80 (d_state 128, 8 groups, conv 4), MLPs of 15,680 (squared ReLU: up and down only),
+# attention of 40 heads with 8 KV heads of 128, vocabulary 131,072. The first 16 of its 56
+# blocks (8 Mamba-2, 7 MLP, 1 attention), width kept; Q8_0, since 4480 is not whole Q4_K blocks.
+NEMOTRON_H_9B_16L = SparseArch(
+    "nemotron-nano-9b-v2-16-blocks-q8", "nemotron_h", 16, 4480, 40, 8, 128, 15680, 131072, 131072,
+    weight_type=Q.Q8_0, output_type=Q.Q8_0, mamba2=(4, 128, 8, 128), nemotron_pattern="M-M-M-MM-M-M-M*-",
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -185,6 +196,40 @@ def _qwen3next_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ..
     ]
 
 
+def _nemotron_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Nemotron-H block (llama.cpp's nemotron-h.cpp): a Mamba-2 mixer (d_inner = heads × 80
+    here: the heads' size from the config), an up/down MLP, or attention — never two."""
+    assert spec.mamba2 is not None and spec.nemotron_pattern is not None
+    d_conv, d_state, n_group, n_head = spec.mamba2
+    d_inner = n_head * 80
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    kind = spec.nemotron_pattern[il]
+    tensors = [(blk + "attn_norm.weight", (e,), f32)]
+    if kind == "M":
+        conv_dim = d_inner + 2 * n_group * d_state
+        return [
+            *tensors,
+            (blk + "ssm_in.weight", (e, 2 * d_inner + 2 * n_group * d_state + n_head), w),
+            (blk + "ssm_conv1d.weight", (d_conv, conv_dim), f32),
+            (blk + "ssm_conv1d.bias", (conv_dim,), f32),
+            (blk + "ssm_dt.bias", (n_head,), f32),
+            (blk + "ssm_a", (1, n_head), f32),
+            (blk + "ssm_d", (1, n_head), f32),
+            (blk + "ssm_norm.weight", (d_inner // n_group, n_group), f32),
+            (blk + "ssm_out.weight", (d_inner, e), w),
+        ]
+    if kind == "-":
+        return [*tensors, (blk + "ffn_up.weight", (e, spec.n_ff), w), (blk + "ffn_down.weight", (spec.n_ff, e), w)]
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    return [
+        *tensors,
+        (blk + "attn_q.weight", (e, q_dim), w),
+        (blk + "attn_k.weight", (e, kv_dim), w),
+        (blk + "attn_v.weight", (e, kv_dim), w),
+        (blk + "attn_output.weight", (q_dim, e), w),
+    ]
+
+
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
     f32, w = Q.F32, spec.weight_type
@@ -194,6 +239,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
         blk = f"blk.{il}."
         if spec.gated_delta_net is not None:
             tensors += _qwen3next_block(spec, il)
+            continue
+        if spec.nemotron_pattern is not None:
+            tensors += _nemotron_block(spec, il)
             continue
         if spec.mamba2 is not None and spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += _mamba2_block(spec, blk)
@@ -270,9 +318,18 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     writer.add_uint32(f"{a}.block_count", spec.n_layer)
     writer.add_uint32(f"{a}.context_length", spec.n_ctx_train)
     writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
-    writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
+    if spec.nemotron_pattern is None:  # Nemotron-H: a per-block array, below
+        writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    if spec.attention_layers is not None:
+    if spec.nemotron_pattern is not None and spec.mamba2 is not None:
+        pattern = spec.nemotron_pattern
+        writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if kind == "*" else 0 for kind in pattern])
+        writer.add_array(f"{a}.feed_forward_length", [spec.n_ff if kind == "-" else 0 for kind in pattern])
+        writer.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
+        d_conv, d_state, n_group, n_head = spec.mamba2
+        for key, value in {"conv_kernel": d_conv, "state_size": d_state, "group_count": n_group, "time_step_rank": n_head, "inner_size": n_head * 80}.items():
+            writer.add_uint32(f"{a}.ssm.{key}", value)
+    elif spec.attention_layers is not None:
         writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if il in spec.attention_layers else 0 for il in range(spec.n_layer)])
         if spec.conv_l_cache:
             writer.add_uint32(f"{a}.shortconv.l_cache", spec.conv_l_cache)
