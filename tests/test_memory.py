@@ -232,6 +232,8 @@ def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 43.15 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # the Mamba-2 step: 26.19 planned, 24.69 allocated
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
 
 
 def test_gated_delta_net_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
@@ -274,3 +276,5 @@ def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, 
         log = log_path.read_text()
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 82.25 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 160.75 planned, 157.57 allocated
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07

@@ -99,6 +99,8 @@ class ModelSpec:
     #: (VERIFIED_ARCHS); the header keys of a state no modelled family explains.
     verified: bool = True
     unknown_state: tuple[str, ...] = ()
+    #: Mamba mixers' (d_inner, d_state, groups, heads); zeros for other models.
+    mamba: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
     attn_out_dim: int = 0
 
@@ -266,5 +268,6 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         recurrent_family=recurrent.family,
         verified=arch in VERIFIED_ARCHS,
         unknown_state=unknown_state,
+        mamba=recurrent.mamba,
         attn_out_dim=max(n_head) * _number(metadata, f"{arch}.attention.value_length_mla", head_v),
     )

@@ -52,6 +52,8 @@ class RecurrentFacts:
     n_embd_s: int
     attention_too: bool = False
     family: str = ""
+    #: A Mamba mixer's (d_inner, d_state, groups, heads), for its compute buffer; zeros otherwise.
+    mamba: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def _int(metadata: Mapping[str, object], key: str, default: int = 0) -> int:
@@ -101,4 +103,7 @@ def recurrent_facts(
         return RecurrentFacts((False,) * n_layer, 0, 0)
     n_embd_r, n_embd_s, family = _state_sizes(metadata, arch, n_embd, n_head)
     layers = _recurrent_layers(metadata, arch, n_layer, n_head_kv, n_ff)
-    return RecurrentFacts(layers, n_embd_r, n_embd_s, attention_too=arch in _EVERY_LAYER_BOTH, family=family)
+    mamba = (0, 0, 0, 0)
+    if family.startswith("mamba"):
+        mamba = tuple(_int(metadata, f"{arch}.ssm.{key}") for key in ("inner_size", "state_size", "group_count", "time_step_rank"))  # type: ignore[assignment]
+    return RecurrentFacts(layers, n_embd_r, n_embd_s, attention_too=arch in _EVERY_LAYER_BOTH, family=family, mamba=mamba)
