@@ -278,3 +278,24 @@ def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, 
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 160.75 planned, 157.57 allocated
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
+
+
+def test_pure_mamba_keeps_only_its_state_on_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """Mamba-2.8B, full depth: 64 selective-scan blocks, no attention: (d_conv − 1)·d_inner +
+    d_state·d_inner float32 values per block and sequence, and no KV cache at all."""
+    from tests.support.sparse_models import MAMBA_2_8B, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "mamba.gguf", MAMBA_2_8B)
+    spec = model_spec(read_headers(str(path)))
+    assert all(spec.is_recurrent) and len(spec.is_recurrent) == 64 and spec.recurrent_family == "mamba"
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    assert kv.total_bytes == 64 * (3 * 5120 + 16 * 5120) * 4 * 2
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 47.50 MiB
+    assert "KV buffer size" not in log
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 65.0 planned, 65.86 allocated
+    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.03)

@@ -51,6 +51,9 @@ class SparseArch:
     #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
     #: interval); every interval-th block is full attention, the others delta nets.
     gated_delta_net: tuple[int, int, int, int, int] | None = None
+    #: Mamba-1 (every block a selective-scan mixer, no attention, no MLP): (d_conv, d_state,
+    #: dt_rank), with d_inner = 2 × n_embd.
+    mamba1: tuple[int, int, int] | None = None
     #: Nemotron-H: one character per block, M a Mamba-2 mixer, - an MLP, * attention (its
     #: hybrid_override_pattern); with mamba2 for the mixers' shape (d_inner from them).
     nemotron_pattern: str | None = None
@@ -92,6 +95,12 @@ QWEN3_NEXT_4L = SparseArch(
 NEMOTRON_H_9B_16L = SparseArch(
     "nemotron-nano-9b-v2-16-blocks-q8", "nemotron_h", 16, 4480, 40, 8, 128, 15680, 131072, 131072,
     weight_type=Q.Q8_0, output_type=Q.Q8_0, mamba2=(4, 128, 8, 128), nemotron_pattern="M-M-M-MM-M-M-M*-",
+)  # fmt: skip
+# Mamba-2.8B (state-spaces/mamba-2.8b, its published config): 64 blocks of width 2560, d_inner
+# 5120 (expand 2), d_state 16, conv 4, dt_rank 160, vocabulary 50,280 (the GGUF pads it to
+# 50,288), tied embeddings. Full depth.
+MAMBA_2_8B = SparseArch(
+    "mamba-2.8b-q4k", "mamba", 64, 2560, 0, 0, 0, 0, 50288, 1048576, tied_output=True, mamba1=(4, 16, 160),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -230,6 +239,25 @@ def _nemotron_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...
     ]
 
 
+def _mamba1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Mamba-1 block (llama.cpp's mamba.cpp load_arch_tensors)."""
+    assert spec.mamba1 is not None
+    d_conv, d_state, dt_rank = spec.mamba1
+    d_inner, f32, w, e, blk = 2 * spec.n_embd, Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    return [
+        (blk + "attn_norm.weight", (e,), f32),
+        (blk + "ssm_in.weight", (e, 2 * d_inner), w),
+        (blk + "ssm_conv1d.weight", (d_conv, d_inner), f32),
+        (blk + "ssm_conv1d.bias", (d_inner,), f32),
+        (blk + "ssm_x.weight", (d_inner, dt_rank + 2 * d_state), w),
+        (blk + "ssm_dt.weight", (dt_rank, d_inner), Q.Q8_0),
+        (blk + "ssm_dt.bias", (d_inner,), f32),
+        (blk + "ssm_a", (d_state, d_inner), f32),
+        (blk + "ssm_d", (d_inner,), f32),
+        (blk + "ssm_out.weight", (d_inner, e), w),
+    ]
+
+
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
     f32, w = Q.F32, spec.weight_type
@@ -242,6 +270,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
             continue
         if spec.nemotron_pattern is not None:
             tensors += _nemotron_block(spec, il)
+            continue
+        if spec.mamba1 is not None:
+            tensors += _mamba1_block(spec, il)
             continue
         if spec.mamba2 is not None and spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += _mamba2_block(spec, blk)
@@ -321,7 +352,12 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     if spec.nemotron_pattern is None:  # Nemotron-H: a per-block array, below
         writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    if spec.nemotron_pattern is not None and spec.mamba2 is not None:
+    if spec.mamba1 is not None:
+        d_conv, d_state, dt_rank = spec.mamba1
+        for key, value in {"conv_kernel": d_conv, "state_size": d_state, "time_step_rank": dt_rank, "inner_size": 2 * spec.n_embd}.items():
+            writer.add_uint32(f"{a}.ssm.{key}", value)
+        writer.add_uint32(f"{a}.attention.head_count_kv", 0)
+    elif spec.nemotron_pattern is not None and spec.mamba2 is not None:
         pattern = spec.nemotron_pattern
         writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if kind == "*" else 0 for kind in pattern])
         writer.add_array(f"{a}.feed_forward_length", [spec.n_ff if kind == "-" else 0 for kind in pattern])

@@ -264,6 +264,8 @@ def _mamba_floats(spec: ModelSpec) -> int:
     d_inner, d_state, groups, heads = spec.mamba
     if not d_inner:
         return 0
+    if not groups:  # Mamba-1: fitted on Mamba-2.8B (65.0 planned, 65.86 MiB allocated)
+        return 6 * d_inner + spec.n_embd
     conv_dim = d_inner + 2 * groups * d_state
     return 2 * (conv_dim + d_inner + heads) + conv_dim + d_inner + 3 * spec.n_embd
 
