@@ -4,7 +4,7 @@ Runs the prepared Vulkan build of llama-server (Mesa's software device with
 GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np, -ngl and
 cache types on the real Gemma 3 model and on sparse GGUFs of real architectures
 (tests/support/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite, LFM2-1.2B,
-Granite-4.0-H-350M, Qwen3-Next-80B-A3B's width in 4 blocks, Nemotron-Nano-9B-v2's first 16 blocks, Mamba-2.8B), parses the buffer sizes it
+Granite-4.0-H-350M, Qwen3-Next-80B-A3B's width in 4 blocks, Nemotron-Nano-9B-v2's first 16 blocks, Mamba-2.8B, Falcon-H1-1.5B), parses the buffer sizes it
 reports in its load log, and prints them beside tierlocal's estimate and, where Go is
 available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
 with the error of each against llama.cpp.
@@ -35,6 +35,7 @@ from tests.assets import prepare
 from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port
 from tests.support.sparse_models import (
     DEEPSEEK_V2_LITE,
+    FALCON_H1_1_5B,
     GRANITE_4_H_350M,
     LFM2_1_2B,
     LLAMA3_8B,
@@ -76,6 +77,7 @@ MATRIX: list[tuple] = [
     ("qwen3-next-4-blocks", 8192, 2, "f16", 0),
     ("nemotron-h-9b-16-blocks", 8192, 2, "f16", 0),
     ("mamba-2.8b", 8192, 2, "f16", 0),
+    ("falcon-h1-1.5b", 8192, 2, "f16", 0),
 ]
 # DeepSeek-V2-Lite (MLA) runs on the CPU build only: llvmpipe compiles its shaders for minutes.
 
@@ -97,6 +99,7 @@ COMPUTE_MATRIX = [
     ("qwen3-next-4-blocks", 8192, 512, "on"),
     ("nemotron-h-9b-16-blocks", 8192, 512, "on"),
     ("mamba-2.8b", 8192, 512, "on"),
+    ("falcon-h1-1.5b", 8192, 512, "on"),
 ]
 
 
@@ -237,6 +240,7 @@ def main() -> None:
         ("qwen3-next-4-blocks", QWEN3_NEXT_4L),
         ("nemotron-h-9b-16-blocks", NEMOTRON_H_9B_16L),
         ("mamba-2.8b", MAMBA_2_8B),
+        ("falcon-h1-1.5b", FALCON_H1_1_5B),
     ):
         models[key] = write_sparse_gguf(sparse_dir / f"{key}.gguf", arch)
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}

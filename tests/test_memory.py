@@ -299,3 +299,24 @@ def test_pure_mamba_keeps_only_its_state_on_the_real_engine(assets: Assets, tmp_
     assert "KV buffer size" not in log
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 65.0 planned, 65.86 allocated
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.03)
+
+
+def test_falcon_h1_keeps_kv_and_state_in_every_block_on_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """Falcon-H1-1.5B, full depth: all 24 blocks run attention beside a Mamba-2 mixer, so each
+    keeps a KV cache and a state (llama.cpp's hybrid filters both answer true)."""
+    from tests.support.sparse_models import FALCON_H1_1_5B, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "falcon.gguf", FALCON_H1_1_5B)
+    spec = model_spec(read_headers(str(path)))
+    assert all(spec.is_recurrent) and spec.attention_in_recurrent
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = 24 * (3 * (3072 + 2 * 256) + 256 * 3072) * 4 * 2
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 145.97 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 96 MiB
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 53.19 planned, 55.27 allocated
+    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.05)

@@ -51,6 +51,9 @@ class SparseArch:
     #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
     #: interval); every interval-th block is full attention, the others delta nets.
     gated_delta_net: tuple[int, int, int, int, int] | None = None
+    #: Falcon-H1 (every block runs attention and a Mamba-2 mixer side by side, then an MLP):
+    #: (d_conv, d_state, n_group, n_ssm_head, d_inner).
+    falcon_h1: tuple[int, int, int, int, int] | None = None
     #: Mamba-1 (every block a selective-scan mixer, no attention, no MLP): (d_conv, d_state,
     #: dt_rank), with d_inner = 2 × n_embd.
     mamba1: tuple[int, int, int] | None = None
@@ -101,6 +104,12 @@ NEMOTRON_H_9B_16L = SparseArch(
 # 50,288), tied embeddings. Full depth.
 MAMBA_2_8B = SparseArch(
     "mamba-2.8b-q4k", "mamba", 64, 2560, 0, 0, 0, 0, 50288, 1048576, tied_output=True, mamba1=(4, 16, 160),
+)  # fmt: skip
+# Falcon-H1-1.5B (tiiuae/Falcon-H1-1.5B-Instruct, its published config): 24 blocks of width
+# 2048, each with attention (8 heads, 2 KV heads of 128) beside a Mamba-2 mixer (48 heads of 64,
+# d_ssm 3072, d_state 256, one group, conv 4), an MLP of 4608, vocabulary 65,537. Full depth.
+FALCON_H1_1_5B = SparseArch(
+    "falcon-h1-1.5b-q4k", "falcon-h1", 24, 2048, 8, 2, 128, 4608, 65537, 131072, falcon_h1=(4, 256, 1, 48, 3072),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -239,6 +248,35 @@ def _nemotron_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...
     ]
 
 
+def _falcon_h1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Falcon-H1 block (llama.cpp's falcon-h1.cpp): mixer, attention and MLP together (its
+    feed-forward norm is named without ".weight", as the loader asks for it)."""
+    assert spec.falcon_h1 is not None
+    d_conv, d_state, n_group, n_head, d_inner = spec.falcon_h1
+    conv_dim = d_inner + 2 * n_group * d_state
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    return [
+        (blk + "ssm_in.weight", (e, d_inner + conv_dim + n_head), w),
+        (blk + "ssm_conv1d.weight", (d_conv, conv_dim), f32),
+        (blk + "ssm_conv1d.bias", (conv_dim,), f32),
+        (blk + "ssm_dt.bias", (n_head,), f32),
+        (blk + "ssm_a", (1, n_head), f32),
+        (blk + "ssm_d", (1, n_head), f32),
+        (blk + "ssm_norm.weight", (d_inner // n_group, n_group), f32),
+        (blk + "ssm_out.weight", (d_inner, e), w),
+        (blk + "attn_q.weight", (e, q_dim), w),
+        (blk + "attn_k.weight", (e, kv_dim), w),
+        (blk + "attn_v.weight", (e, kv_dim), w),
+        (blk + "attn_output.weight", (q_dim, e), w),
+        (blk + "attn_norm.weight", (e,), f32),
+        (blk + "ffn_norm", (e,), f32),
+        (blk + "ffn_gate.weight", (e, spec.n_ff), w),
+        (blk + "ffn_up.weight", (e, spec.n_ff), w),
+        (blk + "ffn_down.weight", (spec.n_ff, e), w),
+    ]
+
+
 def _mamba1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """A Mamba-1 block (llama.cpp's mamba.cpp load_arch_tensors)."""
     assert spec.mamba1 is not None
@@ -273,6 +311,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
             continue
         if spec.mamba1 is not None:
             tensors += _mamba1_block(spec, il)
+            continue
+        if spec.falcon_h1 is not None:
+            tensors += _falcon_h1_block(spec, il)
             continue
         if spec.mamba2 is not None and spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += _mamba2_block(spec, blk)
@@ -352,7 +393,12 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     if spec.nemotron_pattern is None:  # Nemotron-H: a per-block array, below
         writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    if spec.mamba1 is not None:
+    if spec.falcon_h1 is not None:
+        d_conv, d_state, n_group, n_head, d_inner = spec.falcon_h1
+        for key, value in {"conv_kernel": d_conv, "state_size": d_state, "group_count": n_group, "time_step_rank": n_head, "inner_size": d_inner}.items():
+            writer.add_uint32(f"{a}.ssm.{key}", value)
+        writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    elif spec.mamba1 is not None:
         d_conv, d_state, dt_rank = spec.mamba1
         for key, value in {"conv_kernel": d_conv, "state_size": d_state, "time_step_rank": dt_rank, "inner_size": 2 * spec.n_embd}.items():
             writer.add_uint32(f"{a}.ssm.{key}", value)
