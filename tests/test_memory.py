@@ -320,3 +320,25 @@ def test_falcon_h1_keeps_kv_and_state_in_every_block_on_the_real_engine(assets: 
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 96 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 53.19 planned, 55.27 allocated
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.05)
+
+
+def test_kimi_delta_attention_state_and_mla_cache_match_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """Kimi-Linear-48B-A3B's first 4 blocks: 3 Kimi Delta Attention blocks keep 3·(conv − 1)·
+    heads·head conv rows and a heads·head² state each, the MLA block one 576-wide latent per
+    cell — the rules Kimi K3 uses too (kimi-k3.cpp reads the same keys)."""
+    from tests.support.sparse_models import KIMI_LINEAR_4L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "kimi.gguf", KIMI_LINEAR_4L)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.is_recurrent == (True, True, True, False) and spec.recurrent_family == "kimi delta attention"
+    assert (spec.n_embd_r, spec.n_embd_s) == (3 * 3 * 32 * 128, 128 * 128 * 32)
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.84 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 4.50 MiB
+    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_buffers(_COMPUTE_LINE, log)["CPU"], rel=0.02)  # 107.5

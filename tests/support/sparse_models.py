@@ -51,6 +51,9 @@ class SparseArch:
     #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
     #: interval); every interval-th block is full attention, the others delta nets.
     gated_delta_net: tuple[int, int, int, int, int] | None = None
+    #: Kimi-Linear: Kimi Delta Attention in the blocks that are not attention_layers (MLA ones):
+    #: (d_conv, KDA head size).
+    kda: tuple[int, int] | None = None
     #: Falcon-H1 (every block runs attention and a Mamba-2 mixer side by side, then an MLP):
     #: (d_conv, d_state, n_group, n_ssm_head, d_inner).
     falcon_h1: tuple[int, int, int, int, int] | None = None
@@ -110,6 +113,16 @@ MAMBA_2_8B = SparseArch(
 # d_ssm 3072, d_state 256, one group, conv 4), an MLP of 4608, vocabulary 65,537. Full depth.
 FALCON_H1_1_5B = SparseArch(
     "falcon-h1-1.5b-q4k", "falcon-h1", 24, 2048, 8, 2, 128, 4608, 65537, 131072, falcon_h1=(4, 256, 1, 48, 3072),
+)  # fmt: skip
+# Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct, its released config): hidden
+# 2304; Kimi Delta Attention (32 heads of 128, conv 4) in 3 of every 4 blocks, MLA in the
+# others (32 heads, kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128, no q compression);
+# 256 experts (8 used) of 1024 plus one shared, the first block dense (9216); vocabulary
+# 163,840. Its first 4 blocks (3 KDA, then MLA, as the released pattern starts), width kept.
+KIMI_LINEAR_4L = SparseArch(
+    "kimi-linear-48b-a3b-4-blocks-q4k", "kimi-linear", 4, 2304, 32, 1, 192, 9216, 163840, 1048576,
+    experts=(256, 8, 1024), mla=(512, 128, 64, 128), n_expert_shared=1, dense_lead=1,
+    attention_layers=(3,), kda=(4, 128),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -248,6 +261,32 @@ def _nemotron_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...
     ]
 
 
+def _kda_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Kimi Delta Attention mixer (llama.cpp's kimi-linear.cpp, the is_recr branch)."""
+    assert spec.kda is not None
+    d_conv, head = spec.kda
+    inner, f32, w, e = spec.n_head * head, Q.F32, spec.weight_type, spec.n_embd
+    return [
+        (blk + "attn_norm.weight", (e,), f32),
+        (blk + "ssm_conv1d_q.weight", (d_conv, 1, inner), f32),
+        (blk + "ssm_conv1d_k.weight", (d_conv, 1, inner), f32),
+        (blk + "ssm_conv1d_v.weight", (d_conv, 1, inner), f32),
+        (blk + "attn_q.weight", (e, inner), w),
+        (blk + "attn_k.weight", (e, inner), w),
+        (blk + "attn_v.weight", (e, inner), w),
+        (blk + "ssm_f_a.weight", (e, head), Q.Q8_0),
+        (blk + "ssm_f_b.weight", (head, inner), Q.Q8_0),
+        (blk + "ssm_beta.weight", (e, spec.n_head), Q.Q8_0),
+        (blk + "ssm_a", (1, spec.n_head), f32),
+        (blk + "ssm_dt.bias", (inner,), f32),
+        (blk + "ssm_g_a.weight", (e, head), Q.Q8_0),
+        (blk + "ssm_g_b.weight", (head, inner), Q.Q8_0),
+        (blk + "ssm_norm.weight", (head,), f32),
+        (blk + "attn_output.weight", (inner, e), w),
+        (blk + "ffn_norm.weight", (e,), f32),
+    ]
+
+
 def _falcon_h1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """A Falcon-H1 block (llama.cpp's falcon-h1.cpp): mixer, attention and MLP together (its
     feed-forward norm is named without ".weight", as the loader asks for it)."""
@@ -318,7 +357,7 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
         if spec.mamba2 is not None and spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += _mamba2_block(spec, blk)
             continue
-        if spec.attention_layers is not None and il not in spec.attention_layers:
+        if spec.conv_l_cache and spec.attention_layers is not None and il not in spec.attention_layers:
             tensors += [
                 (blk + "attn_norm.weight", (spec.n_embd,), f32),
                 (blk + "shortconv.conv.weight", (spec.conv_l_cache, spec.n_embd), f32),
@@ -331,7 +370,8 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
             ]
             continue
         if spec.mla:
-            tensors += _mla_block(spec, blk)
+            is_kda = spec.kda is not None and spec.attention_layers is not None and il not in spec.attention_layers
+            tensors += _kda_block(spec, blk) if is_kda else _mla_block(spec, blk)
             if il < spec.dense_lead:
                 tensors += [
                     (blk + "ffn_gate.weight", (spec.n_embd, spec.n_ff), w),
@@ -351,6 +391,8 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
                 (blk + "ffn_up_shexp.weight", (spec.n_embd, shared), w),
                 (blk + "ffn_down_shexp.weight", (shared, spec.n_embd), _block_quant(w, (shared,))),
             ]
+            if spec.kda is not None:  # Kimi's router bias
+                tensors.append((blk + "exp_probs_b.bias", (n_expert,), f32))
             continue
         tensors += [
             (blk + "attn_norm.weight", (spec.n_embd,), f32),
@@ -415,6 +457,10 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
         writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if il in spec.attention_layers else 0 for il in range(spec.n_layer)])
         if spec.conv_l_cache:
             writer.add_uint32(f"{a}.shortconv.l_cache", spec.conv_l_cache)
+        if spec.kda:
+            writer.add_uint32(f"{a}.ssm.conv_kernel", spec.kda[0])
+            writer.add_uint32(f"{a}.kda.head_dim", spec.kda[1])
+            writer.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
         if spec.mamba2:
             d_conv, d_state, n_group, n_head = spec.mamba2
             for key, value in {
