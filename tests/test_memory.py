@@ -342,3 +342,22 @@ def test_kimi_delta_attention_state_and_mla_cache_match_the_real_engine(assets: 
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.84 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 4.50 MiB
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_buffers(_COMPUTE_LINE, log)["CPU"], rel=0.02)  # 107.5
+
+
+def test_rwkv7_state_matches_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """RWKV7-Goose-Pile-168M, full depth: per block and sequence, 2 token-shift rows of n_embd
+    and an n_embd × head-size WKV state, float32; no KV cache. (Its compute buffer is 17%
+    above the feed-forward formula: the time-mix step is not modelled yet.)"""
+    from tests.support.sparse_models import RWKV7_168M, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "rwkv7.gguf", RWKV7_168M)
+    spec = model_spec(read_headers(str(path)))
+    assert all(spec.is_recurrent) and spec.recurrent_family == "rwkv"
+    kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=2))
+    assert kv.total_bytes == 12 * (2 * 768 + 768 * 64) * 4 * 2
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 4.64 MiB
+    assert "KV buffer size" not in log

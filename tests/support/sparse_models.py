@@ -51,6 +51,8 @@ class SparseArch:
     #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
     #: interval); every interval-th block is full attention, the others delta nets.
     gated_delta_net: tuple[int, int, int, int, int] | None = None
+    #: RWKV-7: (head size, decay, in-context learning rate, value residual and gate LoRA ranks).
+    rwkv7: tuple[int, int, int, int, int] | None = None
     #: Kimi-Linear: Kimi Delta Attention in the blocks that are not attention_layers (MLA ones):
     #: (d_conv, KDA head size).
     kda: tuple[int, int] | None = None
@@ -123,6 +125,12 @@ KIMI_LINEAR_4L = SparseArch(
     "kimi-linear-48b-a3b-4-blocks-q4k", "kimi-linear", 4, 2304, 32, 1, 192, 9216, 163840, 1048576,
     experts=(256, 8, 1024), mla=(512, 128, 64, 128), n_expert_shared=1, dense_lead=1,
     attention_layers=(3,), kda=(4, 128),
+)  # fmt: skip
+# RWKV7-Goose-Pile-168M (RWKV/RWKV7-Goose-Pile-168M-HF, its published config): 12 blocks of
+# width 768, heads of 64, channel mix of 3072, LoRA ranks decay 64, a (ICLR) 64, v 32, gate 128.
+# The vocabulary is taken as 50,304 (the Pile tokenizer's; the state does not depend on it).
+RWKV7_168M = SparseArch(
+    "rwkv7-goose-pile-168m-q4k", "rwkv7", 12, 768, 0, 0, 0, 3072, 50304, 1048576, rwkv7=(64, 64, 64, 32, 128),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -261,6 +269,41 @@ def _nemotron_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...
     ]
 
 
+def _rwkv7_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """An RWKV-7 block (llama.cpp's rwkv7.cpp load_arch_tensors); LoRA matrices in F16."""
+    assert spec.rwkv7 is not None
+    _, decay, iclr, value_mix, gate = spec.rwkv7
+    f32, f16, w, e, blk = Q.F32, Q.F16, spec.weight_type, spec.n_embd, f"blk.{il}."
+    v_rank = iclr if il == 0 else value_mix
+    tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [
+        (blk + name, (e,), f32) for name in ("attn_norm.weight", "attn_norm.bias", "attn_norm_2.weight", "attn_norm_2.bias")
+    ]
+    for prefix, rank in (("w", decay), ("a", iclr), ("v", v_rank)):
+        tensors += [
+            (f"{blk}time_mix_{prefix}0.weight", (e,), f32),
+            (f"{blk}time_mix_{prefix}1.weight", (e, rank), f16),
+            (f"{blk}time_mix_{prefix}2.weight", (rank, e), f16),
+        ]
+    return [
+        *tensors,
+        (blk + "time_mix_g1.weight", (e, gate), f16),
+        (blk + "time_mix_g2.weight", (gate, e), f16),
+        (blk + "time_mix_lerp_fused.weight", (e, 1, 1, 6), f32),
+        (blk + "time_mix_k_k.weight", (e,), f32),
+        (blk + "time_mix_k_a.weight", (e,), f32),
+        (blk + "time_mix_r_k.weight", (e,), f32),
+        (blk + "time_mix_key.weight", (e, e), w),
+        (blk + "time_mix_value.weight", (e, e), w),
+        (blk + "time_mix_receptance.weight", (e, e), w),
+        (blk + "time_mix_ln.weight", (e,), f32),
+        (blk + "time_mix_ln.bias", (e,), f32),
+        (blk + "time_mix_output.weight", (e, e), w),
+        (blk + "channel_mix_lerp_k.weight", (e, 1, 1), f32),
+        (blk + "channel_mix_key.weight", (e, spec.n_ff), w),
+        (blk + "channel_mix_value.weight", (spec.n_ff, e), w),
+    ]
+
+
 def _kda_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """A Kimi Delta Attention mixer (llama.cpp's kimi-linear.cpp, the is_recr branch)."""
     assert spec.kda is not None
@@ -351,6 +394,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
         if spec.mamba1 is not None:
             tensors += _mamba1_block(spec, il)
             continue
+        if spec.rwkv7 is not None:
+            tensors += _rwkv7_block(spec, il)
+            continue
         if spec.falcon_h1 is not None:
             tensors += _falcon_h1_block(spec, il)
             continue
@@ -418,7 +464,10 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
                 (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
                 (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
             ]
-    tensors.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", (spec.n_embd,), f32))
+    if spec.rwkv7 is not None:  # RWKV's embedding and output norms carry biases
+        tensors += [(name, (spec.n_embd,), f32) for name in ("token_embd_norm.weight", "token_embd_norm.bias", "output_norm.weight", "output_norm.bias")]
+    else:
+        tensors.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", (spec.n_embd,), f32))
     if not spec.tied_output:
         tensors.append(("output.weight", (spec.n_embd, spec.n_vocab), spec.output_type))
     return tensors
@@ -435,7 +484,15 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     if spec.nemotron_pattern is None:  # Nemotron-H: a per-block array, below
         writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
     writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
-    if spec.falcon_h1 is not None:
+    if spec.rwkv7 is not None:
+        head, decay, iclr, value_mix, gate = spec.rwkv7
+        writer.add_uint32(f"{a}.wkv.head_size", head)
+        for key, value in {"decay": decay, "iclr": iclr, "value_residual_mix": value_mix, "gate": gate}.items():
+            writer.add_uint32(f"{a}.attention.{key}_lora_rank", value)
+        writer.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
+        writer.add_uint32(f"{a}.token_shift_count", 2)
+        writer.add_uint32(f"{a}.attention.head_count_kv", 0)
+    elif spec.falcon_h1 is not None:
         d_conv, d_state, n_group, n_head, d_inner = spec.falcon_h1
         for key, value in {"conv_kernel": d_conv, "state_size": d_state, "group_count": n_group, "time_step_rank": n_head, "inner_size": d_inner}.items():
             writer.add_uint32(f"{a}.ssm.{key}", value)

@@ -37,7 +37,7 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
 VERIFIED_ARCHS = frozenset(
-    {"llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "lfm2", "granitehybrid", "qwen3next", "nemotron_h", "mamba", "falcon-h1", "kimi-linear"}
+    {"llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "lfm2", "granitehybrid", "qwen3next", "nemotron_h", "mamba", "falcon-h1", "kimi-linear", "rwkv7"}
 )
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
