@@ -22,7 +22,7 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
     before = json.loads(run_cli("check", str(gemma), "--json", env=env).stdout)
     assert before["speed"]["calibrated"] is None  # nothing measured yet: the bandwidth bound only
 
-    done = run_cli("hw", "--calibrate", "--json", env=env, timeout=900)
+    done = run_cli("hw", "--calibrate", "--quick", "--json", env=env, timeout=900)  # one timed run per probe: CI's minutes
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert f"[{len(PROBES)}/{len(PROBES)}]" in done.stderr  # progress, one line per probe
@@ -36,7 +36,7 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
 
     after = json.loads(run_cli("check", str(gemma), "--json", env=env).stdout)
     calibrated = after["speed"]["calibrated"]
-    assert calibrated["sources"]["host"].startswith("measured: calibrated")
+    assert calibrated["sources"]["host"].startswith("measured: calibrated") and "one timed run per probe" in calibrated["sources"]["host"]
     assert set(calibrated["first_token_s"]) == {"128", "512", "2048"}
     assert calibrated["first_token_s"]["128"] < calibrated["first_token_s"]["512"] < calibrated["first_token_s"]["2048"]
     human = run_cli("check", str(gemma), env=env).stdout
@@ -65,6 +65,11 @@ def test_a_probe_the_engine_cannot_load_is_a_clear_error(assets: Assets, tmp_pat
         handle.truncate(path.stat().st_size // 2)
     with pytest.raises(EngineFailed, match=r"did not load the probe broken\.gguf"):
         time_probe(assets.llama_server_cpu, path, 64, log_dir=tmp_path)
+
+
+def test_quick_without_calibrate_is_a_usage_error() -> None:
+    done = run_cli("hw", "--quick")
+    assert done.returncode == 2 and "--quick shortens --calibrate" in done.stderr
 
 
 def test_calibrate_without_an_engine_says_how_to_get_one(isolated_env: Path, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from ..engines.llama_server import find_llama_server, read_engine_flags
-from ..errors import TierlocalError
+from ..errors import TierlocalError, UsageError
 from ..fit.device_speed import DeviceSpeed
 from ..gguf import ModelSummary, summarize
 from ..gguf.sources import read_headers
@@ -43,8 +43,9 @@ def inspect(source: str, as_json: bool) -> None:
 @click.command()
 @gpu_option
 @click.option("--calibrate", is_flag=True, help="Time the engine on probe models (a few minutes, once) and keep this CPU's speed figures for check.")
+@click.option("--quick", is_flag=True, help="With --calibrate: one timed run per probe instead of three (about half the time, noisier).")
 @json_option
-def hw(gpus: tuple[str, ...], calibrate: bool, as_json: bool) -> None:
+def hw(gpus: tuple[str, ...], calibrate: bool, quick: bool, as_json: bool) -> None:
     """Show this machine's GPUs, RAM, free disk and cores (or what --gpu describes).
 
     GPUs are found through NVML (NVIDIA), sysfs (AMD), unified memory (Apple) and
@@ -56,8 +57,10 @@ def hw(gpus: tuple[str, ...], calibrate: bool, as_json: bool) -> None:
     (per weight type, fixed costs, attention), filed under the CPU and the engine build.
     `tierlocal check SOURCE` then estimates decode, prefill and time to first token with them.
     """
+    if quick and not calibrate:
+        raise UsageError("--quick shortens --calibrate", hint="give both: tierlocal hw --calibrate --quick")
     if calibrate:
-        _calibrate(as_json)
+        _calibrate(as_json, repeats=1 if quick else 3)
         return
     hardware = machine(gpus)
     if as_json:
@@ -83,14 +86,14 @@ def _render_calibration_status() -> None:
         console().print(f"Speed calibration: {speed.note}.")
 
 
-def _calibrate(as_json: bool) -> None:
+def _calibrate(as_json: bool, *, repeats: int) -> None:
     binary = require_engine(find_llama_server())
     version = read_engine_flags(binary).version
     key = calibration_key(version)
     say = (lambda line: click.echo(line, err=True)) if as_json else console().print
     say(f"calibrating {key['cpu']} ({key['cores']} cores) with {binary} — a few minutes; nothing is downloaded")
     bandwidth = memory_read_bytes_per_s()
-    speed, raw = calibrate_cpu(binary, version, say=say)
+    speed, raw = calibrate_cpu(binary, version, say=say, repeats=repeats)
     path = save_calibration(key, speed, raw, memory_bytes_per_s=bandwidth)
     if as_json:
         print_json({"key": key, "file": str(path), "memory_read_bytes_per_s": round(bandwidth), "speed": speed.to_json()})

@@ -152,9 +152,10 @@ def calibration_key(engine_version: str) -> dict[str, object]:
 
 
 def calibrate_cpu(
-    binary: Path, engine_version: str, *, say: Callable[[str], None], probes: tuple[Probe, ...] = PROBES
+    binary: Path, engine_version: str, *, say: Callable[[str], None], probes: tuple[Probe, ...] = PROBES, repeats: int = 3
 ) -> tuple[DeviceSpeed, list[dict[str, object]]]:
-    """Time every probe and fit this CPU's figures. Returns them and the raw timings.
+    """Time every probe (``repeats`` timed requests each, the median kept) and fit this CPU's
+    figures. Returns them and the raw timings.
 
     Raises:
         EngineFailed: the engine failed a probe.
@@ -167,7 +168,7 @@ def calibrate_cpu(
             started = time.monotonic()
             path = write_probe_gguf(directory / f"{probe.shape.name}.gguf", probe.shape)
             spec = model_spec(read_headers(str(path)))
-            prefill_s, decode_s = time_probe(binary, path, probe.prompt, log_dir=directory)
+            prefill_s, decode_s = time_probe(binary, path, probe.prompt, log_dir=directory, repeats=repeats)
             features = run_features(spec, depth=probe.prompt + DECODE_TOKENS // 2, prompt=probe.prompt)
             runs.append(TimedRun(probe.shape.name, features.decode["host"], features.prefill["host"], features.once["host"], probe.prompt, decode_s, prefill_s))
             raw.append({"probe": probe.shape.name, "prompt": probe.prompt, "prefill_s_per_token": prefill_s, "decode_s_per_token": decode_s})
@@ -175,7 +176,8 @@ def calibrate_cpu(
                 f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s ({time.monotonic() - started:.0f} s)"
             )
             path.unlink()
-    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate)"
+    quick = ", one timed run per probe" if repeats == 1 else ""
+    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate{quick})"
     return fit_device_speed(runs, device="cpu", note=note), raw
 
 
