@@ -13,7 +13,7 @@ import pytest
 from tests.support.assets import Assets
 from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
 from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, partial_offload_compute_bytes, server_context, weights_split
-from tierlocal.fit.model import model_spec
+from tierlocal.fit.model import ModelSpec, model_spec
 from tierlocal.gguf.sources import read_headers
 
 _MIB = 1024 * 1024
@@ -212,6 +212,19 @@ def test_hybrid_recurrent_state_matches_llama_server(assets: Assets, tmp_path: P
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
 
 
+def _served_log(assets: Assets, path: Path, tmp_path: Path) -> str:
+    """The load log of the CPU llama-server serving ``path`` with 4096 tokens and 2 slots."""
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        return log_path.read_text()
+
+
+def _state_bytes(spec: ModelSpec, layer_bytes: tuple[int, ...]) -> int:
+    """The recurrent layers' share of a KV-and-state estimate."""
+    return sum(size for size, recurrent in zip(layer_bytes, spec.is_recurrent, strict=False) if recurrent)
+
+
 def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
     """Granite-4.0-H-350M: 4 attention blocks with a KV cache and 28 Mamba-2 blocks whose state
     is (d_conv − 1)(d_inner + 2·groups·d_state) + d_state·d_inner float32 values per sequence
@@ -224,11 +237,8 @@ def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path
     assert (spec.n_embd_r, spec.n_embd_s) == (3 * (1536 + 2 * 128), 128 * 1536)
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
-    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 43.15 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
@@ -247,11 +257,8 @@ def test_gated_delta_net_state_matches_llama_server(assets: Assets, tmp_path: Pa
     assert (spec.n_embd_r, spec.n_embd_s) == (3 * (2 * 16 * 128 + 32 * 128), 128 * 32 * 128)
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
-    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.56 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 8 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
@@ -269,11 +276,8 @@ def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, 
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
     assert [size for size, kind in zip(kv.layer_bytes, "M-M-M-MM-M-M-M*-", strict=True) if kind == "-"] == [0] * 7
-    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 82.25 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 160.75 planned, 157.57 allocated
@@ -291,10 +295,7 @@ def test_pure_mamba_keeps_only_its_state_on_the_real_engine(assets: Assets, tmp_
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
     assert kv.total_bytes == 64 * (3 * 5120 + 16 * 5120) * 4 * 2
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 47.50 MiB
     assert "KV buffer size" not in log
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 65.0 planned, 65.86 allocated
@@ -312,10 +313,7 @@ def test_falcon_h1_keeps_kv_and_state_in_every_block_on_the_real_engine(assets: 
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
     state = 24 * (3 * (3072 + 2 * 256) + 256 * 3072) * 4 * 2
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 145.97 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 96 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 53.19 planned, 55.27 allocated
@@ -334,11 +332,8 @@ def test_kimi_delta_attention_state_and_mla_cache_match_the_real_engine(assets: 
     assert (spec.n_embd_r, spec.n_embd_s) == (3 * 3 * 32 * 128, 128 * 128 * 32)
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
-    state = sum(size for size, recurrent in zip(kv.layer_bytes, spec.is_recurrent, strict=False) if recurrent)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.84 MiB
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 4.50 MiB
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_buffers(_COMPUTE_LINE, log)["CPU"], rel=0.02)  # 107.5
@@ -355,9 +350,6 @@ def test_rwkv7_state_matches_the_real_engine(assets: Assets, tmp_path: Path) -> 
     assert all(spec.is_recurrent) and spec.recurrent_family == "rwkv"
     kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=2))
     assert kv.total_bytes == 12 * (2 * 768 + 768 * 64) * 4 * 2
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
-        log = log_path.read_text()
+    log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 4.64 MiB
     assert "KV buffer size" not in log
