@@ -146,7 +146,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     if machine.gpu_name is not None:
         gpu_compute = compute
         if (offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
-            gpu_compute = partial_offload_compute_bytes(spec, params, compute, on_gpu, n_cpu_moe)
+            gpu_compute = partial_offload_compute_bytes(spec, params, compute, on_gpu, n_cpu_moe, machine.max_tensor_bytes)
         gpu_compute = max(0, gpu_compute + machine.gpu_compute_correction_bytes)
         devices.append(
             DeviceUsage(

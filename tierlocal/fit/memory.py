@@ -319,7 +319,9 @@ def host_compute_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bo
     return 2 * spec.n_embd * n_tokens * 4 + sum(cells * n_tokens * element for cells in _mask_cells(spec, params))
 
 
-def partial_offload_compute_bytes(spec: ModelSpec, params: ContextParams, compute: int, on_gpu: tuple[bool, ...], n_cpu_moe: int = 0) -> int:
+def partial_offload_compute_bytes(
+    spec: ModelSpec, params: ContextParams, compute: int, on_gpu: tuple[bool, ...], n_cpu_moe: int = 0, max_tensor_bytes: int | None = None
+) -> int:
     """The GPU's compute buffer when some layers (or experts) stay on the CPU (bytes).
 
     llama.cpp offloads a CPU layer's large-batch operations to the GPU (``--op-offload``, on
@@ -334,6 +336,9 @@ def partial_offload_compute_bytes(spec: ModelSpec, params: ContextParams, comput
       feed-forward's f32 intermediates (n_ubatch × (3·n_used·n_ff_exp + n_used·n_embd)), the
       f16 masks, and one layer's K and V copied in when attention layers stay on the CPU.
 
+    A weight larger than the device can bind (``max_tensor_bytes``) is not copied: its
+    operation stays on the CPU (Qwen3-Next's 288 MiB expert tensors on llvmpipe's 128 MiB).
+
     Measured on the Vulkan build (llvmpipe) with bench/estimate_accuracy.py, -ngl 0..19 on
     Gemma 3 270M, Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B (also --n-cpu-moe) and LFM2-1.2B: this
     buffer within 15%, per-device totals within −2.4…+4.8%. On CUDA (H200, 2026-11-30): 132 vs
@@ -344,8 +349,9 @@ def partial_offload_compute_bytes(spec: ModelSpec, params: ContextParams, comput
     staged = n_tokens * spec.n_embd * 4
     cpu_layers = {layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe}
     cpu_layer_tensors = [t for t in spec.tensors if t.layer in cpu_layers]
-    experts = [t.n_bytes for t in cpu_layer_tensors if EXPERT_TENSOR.search(t.name)]
-    dense = [t.n_bytes for t in cpu_layer_tensors if not EXPERT_TENSOR.search(t.name)]
+    bindable = [t for t in cpu_layer_tensors if max_tensor_bytes is None or t.n_bytes <= max_tensor_bytes]
+    experts = [t.n_bytes for t in bindable if EXPERT_TENSOR.search(t.name)]
+    dense = [t.n_bytes for t in bindable if not EXPERT_TENSOR.search(t.name)]
     peak = max(compute, max(dense, default=0) + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged
     if experts:
         kv = kv_cache(spec, params)
