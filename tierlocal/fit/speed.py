@@ -90,7 +90,6 @@ def run_features(
     prompt: int = PREFILL_PROMPT,
     cache_type_k: str = "f16",
     cache_type_v: str = "f16",
-    kv_on_gpu: bool = True,
 ) -> RunFeatures:
     """The features of decoding at ``depth`` and prefilling ``prompt`` tokens with
     ``-ngl ngl --n-cpu-moe n_cpu_moe``, per device."""
@@ -133,7 +132,7 @@ def run_features(
         # element-wise work (norms, activations, residuals) per token grows with the widths
         add_feature(prefill[device], "elems", spec.n_embd + ffn_width[il])
         kv_bytes, attn_flops = _attention(spec, il, depth, prompt, cache_type_k, cache_type_v)
-        add_feature(decode[device if kv_on_gpu else "host"], "kv_bytes", kv_bytes)
+        add_feature(decode[device], "kv_bytes", kv_bytes)
         add_feature(prefill[device], "attn_flops", attn_flops)
     decode["host"]["token"] = 1
     decode["host"]["vocab"] = spec.n_vocab
