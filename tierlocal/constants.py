@@ -55,6 +55,8 @@ EXTEND_TIMEOUT_S = 60
 OLLAMA_START_TIMEOUT_S = 60.0
 #: Seconds serve waits for the first short chat it sends before saying ready (a slow device's
 #: prompt processing included).
+#: Seconds an engine gets to exit after SIGTERM before it is killed (SIGKILL to its group).
+ENGINE_STOP_GRACE_S = 15.0
 FIRST_ANSWER_TIMEOUT_S = 300.0
 #: Output tokens of that first chat.
 FIRST_ANSWER_TOKENS = 2

@@ -43,7 +43,7 @@ def serving(
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
-                process.wait(30)
+                process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
         process.communicate()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx2
 
+from .. import constants
+
 __all__ = ["EngineChild", "Readiness", "start_child"]
 
 _PR_SET_PDEATHSIG = 1
@@ -58,6 +60,8 @@ class EngineChild:
         self._on_line = on_line
         self._drained = threading.Event()
         self._lock = threading.Lock()
+        #: True once :meth:`stop` had to SIGKILL the child (it ignored SIGTERM for the grace time).
+        self.killed = False
         self._reader = threading.Thread(target=self._drain, name="engine-output", daemon=True)
         self._reader.start()
 
@@ -118,7 +122,7 @@ class EngineChild:
                     on_waiting(waited)
                 time.sleep(0.25)
 
-    def stop(self, grace_s: float = 15.0) -> int:
+    def stop(self, grace_s: float = constants.ENGINE_STOP_GRACE_S) -> int:
         """One SIGTERM (llama-server exits at once on a second), a bounded wait, then SIGKILL
         to the whole process group. Returns the exit code."""
         if self.process.poll() is None:
@@ -126,6 +130,7 @@ class EngineChild:
                 self.process.send_signal(signal.SIGTERM)
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
+                self.killed = True
                 try:
                     os.killpg(self.process.pid, signal.SIGKILL)
                 except ProcessLookupError:

@@ -279,4 +279,6 @@ def supervise(session: ServeSession, launched: Launched) -> int:
     notify("STOPPING=1")
     session.say(f"stopping {launched.engine}")
     child.stop()
+    if child.killed:
+        session.say(f"{launched.engine} did not stop within {constants.ENGINE_STOP_GRACE_S:.0f} s of SIGTERM; killed it")
     return 0
