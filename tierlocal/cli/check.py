@@ -15,7 +15,7 @@ from .. import constants
 from ..catalog import find_model, gpu_speed_for, load_gpus, load_host_defaults, load_models
 from ..engines.llama_server import find_llama_server, read_engine_flags
 from ..errors import TierlocalError, UsageError
-from ..fit.estimate import RunRequest
+from ..fit.estimate import RunEstimate, RunRequest
 from ..fit.rule_of_thumb import CatalogFit, Recommendation, recommend
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..gguf.sources import read_headers
@@ -23,7 +23,7 @@ from ..hardware.calibrate import calibration_key, load_calibration
 from ..hardware.types import Hardware
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..units import format_bytes, format_count, format_decimal_bytes
-from .common import console, gpu_option, json_option, machine, ngl_option, planning_options, print_json
+from .common import console, gpu_option, json_option, machine, ngl_option, planning_options, print_json, read_projector
 
 __all__ = ["check", "render_recommendation", "render_source_check"]
 
@@ -37,6 +37,13 @@ __all__ = ["check", "render_recommendation", "render_source_check"]
 )
 @ngl_option
 @planning_options
+@click.option(
+    "--mmproj",
+    "mmproj",
+    metavar="FILE|URL",
+    default=None,
+    help="A multimodal projector (mmproj GGUF, header only) loaded beside SOURCE: its weights and compute buffer are planned on the device llama-server puts it on.",
+)
 @click.option(
     "--min-speed",
     type=click.FloatRange(0),
@@ -56,6 +63,7 @@ def check(
     cache_type_v: str,
     flash_attn: str,
     ubatch: int,
+    mmproj: str | None,
     min_speed: float,
     as_json: bool,
 ) -> None:
@@ -75,6 +83,7 @@ def check(
       tierlocal check
       tierlocal check --gpu 24GiB --ctx 32768
       tierlocal check ./model.gguf --ctx max --json
+      tierlocal check ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal check kimi-k3
     """
     hardware = machine(gpus)
@@ -83,11 +92,14 @@ def check(
         click.echo(f"note: planning for one GPU ({largest.name}); tierlocal does not split a model across {len(hardware.gpus)} GPUs yet", err=True)
     if source is not None and not find_model(source):
         request = RunRequest(
-            ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch
-        )
+            ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch,
+            projector=read_projector(mmproj) if mmproj else None,
+        )  # fmt: skip
         result = _check_one_source(source, hardware, ctx, parallel, request)
         print_json(result.to_json()) if as_json else render_source_check(result)
         return
+    if mmproj:
+        raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
     entries = find_model(source) if source is not None else list(load_models())
     if not ctx.isdigit() or not parallel.isdigit():
         raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
@@ -143,21 +155,8 @@ def render_source_check(check: SourceCheck) -> None:
         f"{estimate.layers_offloaded}/{estimate.layers_total} layers on the GPU"
         + (f", experts of the first {estimate.request.n_cpu_moe} blocks on the CPU" if estimate.request.n_cpu_moe else "")
     )
-    table = Table()
-    for column in ("device", "weights", "KV cache", "compute", "output", "overhead", "needed", "free"):
-        table.add_column(column, justify="left" if column == "device" else "right")
-    for device in estimate.devices:
-        sizes = (
-            device.weights_bytes,
-            device.kv_bytes,
-            device.compute_bytes,
-            device.output_bytes,
-            device.overhead_bytes,
-            device.total_needed_bytes,
-            device.free_bytes,
-        )
-        table.add_row(device.name, *(format_bytes(v) for v in sizes))
-    out.print(table)
+    out.print(_device_table(estimate))
+    _render_projector(out, estimate)
     verdict = "fits" if estimate.fits else f"does not fit: {check.reason}"
     out.print(f"Verdict: {verdict}; {_speed_line(check)}.")
     if check.unverified_note:
@@ -186,6 +185,43 @@ def render_source_check(check: SourceCheck) -> None:
         env = " ".join(f"{k}={v}" for k, v in ollama.env.items())
         note = f" ({ollama.note})" if ollama.note else ""
         out.print(f"Ollama: num_gpu {ollama.num_gpu}, num_ctx {ollama.num_ctx}; {env}{note}")
+
+
+def _device_table(estimate: RunEstimate) -> Table:
+    """Per device: each part of the memory, what it needs in all and what is free."""
+    table = Table()
+    projector = estimate.projector
+    columns = ("device", "weights", "KV cache", "compute", "output", "overhead", *(("projector",) if projector else ()), "needed", "free")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for device in estimate.devices:
+        sizes = (
+            device.weights_bytes,
+            device.kv_bytes,
+            device.compute_bytes,
+            device.output_bytes,
+            device.overhead_bytes,
+            *((device.projector_bytes,) if projector else ()),
+            device.total_needed_bytes,
+            device.free_bytes,
+        )
+        table.add_row(device.name, *(format_bytes(v) for v in sizes))
+    return table
+
+
+def _render_projector(out: Console, estimate: RunEstimate) -> None:
+    """Where the multimodal projector goes and what it takes there."""
+    projector = estimate.projector
+    if projector is None or estimate.request.projector is None:
+        return
+    where = "the GPU" if projector.on_gpu else "system RAM"
+    out.print(
+        f"Projector ({escape(estimate.request.projector.projector_type)}, {projector.n_patches:,} patches per image) in {where}: "
+        f"{format_bytes(projector.weights_bytes)} weights + {format_bytes(projector.compute_bytes)} compute"
+        + (f" + {format_bytes(projector.host_compute_bytes)} compute on the CPU" if projector.host_compute_bytes else "")
+        + "".join(f"; {escape(note)}" for note in projector.notes)
+        + "."
+    )
 
 
 def _speed_line(check: SourceCheck) -> str:

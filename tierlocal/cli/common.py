@@ -17,6 +17,7 @@ from ..hardware.override import with_gpu_override
 from ..hardware.types import Hardware
 
 if TYPE_CHECKING:
+    from ..fit.projector import ProjectorSpec
     from ..serve.run import ServeOptions
 
 __all__ = [
@@ -59,6 +60,13 @@ gpu_option = click.option(
     metavar="NAME|SIZE",
     help='Plan for this GPU instead of detecting: a size (24GiB), a name from recipes/gpus.toml ("RTX 4090"), or N× either (2xH100). Repeatable.',
 )
+
+
+def read_projector(source: str) -> ProjectorSpec:
+    """``--mmproj``'s projector (header only); a UsageError for a file that is not one."""
+    from ..serve.run import read_projector as read
+
+    return read(source)
 
 
 def machine(gpus: Sequence[str]) -> Hardware:
@@ -145,6 +153,11 @@ def serve_options(command: _F) -> _F:
                 help="Keys clients must send (one per line, mode 0600); passed to llama-server by file, never on its command line.",
             ),
             click.option(
+                "--mmproj",
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="A multimodal projector (mmproj GGUF) to load beside the model: planned on the device llama-server puts it on, passed as --mmproj.",
+            ),
+            click.option(
                 "--chat-template",
                 "chat_template",
                 metavar="NAME|FILE",
@@ -168,7 +181,7 @@ def ollama_port(port: int) -> int:
 #: The click parameters :func:`serve_options` adds, by the ServeOptions field they fill.
 SERVE_OPTION_FIELDS = (
     "llama_server", "ctx", "parallel", "host", "port", "gpus", "ngl", "api_key_file", "chat_template",
-    "n_cpu_moe", "cache_type_k", "cache_type_v", "flash_attn", "ubatch",
+    "n_cpu_moe", "cache_type_k", "cache_type_v", "flash_attn", "ubatch", "mmproj",
 )  # fmt: skip
 
 
@@ -195,4 +208,5 @@ def serve_argv(options: ServeOptions) -> list[str]:
     args += ["--cache-type-v", options.cache_type_v] if options.cache_type_v != "f16" else []
     args += ["--flash-attn", options.flash_attn] if options.flash_attn != "auto" else []
     args += ["--ubatch", str(options.ubatch)] if options.ubatch != constants.DEFAULT_UBATCH else []
+    args += ["--mmproj", str(options.mmproj.resolve())] if options.mmproj is not None else []
     return args

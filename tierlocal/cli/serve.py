@@ -60,8 +60,13 @@ def serve(
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3
       tierlocal serve ./model.gguf --flash-attn off -- --temp 0.7 --no-webui
+      tierlocal serve ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
     """
+    if served.get("mmproj") is not None and engine != "llama-server":
+        raise UsageError(
+            f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
+        )
     model = resolve_model(source, pull=pull, say=_say)
     options = serve_options_from(
         model,

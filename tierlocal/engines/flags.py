@@ -41,12 +41,13 @@ PLANNED_OPTIONS = {
     **dict.fromkeys(("--api-key", "--api-key-file"), "--api-key-file"),
     **dict.fromkeys(("--chat-template", "--chat-template-file", "--jinja", "--no-jinja"), "--chat-template"),
     **dict.fromkeys(("-t", "--threads"), "--threads"),
+    **dict.fromkeys(("-mm", "--mmproj", "--mmproj-offload", "--no-mmproj-offload"), "--mmproj"),
     **dict.fromkeys(("-lv", "--verbosity", "--log-verbosity"), "(tierlocal reads the load log at -lv 4)"),
 }
 #: Options that change memory in ways the plan does not model: passed on, with a warning.
 UNPLANNED_MEMORY_OPTIONS = (
     "-nkvo", "--no-kv-offload", "-ot", "--override-tensor", "-sm", "--split-mode", "-ts", "--tensor-split",
-    "-mg", "--main-gpu", "--mmproj", "-mm", "--lora", "--control-vector", "-md", "--model-draft", "-ctxcp", "--ctx-checkpoints",
+    "-mg", "--main-gpu", "-mmu", "--mmproj-url", "--lora", "--control-vector", "-md", "--model-draft", "-ctxcp", "--ctx-checkpoints",
 )  # fmt: skip
 
 
@@ -91,7 +92,8 @@ def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_ta
     """The planned options after ``-m MODEL``: context, ``-dev none`` for a CPU-only plan on a
     machine with a GPU, slots (none for llama-server's auto), layers, flash attention (as
     ``-fa on|off``, or a bare ``-fa`` for binaries whose flag takes no value), experts on the
-    CPU, cache types and micro-batch when not the defaults, then the chat template's options
+    CPU, cache types and micro-batch when not the defaults, the multimodal projector (with
+    ``--no-mmproj-offload`` when it is planned in system RAM), then the chat template's options
     (:class:`tierlocal.engines.prompt_formats.TemplateChoice`)."""
     request, params = estimate.request, estimate.params
     args = ["-c", str(params.n_ctx_padded)]
@@ -107,6 +109,10 @@ def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_ta
         args += ["-ctk", request.cache_type_k, "-ctv", request.cache_type_v]
     if request.n_ubatch != constants.DEFAULT_UBATCH:
         args += ["-ub", str(request.n_ubatch)]
+    if request.projector is not None:
+        source = request.projector.source
+        args += ["--mmproj", "<mmproj path after download>" if source.startswith(("http://", "https://", "hf://")) else source]
+        args += ["--no-mmproj-offload"] if estimate.projector is not None and not estimate.projector.on_gpu else []
     return args + list(template_args)
 
 

@@ -27,6 +27,11 @@ _BUFFERS = {
     "compute": re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB"),
     "output": re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s+([\d.]+) MiB"),
 }
+#: The multimodal projector (clip): its backend, its weights ("model size", every tensor) and
+#: the compute buffers its warm-up reserved (a second reservation replaces the first).
+_CLIP_BACKEND = re.compile(r"clip_ctx: CLIP using (\S+) backend")
+_CLIP_WEIGHTS = re.compile(r"load_hparams: model size:\s+([\d.]+) MiB")
+_CLIP_COMPUTE = re.compile(r"(?:reserve_compute_meta|alloc_compute_meta):\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
 _CONTEXT = re.compile(r"llama_context: (n_ctx|n_ctx_seq|n_seq_max|n_batch|n_ubatch)\s+= (\d+)")
 _FLASH = re.compile(r"llama_context: flash_attn\s+= (\S+)")
 _SLOTS = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'")
@@ -62,10 +67,12 @@ class BufferSizes:
     recurrent: int = 0
     compute: int = 0
     output: int = 0
+    #: A multimodal projector's weights and compute buffer.
+    projector: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.recurrent + self.compute + self.output
+        return self.weights + self.kv + self.recurrent + self.compute + self.output + self.projector
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,10 @@ class LoadReport:
     breakdown_self_mib: dict[str, int] = field(default_factory=dict)
     failures: list[LoadFailure] = field(default_factory=list)
     ready: bool = False
+    #: The projector's backend (``CPU``, ``Vulkan0`` …), weights and compute per buffer (bytes).
+    projector_backend: str | None = None
+    projector_weights: int = 0
+    projector_compute: dict[str, int] = field(default_factory=dict)
 
     def gpu_buffers(self) -> dict[str, BufferSizes]:
         """The accelerator buffers (everything not in system RAM)."""
@@ -109,7 +120,7 @@ class LoadReport:
         total = BufferSizes()
         for name, sizes in self.buffers.items():
             if is_host_buffer(name):
-                for part in ("weights", "kv", "recurrent", "compute", "output"):
+                for part in ("weights", "kv", "recurrent", "compute", "output", "projector"):
                     setattr(total, part, getattr(total, part) + getattr(sizes, part))
         return total
 
@@ -122,11 +133,15 @@ class LoadReport:
         devices: dict[str, dict[str, int]] = {}
         for name, sizes in self.buffers.items():
             key = "host" if is_host_buffer(name) else name
-            device = devices.setdefault(key, {"weights_bytes": 0, "kv_bytes": 0, "compute_bytes": 0, "output_bytes": 0})
+            device = devices.setdefault(key, {"weights_bytes": 0, "kv_bytes": 0, "compute_bytes": 0, "output_bytes": 0, "projector_bytes": 0})
             device["weights_bytes"] += sizes.weights
             device["kv_bytes"] += sizes.kv + sizes.recurrent
             device["compute_bytes"] += sizes.compute
             device["output_bytes"] += sizes.output
+            device["projector_bytes"] += sizes.projector
+        projector = None
+        if self.projector_backend is not None:
+            projector = {"backend": self.projector_backend, "weights_bytes": self.projector_weights, "compute_bytes": dict(self.projector_compute)}
         return {
             "layers_offloaded": self.layers_offloaded or 0,
             "layers_total": self.layers_total,
@@ -136,6 +151,7 @@ class LoadReport:
             "parallel": self.n_slots,
             "kv_unified": self.kv_unified,
             "engine_build": self.build,
+            "projector": projector,
         }
 
 
@@ -158,6 +174,7 @@ class LoadLogParser:
             if match := pattern.search(line):
                 sizes = report.buffers.setdefault(match.group(1), BufferSizes())
                 setattr(sizes, part, getattr(sizes, part) + round(float(match.group(2)) * _MIB))
+        self._feed_projector(line)
         if match := _CONTEXT.search(line):
             setattr(report, match.group(1), int(match.group(2)))
         if match := _FLASH.search(line):
@@ -175,6 +192,19 @@ class LoadLogParser:
             for kind, pattern in _FAILURES:
                 if pattern.search(line) and not any(f.kind == kind for f in report.failures):
                     report.failures.append(LoadFailure(kind, line.strip()))
+
+    def _feed_projector(self, line: str) -> None:
+        report = self._report
+        if match := _CLIP_BACKEND.search(line):
+            report.projector_backend = match.group(1)
+        elif (match := _CLIP_WEIGHTS.search(line)) and report.projector_backend is not None:
+            report.projector_weights = round(float(match.group(1)) * _MIB)
+            report.buffers.setdefault(report.projector_backend, BufferSizes()).projector += report.projector_weights
+        elif (match := _CLIP_COMPUTE.search(line)) and report.projector_backend is not None:
+            name, size = match.group(1), round(float(match.group(2)) * _MIB)
+            sizes = report.buffers.setdefault(name, BufferSizes())
+            sizes.projector += size - report.projector_compute.get(name, 0)  # a later reservation replaces an earlier one
+            report.projector_compute[name] = size
 
     def report(self) -> LoadReport:
         return self._report

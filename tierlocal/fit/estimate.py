@@ -23,6 +23,7 @@ from .memory import (
     weights_split,
 )
 from .model import ModelSpec
+from .projector import ProjectorSpec, ProjectorUsage, projector_usage
 
 __all__ = ["RunRequest", "Machine", "DeviceUsage", "RunEstimate", "estimate_run", "plan_run", "max_context", "max_parallel"]
 
@@ -51,6 +52,10 @@ class RunRequest:
     swa_full: bool = False
     #: Logits for every micro-batch token (llama-cpp-python) rather than one per sequence.
     all_outputs: bool = False
+    #: A multimodal projector loaded beside the model (``--mmproj``), on the GPU unless
+    #: ``projector_offload`` is False (``--no-mmproj-offload``).
+    projector: ProjectorSpec | None = None
+    projector_offload: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,10 +95,12 @@ class DeviceUsage:
     compute_bytes: int
     output_bytes: int
     overhead_bytes: int
+    #: A multimodal projector's weights and compute buffer on this device.
+    projector_bytes: int = 0
 
     @property
     def total_needed_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes + self.projector_bytes
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -106,6 +113,7 @@ class DeviceUsage:
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
             "overhead_bytes": self.overhead_bytes,
+            "projector_bytes": self.projector_bytes,
             "total_needed_bytes": self.total_needed_bytes,
         }
 
@@ -123,6 +131,7 @@ class RunEstimate:
     est_decode_tokens_per_s: float | None
     host_read_bytes_per_token: int = 0
     gpu_read_bytes_per_token: int = 0
+    projector: ProjectorUsage | None = None
 
 
 def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
@@ -142,6 +151,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     compute = compute_buffer_bytes(spec, params, flash_attn=request.flash_attn)
     output = output_buffer_bytes(spec, params)
     offloaded = sum(on_gpu)
+    projector, gpu_projector, host_projector = _projector(request, machine)
     devices = []
     if machine.gpu_name is not None:
         gpu_compute = compute
@@ -151,7 +161,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         devices.append(
             DeviceUsage(
                 machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes,
-                weights.gpu_bytes, kv_gpu, gpu_compute, 0, machine.gpu_overhead_bytes,
+                weights.gpu_bytes, kv_gpu, gpu_compute, 0, machine.gpu_overhead_bytes, gpu_projector,
             )
         )  # fmt: skip
         host_compute = host_compute_bytes(spec, params, flash_attn=request.flash_attn)
@@ -160,7 +170,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     devices.append(
         DeviceUsage(
             "host (CPU, RAM)", "cpu", machine.host_total_bytes, machine.host_free_bytes,
-            weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, 0,
+            weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, 0, host_projector,
         )
     )  # fmt: skip
     gpu_ok = all(d.total_needed_bytes + machine.margin_bytes <= d.free_bytes for d in devices[:-1])
@@ -178,7 +188,21 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         est_decode_tokens_per_s=None if not seconds else 1 / seconds,
         host_read_bytes_per_token=weights.cpu_read_bytes,
         gpu_read_bytes_per_token=weights.gpu_read_bytes,
+        projector=projector,
     )
+
+
+def _projector(request: RunRequest, machine: Machine) -> tuple[ProjectorUsage | None, int, int]:
+    """The requested projector's usage, and its bytes on the GPU and in system RAM."""
+    if request.projector is None:
+        return None, 0, 0
+    usage = projector_usage(
+        request.projector, on_gpu=machine.gpu_name is not None and request.projector_offload, flash_attn=request.flash_attn,
+        max_tensor_bytes=machine.max_tensor_bytes,
+    )  # fmt: skip
+    if usage.on_gpu:
+        return usage, usage.device_bytes, usage.host_compute_bytes
+    return usage, 0, usage.device_bytes
 
 
 def _gpu_fits(candidate: RunEstimate, machine: Machine) -> bool:
@@ -199,10 +223,13 @@ def plan_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstim
     """The request with the largest ``-ngl`` that fits (the user's ``ngl`` is kept as given).
     For a MoE model that does not fit whole, also every layer on the GPU with the experts of
     the first N blocks on the CPU (``--n-cpu-moe N``, the smallest N that fits); the faster
-    of the two wins. If nothing fits, the CPU-only estimate (``fits`` False when even that
+    of the two wins. A projector that does not fit the GPU even with no layers there is
+    planned in system RAM (``--no-mmproj-offload``). If nothing fits, the CPU-only estimate (``fits`` False when even that
     does not)."""
     if machine.gpu_name is None or (request.ngl is not None and request.n_cpu_moe is not None):
         return estimate_run(spec, request, machine)
+    if request.projector is not None and request.projector_offload and not _gpu_fits(estimate_run(spec, replace(request, ngl=0), machine), machine):
+        request = replace(request, projector_offload=False)  # the projector alone does not fit the GPU: keep it in RAM
     by_layers = (
         _largest_ngl(spec, replace(request, n_cpu_moe=request.n_cpu_moe or 0), machine)
         if request.ngl is None

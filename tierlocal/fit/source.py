@@ -130,6 +130,8 @@ class SourceCheck:
         payload["suggestion"] = self.suggestion.to_json() if self.suggestion else None
         payload["host_memory"] = {"cpu_features": list(self.cpu_features), "modes": [memory.to_json() for memory in self.host_memory]}
         payload["measured"] = self.measured
+        if request.projector is not None and estimate.projector is not None:
+            payload["projector"] = {**request.projector.to_json(), **estimate.projector.to_json()}
         return payload
 
 
@@ -228,7 +230,7 @@ def check_source(
     """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with
     ``template`` (None: :func:`default_template`). With ``host_speed`` (this CPU's calibration)
     and, for offloaded layers, ``gpu_speed``, the speed is estimated from them too."""
-    spec, summary = model_spec(headers), summarize(headers)
+    spec, summary = _checked_pair(model_spec(headers), request), summarize(headers)
     base, reason = _base_request(request, ctx, parallel)
 
     def planner(target: Machine) -> Callable[[RunRequest], RunEstimate | None]:
@@ -273,6 +275,18 @@ def check_source(
         verified=spec.verified,
         unknown_state=spec.unknown_state,
     )
+
+
+def _checked_pair(spec: ModelSpec, request: RunRequest) -> ModelSpec:
+    """``spec``, once the request's projector makes embeddings of its width (mtmd refuses to
+    load a pair that does not)."""
+    projector = request.projector
+    if projector is not None and projector.verified and projector.projection_dim and projector.projection_dim != spec.n_embd:
+        raise UsageError(
+            f"the projector {projector.source} makes {projector.projection_dim}-wide embeddings; this {spec.architecture} model takes {spec.n_embd}",
+            hint="use the mmproj file published with this model",
+        )
+    return spec
 
 
 def _calibrated(spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> SpeedEstimate | None:

@@ -98,7 +98,7 @@ def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callabl
     gpu_actual = report.gpu_buffers()
     if gpu_planned and gpu_actual:
         device = gpu_planned[0]
-        planned = device.weights_bytes + device.kv_bytes + device.compute_bytes + device.output_bytes
+        planned = device.weights_bytes + device.kv_bytes + device.compute_bytes + device.output_bytes + device.projector_bytes
         actual = sum(sizes.total for sizes in gpu_actual.values())
         result.devices.append(DeviceDelta(", ".join(sorted(gpu_actual)), planned, actual))
     host_planned = next(device for device in plan.devices if device.backend == "cpu")
@@ -106,10 +106,11 @@ def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callabl
     result.devices.append(
         DeviceDelta(
             "host",
-            host_planned.weights_bytes + host_planned.kv_bytes + host_planned.compute_bytes + host_planned.output_bytes,
+            host_planned.weights_bytes + host_planned.kv_bytes + host_planned.compute_bytes + host_planned.output_bytes + host_planned.projector_bytes,
             host_actual.total,
         )
     )
+    _verify_projector(plan, report, result)
     for delta in result.devices:
         if not delta.within_tolerance and delta.error is not None:
             message = (
@@ -119,3 +120,17 @@ def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callabl
             # (CPU_REPACK) are not in the estimate yet.
             (result.warnings if delta.name == "host" else result.problems).append(message)
     return result
+
+
+def _verify_projector(plan: RunEstimate, report: LoadReport, result: Verification) -> None:
+    """The projector loaded, on the device planned (its bytes are in the device totals)."""
+    projector = plan.projector
+    if projector is None:
+        return
+    if report.projector_backend is None:
+        result.problems.append("planned a multimodal projector; the load log shows none loaded")
+        return
+    on_host = report.projector_backend.startswith("CPU")
+    if on_host == projector.on_gpu:
+        planned_where = "the GPU" if projector.on_gpu else "the CPU"
+        result.problems.append(f"planned the projector on {planned_where}; llama.cpp put it on {report.projector_backend}")

@@ -19,10 +19,11 @@ from .. import constants
 from ..catalog import gpu_speed_for, load_host_defaults
 from ..engines.loadlog import LoadLogParser, LoadReport
 from ..engines.prompt_formats import TemplateChoice
-from ..errors import AllocationFailed, EngineFailed, TierlocalError
+from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunRequest, estimate_run
 from ..fit.model import model_spec
+from ..fit.projector import ProjectorSpec, projector_spec
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..fit.verify import verify_load
 from ..gguf.sources import read_headers
@@ -35,7 +36,18 @@ from .state import log_path, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT
 
-__all__ = ["ServeOptions", "ServeSession", "Launched", "plan_for", "detected_machine", "launch", "supervise_verified", "stop_on_signals", "last_log_lines"]
+__all__ = [
+    "read_projector",
+    "ServeOptions",
+    "ServeSession",
+    "Launched",
+    "plan_for",
+    "detected_machine",
+    "launch",
+    "supervise_verified",
+    "stop_on_signals",
+    "last_log_lines",
+]
 
 #: Say something, or report the ready engine (its state-file payload).
 Say = Callable[[str], None]
@@ -73,12 +85,16 @@ class ServeOptions:
     ubatch: int = constants.DEFAULT_UBATCH
     #: Other llama-server options, given after ``--`` (checked against the binary's --help).
     engine_args: tuple[str, ...] = ()
+    #: A multimodal projector (mmproj GGUF) to load beside the model (``--mmproj``).
+    mmproj: Path | None = None
 
     def run_request(self, base: RunRequest | None = None) -> RunRequest:
-        """``base`` (an engine's defaults) with what the user asked for."""
+        """``base`` (an engine's defaults) with what the user asked for (the projector's
+        header read from its file)."""
         base = base or RunRequest()
         return replace(
             base,
+            projector=read_projector(str(self.mmproj)) if self.mmproj is not None else None,
             ngl=self.ngl,
             n_cpu_moe=self.n_cpu_moe,
             cache_type_k=self.cache_type_k,
@@ -118,6 +134,18 @@ class Launched:
     log_path: Path
     #: What a request to it must carry (the API key), if anything.
     headers: dict[str, str] | None = None
+
+
+def read_projector(source: str) -> ProjectorSpec:
+    """The projector an mmproj GGUF (path, URL or hf:// file; header only) describes.
+
+    Raises:
+        UsageError: it is not a projector, or its encoder sizes make no sense.
+    """
+    try:
+        return projector_spec(read_headers(source))
+    except ValueError as exc:
+        raise UsageError(f"--mmproj: {exc}", hint="give the mmproj GGUF published with the model (general.architecture 'clip')") from exc
 
 
 def plan_for(
