@@ -112,3 +112,28 @@ def test_lines_without_prefix_and_hostile_lengths() -> None:
 )
 def test_host_buffer_names(name: str, host: bool) -> None:
     assert is_host_buffer(name) is host
+
+
+def test_projector_buffers_counted_on_their_devices() -> None:
+    """A Gemma 3 SigLIP projector on Mesa's Vulkan device without flash attention: its weights
+    and part of its compute there, the attention scores the device cannot bind on the CPU."""
+    report = parse_load_log((LOGS / "vulkan-gemma-mmproj-scores-on-cpu.log").read_text())
+    assert report.projector_backend == "Vulkan0"
+    assert report.projector_weights == round(807.57 * MIB)
+    assert report.projector_compute == {"Vulkan0": round(104.66 * MIB), "CPU": round(1078.00 * MIB)}
+    assert report.buffers["Vulkan0"].projector == round(807.57 * MIB) + round(104.66 * MIB)
+    assert report.host_bytes().projector == round(1078.00 * MIB)
+    assert report.to_json()["projector"] == {"backend": "Vulkan0", "weights_bytes": round(807.57 * MIB), "compute_bytes": report.projector_compute}
+
+
+def test_a_later_projector_reservation_replaces_the_first() -> None:
+    """clip reserves twice when flash attention turns out unsupported: the second one stands."""
+    lines = [
+        "clip_ctx: CLIP using CPU backend",
+        "load_hparams: model size:         124.89 MiB",
+        "reserve_compute_meta:        CPU compute buffer size =    30.31 MiB",
+        "reserve_compute_meta:        CPU compute buffer size =    91.00 MiB",
+    ]
+    report = parse_load_log("\n".join(lines))
+    assert report.projector_compute == {"CPU": round(91.00 * MIB)}
+    assert report.buffers["CPU"].projector == round(124.89 * MIB) + round(91.00 * MIB)
