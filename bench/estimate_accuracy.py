@@ -10,7 +10,12 @@ reports in its load log, and prints them beside tierlocal's estimate and, where 
 available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
 with the error of each against llama.cpp.
 
-    .venv/bin/python -m bench.estimate_accuracy [--json]
+    .venv/bin/python -m bench.estimate_accuracy [--json] [--projectors-only]
+
+Multimodal projectors (--mmproj): sparse Gemma 3 SigLIP projectors (tests/support/sparse_projectors.py)
+loaded beside the real Gemma 3 270M, on the CPU build with flash attention on and off and on the
+Vulkan device (where scores too large for its buffers run on the CPU): weights and compute per
+buffer against tierlocal/fit/projector.py and gguf-parser-go's projector estimate.
 
 Needs the test assets (bash tests/run.sh, or python tests/assets/prepare.py). Components not
 estimated (the CPU build's compute buffer beside Vulkan loads) are printed as actual only.
@@ -49,9 +54,11 @@ from tests.support.sparse_models import (
     RWKV7_168M,
     write_sparse_gguf,
 )
+from tests.support.sparse_projectors import GEMMA3_SIGLIP_TO_270M, write_sparse_projector
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run, plan_run
 from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split
 from tierlocal.fit.model import model_spec
+from tierlocal.fit.projector import projector_spec, projector_usage
 from tierlocal.gguf.sources import read_headers
 
 MIB = 1024 * 1024
@@ -109,9 +116,13 @@ COMPUTE_MATRIX = [
 ]
 
 
-def _load_log(binary: Path, model: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int, extra: tuple[str, ...] = ()) -> str:
+def _load_log(
+    binary: Path, model: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int, extra: tuple[str, ...] = (), *, warmup: bool = False
+) -> str:
+    """The load log (a projector reserves its compute buffer only in the warm-up)."""
     port = free_port()
-    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), "-t", "2", "-lv", "4", "--no-warmup"]
+    argv = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), "-t", "2", "-lv", "4"]
+    argv += [] if warmup else ["--no-warmup"]
     argv += [] if parallel is None else ["-np", str(parallel)]
     argv += ["-ngl", str(ngl), "-ctk", cache_type, "-ctv", cache_type]
     argv += list(extra) or ["-fa", "auto" if cache_type == "f16" else "on"]
@@ -153,6 +164,68 @@ PLANNED = [
     ("qwen3-30b-a3b", 16384, 1, "f16"),
     ("lfm2-1.2b", 8192, 2, "f16"),
 ]
+
+
+# Projectors beside Gemma 3 270M: (name, image px, layers, build, -fa)
+PROJECTOR_MATRIX = [
+    ("siglip-896-27l", 896, 27, "cpu", "on"),
+    ("siglip-896-27l", 896, 27, "cpu", "off"),
+    ("siglip-448-4l", 448, 4, "cpu", "on"),
+    ("siglip-448-4l", 448, 4, "cpu", "off"),
+    ("siglip-448-4l", 448, 4, "vulkan", "off"),
+    ("siglip-896-4l", 896, 4, "vulkan", "off"),
+    ("siglip-896-27l", 896, 27, "vulkan", "off"),
+]
+CLIP_WEIGHTS = re.compile(r"load_hparams: model size:\s+([\d.]+) MiB")
+CLIP_COMPUTE = re.compile(r"reserve_compute_meta:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
+
+
+def _projector_rows(assets: dict[str, str], sparse_dir: Path, peer: Path | None) -> list[dict[str, object]]:
+    """Each PROJECTOR_MATRIX load: weights and compute per buffer, predicted and actual (MiB)."""
+    rows: list[dict[str, object]] = []
+    gemma = Path(assets["gemma_gguf"])
+    for name, image, layers, build, flash_attn in PROJECTOR_MATRIX:
+        shape = replace(GEMMA3_SIGLIP_TO_270M, name=name, image_size=image, n_layer=layers)
+        path = sparse_dir / f"{name}.gguf"
+        if not path.exists():
+            write_sparse_projector(path, shape)
+        spec = projector_spec(read_headers(str(path)))
+        on_gpu = build == "vulkan"
+        usage = projector_usage(spec, on_gpu=on_gpu, flash_attn=flash_attn == "on", max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES if on_gpu else None)
+        binary = Path(assets["llama_server_vulkan" if on_gpu else "llama_server_cpu"])
+        log = _load_log(binary, gemma, 2048, 1, "f16", 99 if on_gpu else 0, ("-fa", flash_attn, "--mmproj", str(path)), warmup=True)
+        weights = CLIP_WEIGHTS.findall(log)
+        compute = {device: float(mib) for device, mib in CLIP_COMPUTE.findall(log)}
+        peer_weights = peer_compute = None
+        if peer is not None:
+            done = subprocess.run(
+                [str(peer), str(path), "2048", "1", "99", "f16", "1" if flash_attn == "on" else "0"], capture_output=True, text=True, check=False
+            )
+            if done.returncode == 0:
+                device = json.loads(done.stdout)[-1]
+                peer_weights = sum(device["weight"][part] for part in ("input", "compute", "output")) / MIB
+                peer_compute = (device["computation"]["graph"] + device["computation"]["input"]) / MIB
+        device_name = "Vulkan0" if on_gpu else "CPU"
+        case = f"gemma-3-270m + {name} -fa {flash_attn} ({build} build)"
+        figures = [("weights", device_name, usage.weights_bytes / MIB, float(weights[-1]) if weights else 0.0, peer_weights)]
+        figures.append(("compute", device_name, usage.compute_bytes / MIB, compute.get(device_name, 0.0), None if on_gpu else peer_compute))
+        if on_gpu:
+            figures.append(("compute", "CPU", usage.host_compute_bytes / MIB, compute.get("CPU", 0.0), None))
+            figures.append(("total", "both", (usage.device_bytes + usage.host_compute_bytes) / MIB, float(weights[-1]) + sum(compute.values()), None))
+        for component, device, ours, real, theirs in figures:
+            rows.append(
+                {
+                    "case": case,
+                    "component": f"mm-{component}",
+                    "device": device,
+                    "predicted_mib": round(ours, 2),
+                    "actual_mib": real,
+                    "error": _error(ours, real),
+                    "gguf_parser_mib": None if theirs is None else round(theirs, 2),
+                    "gguf_parser_error": None if theirs is None else _error(theirs, real),
+                }
+            )
+    return rows
 
 
 def _planned_loads(binary: Path, models: dict[str, Path], specs: dict[str, object]) -> list[dict[str, object]]:
@@ -231,10 +304,31 @@ def _error(value: float, real: float) -> float:
     return 0.0 if value < 0.01 else float("inf")
 
 
+def _print_row(row: dict[str, object]) -> None:
+    ours = "-" if row["predicted_mib"] is None else f"{row['predicted_mib']:.2f}"
+    ours_error = "n/a" if row["error"] is None else f"{row['error']:+.2%}"
+    theirs = "-" if row["gguf_parser_mib"] is None else f"{row['gguf_parser_mib']:.2f}"
+    theirs_error = "n/a" if row["gguf_parser_error"] is None else f"{row['gguf_parser_error']:+.1%}"
+    print(f"{row['case']:58} {row['component']:10} {row['device']:12} {row['actual_mib']:>10.2f} {ours:>10} {ours_error:>8} {theirs:>11} {theirs_error:>9}")
+
+
+HEADER = f"{'case':58} {'component':10} {'device':12} {'llama.cpp':>10} {'tierlocal':>10} {'error':>8} {'gguf-parser':>11} {'error':>9}"
+
+
 def main() -> None:
     assets = json.loads(prepare.manifest_path().read_text())
     binary = Path(assets["llama_server_vulkan"])
     sparse_dir = Path(tempfile.mkdtemp(prefix="tierlocal-bench-"))
+    if "--projectors-only" in sys.argv[1:]:
+        projector_rows = _projector_rows(assets, sparse_dir, _peer_binary())
+        shutil.rmtree(sparse_dir)
+        if "--json" in sys.argv[1:]:
+            print(json.dumps({"components": projector_rows}, indent=2))
+            return
+        print(HEADER)
+        for row in projector_rows:
+            _print_row(row)
+        return
     models = {"gemma-3-270m": Path(assets["gemma_gguf"])}
     for key, arch in (
         ("llama-3-8b", LLAMA3_8B),
@@ -343,21 +437,18 @@ def main() -> None:
                 "gguf_parser_error": None,
             }
         )
+    rows += _projector_rows(assets, sparse_dir, peer)
     planned_loads = _planned_loads(binary, models, specs)
-    for path in sparse_dir.iterdir():
-        path.unlink()
-    sparse_dir.rmdir()
+    shutil.rmtree(sparse_dir)
     if "--json" in sys.argv[1:]:
         print(json.dumps({"components": rows, "planned_loads": planned_loads}, indent=2))
         return
-    print(f"{'case':58} {'component':9} {'device':12} {'llama.cpp':>10} {'tierlocal':>10} {'error':>8} {'gguf-parser':>11} {'error':>9}")
+    print(HEADER)
     for row in rows:
-        ours = "-" if row["predicted_mib"] is None else f"{row['predicted_mib']:.2f}"
-        ours_error = "n/a" if row["error"] is None else f"{row['error']:+.2%}"
-        theirs = "-" if row["gguf_parser_mib"] is None else f"{row['gguf_parser_mib']:.2f}"
-        theirs_error = "n/a" if row["gguf_parser_error"] is None else f"{row['gguf_parser_error']:+.1%}"
-        print(f"{row['case']:58} {row['component']:9} {row['device']:12} {row['actual_mib']:>10.2f} {ours:>10} {ours_error:>8} {theirs:>11} {theirs_error:>9}")
-    estimated = [row for row in rows if row["error"] is not None and row["component"] != "total"]
+        _print_row(row)
+    estimated = [
+        row for row in rows if row["error"] is not None and row["component"] not in ("total", "mm-total") and not str(row["case"]).endswith("(vulkan build)")
+    ]
     worst = max(abs(row["error"]) for row in estimated)
     totals = [row for row in rows if row["component"] == "total" and row["error"] is not None]
     for device in ("Vulkan0", "Host"):
