@@ -54,11 +54,16 @@ def test_kimi_k3_defaults() -> None:
     first = payload["serving_configs"][0]
     assert (first["gpu"], first["count"]) == ("B300", 8)
     assert {c["label"] for c in payload["published_configs"]} == {"8×B300", "8×MI355X", "16×H200", "16×B200", "32×H100"}
-    # KV: not published → reason, procedure and the classic example (93 layers × 8 × 128 × 2 B × 2).
-    assert "not published" in payload["kv_unknown_reason"]
-    assert "until allocation fails" in payload["kv_measure_procedure"]
-    assert "kv_per_user" not in payload
-    assert payload["kv_classic_example"][0] == {"ctx": 8192, "bytes": 2 * 93 * 8 * 128 * 2 * 8192}
+    # Per user, from config.json's dimensions, worked by hand: 24 MLA layers cache a 512 + 64
+    # latent per token in f16; 69 Kimi Delta Attention layers keep, in f32, the Q/K/V
+    # convolutions' last 3 columns for 96 heads × 128 and a 128 × 128 state per head.
+    per_token = 24 * (512 + 64) * 2
+    state = 69 * (3 * 3 * 96 * 128 + 96 * 128 * 128) * 4
+    assert (payload["kv_bytes_per_token"], payload["fixed_state_bytes_per_user"]) == (per_token, state) == (27_648, 464_633_856)
+    assert payload["kv_per_user"][0] == {"ctx": 8192, "bytes": per_token * 8192 + state}
+    assert payload["kv_per_user"][-1] == {"ctx": 1_048_576, "bytes": per_token * 1_048_576 + state}
+    assert "kv_unknown_reason" not in payload and "kv_classic_example" not in payload
+    assert any("config.json text_config" in source for source in payload["sources"])
     # Rental at $2.50/GPU-h (the guides' rate, in the dated $2–5 range), 720 h a month.
     rental = {row["label"]: row["usd_per_month"] for row in payload["rental"]}
     assert rental == {"1 GPU always on": 1 * 720 * 2.5, "8 GPUs 4 h/day": 8 * 120 * 2.5, "8 GPUs always on": 8 * 720 * 2.5, "32 GPUs always on": 32 * 720 * 2.5}

@@ -168,6 +168,9 @@ class FrontierModel:
     kv_unknown_reason: str
     attention_layers: dict[str, int]
     classic_example: dict[str, float]
+    #: Published attention and state dimensions (MLA ranks, KDA heads …) and where they come from.
+    attention_dims: dict[str, int]
+    attention_dims_source: str
     published_configs: tuple[PublishedConfig, ...]
     guidance: dict[str, str]
     vllm_flags: tuple[str, ...]
@@ -459,6 +462,8 @@ def load_frontier() -> tuple[FrontierModel, ...]:
                     kv_unknown_reason=attention.get("kv_unknown_reason", ""),
                     attention_layers={k: int(v) for k, v in attention.items() if k.endswith("_layers")},
                     classic_example=dict(attention.get("classic_example", {})),
+                    attention_dims={k: int(v) for k, v in attention.get("dims", {}).items() if k != "source"},
+                    attention_dims_source=str(attention.get("dims", {}).get("source", "")),
                     published_configs=tuple(
                         PublishedConfig(c["label"], c["gpu"], int(c["count"]), int(c["memory_bytes"])) for c in m.get("published_configs", [])
                     ),

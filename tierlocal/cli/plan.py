@@ -228,6 +228,11 @@ def _print_kv(out: Console, plan: TierPlan) -> None:
     out.print("3. KV cache per concurrent user")
     if plan.kv_per_user is not None:
         out.print("   " + ", ".join(f"{ctx:,} tokens: {format_decimal_bytes(n)}" for ctx, n in plan.kv_per_user))
+        if facts.fixed_state_bytes and facts.kv_bytes_per_token is not None:
+            out.print(
+                f"   = {format_decimal_bytes(round(facts.kv_bytes_per_token))} per token of context (attention layers) + "
+                f"{format_decimal_bytes(facts.fixed_state_bytes)} of recurrent state per user, whatever the context (linear-attention layers)."
+            )
         return
     out.print(f"   Not computed: {facts.kv_unknown_reason or 'the attention design is not known'}.")
     if plan.kv_classic_example is not None and facts.classic_example is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RecurrentFacts", "recurrent_facts", "RECURRENT_ARCHS", "HYBRID_ARCHS"]
+__all__ = ["RecurrentFacts", "recurrent_facts", "kda_state_floats", "RECURRENT_ARCHS", "HYBRID_ARCHS"]
 
 #: Every layer recurrent, no attention (llm_arch_is_recurrent).
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -75,6 +75,13 @@ def _recurrent_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n
     return tuple(heads == 0 for heads in n_head_kv)
 
 
+def kda_state_floats(heads: int, head_dim: int, d_conv: int) -> tuple[int, int]:
+    """A Kimi Delta Attention layer's (n_embd_r, n_embd_s) per sequence, float32 values: the
+    Q, K and V convolutions' last ``d_conv − 1`` columns (3 when the header gives no kernel),
+    and one head_dim × head_dim state per head."""
+    return 3 * (d_conv - 1 if d_conv > 0 else 3) * heads * head_dim, head_dim * head_dim * heads
+
+
 def _state_sizes(metadata: Mapping[str, object], arch: str, n_embd: int, n_head: Sequence[int]) -> tuple[int, int, str]:
     """(n_embd_r, n_embd_s, family) in llama_hparams' order of precedence."""
     wkv = _int(metadata, f"{arch}.wkv.head_size")
@@ -87,8 +94,7 @@ def _state_sizes(metadata: Mapping[str, object], arch: str, n_embd: int, n_head:
     d_conv = _int(metadata, f"{arch}.ssm.conv_kernel")
     kda = _int(metadata, f"{arch}.kda.head_dim")
     if kda:
-        heads = n_head[0] if n_head else 0
-        return 3 * (d_conv - 1 if d_conv > 0 else 3) * heads * kda, kda * kda * heads, "kimi delta attention"
+        return *kda_state_floats(n_head[0] if n_head else 0, kda, d_conv), "kimi delta attention"
     d_inner, d_state, groups = _int(metadata, f"{arch}.ssm.inner_size"), _int(metadata, f"{arch}.ssm.state_size"), _int(metadata, f"{arch}.ssm.group_count")
     n_conv = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * groups * d_state)
     family = "gated delta net" if arch in _BY_INTERVAL else ("mamba-2" if groups else "mamba")

@@ -13,6 +13,7 @@ from huggingface_hub import get_safetensors_metadata, hf_hub_download
 
 from ..catalog import FrontierModel, GpuSpec, find_frontier, find_gpu, find_model, load_gpus
 from ..errors import SourceError
+from ..fit.recurrent import kda_state_floats
 from ..gguf import summarize
 from ..gguf.sources import read_headers
 from ..gguf.summary import ModelSummary
@@ -27,7 +28,24 @@ _SAFETENSORS_PRECISION = {"BF16": "bf16", "F16": "bf16", "F32": "bf16", "F8_E4M3
 _NON_CLASSIC_KEYS = ("sliding_window", "kv_lora_rank", "ssm.", "wkv.", "shortconv.", "full_attention_interval")
 
 
+def _per_user_memory(model: FrontierModel) -> tuple[float | None, int]:
+    """A frontier model's KV bytes per token and fixed state bytes per user from its published
+    dimensions, by llama.cpp's rules (f16 latent cache; float32 recurrent state): MLA layers
+    cache ``kv_lora_rank + qk_rope_head_dim`` values per token; Kimi Delta Attention layers
+    keep convolution rows and a head_dim² state per head. (None, 0) without the dimensions."""
+    dims, layers = model.attention_dims, model.attention_layers
+    if not {"mla_kv_lora_rank", "mla_qk_rope_head_dim"} <= dims.keys():
+        return None, 0
+    kv_per_token = layers.get("mla_layers", 0) * (dims["mla_kv_lora_rank"] + dims["mla_qk_rope_head_dim"]) * 2.0
+    state = 0
+    if {"kda_heads", "kda_head_dim", "kda_conv_kernel"} <= dims.keys():
+        rows, square = kda_state_floats(dims["kda_heads"], dims["kda_head_dim"], dims["kda_conv_kernel"])
+        state = layers.get("linear_attention_layers", 0) * (rows + square) * 4
+    return kv_per_token, state
+
+
 def _frontier_facts(model: FrontierModel) -> ModelFacts:
+    kv_per_token, state = _per_user_memory(model)
     example = model.classic_example
     classic = None
     if example:
@@ -40,6 +58,8 @@ def _frontier_facts(model: FrontierModel) -> ModelFacts:
         precision=model.shipped_precision,
         layers=model.layers,
         context_length=model.context_length,
+        kv_bytes_per_token=kv_per_token,
+        fixed_state_bytes=state,
         kv_unknown_reason=None if model.kv_published else model.kv_unknown_reason,
         classic_example=classic,
         shipped_bytes=model.repo_bytes,
@@ -50,7 +70,8 @@ def _frontier_facts(model: FrontierModel) -> ModelFacts:
         vllm_flags=model.vllm_flags,
         vllm_notes=model.vllm_notes,
         sglang_flags=model.sglang_flags,
-        sources=(f"{model.display_name} facts: {model.source} ({model.facts_date})",),
+        sources=(f"{model.display_name} facts: {model.source} ({model.facts_date})",)
+        + ((f"{model.display_name} attention and state dimensions: {model.attention_dims_source}",) if model.attention_dims_source else ()),
     )
 
 

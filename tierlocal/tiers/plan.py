@@ -176,6 +176,8 @@ class TierPlan:
         }
         if self.kv_per_user is not None:
             payload["kv_per_user"] = [{"ctx": ctx, "bytes": n} for ctx, n in self.kv_per_user]
+            payload["kv_bytes_per_token"] = facts.kv_bytes_per_token
+            payload["fixed_state_bytes_per_user"] = facts.fixed_state_bytes
         else:
             payload["kv_unknown_reason"] = facts.kv_unknown_reason or "the attention design is not known"
             payload["kv_measure_procedure"] = KV_MEASURE_PROCEDURE
