@@ -5,7 +5,8 @@ GGML_VK_VISIBLE_DEVICES=0, so partial offload is real) over a matrix of -c, -np,
 cache types on the real Gemma 3 model and on sparse GGUFs of real architectures
 (tests/support/sparse_models.py: Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B, DeepSeek-V2-Lite, LFM2-1.2B,
 Granite-4.0-H-350M, Qwen3-Next-80B-A3B's width in 4 blocks, Nemotron-Nano-9B-v2's first 16 blocks, Mamba-2.8B, Falcon-H1-1.5B,
-Kimi-Linear-48B-A3B's first 4 blocks, RWKV7-Goose-Pile-168M), parses the buffer sizes it
+Kimi-Linear-48B-A3B's first 4 blocks, RWKV7-Goose-Pile-168M, RWKV-6-World-1.6B, AI21-Jamba-1.5-Mini's
+first 8 blocks, and Kimi K3 at full width in 2 blocks on the CPU build), parses the buffer sizes it
 reports in its load log, and prints them beside tierlocal's estimate and, where Go is
 available, gguf-parser-go v0.28.1's (bench/gguf_parser_peer, built once into the test cache),
 with the error of each against llama.cpp.
@@ -43,6 +44,8 @@ from tests.support.sparse_models import (
     DEEPSEEK_V2_LITE,
     FALCON_H1_1_5B,
     GRANITE_4_H_350M,
+    JAMBA_MINI_8L,
+    KIMI_K3_2L,
     KIMI_LINEAR_4L,
     LFM2_1_2B,
     LLAMA3_8B,
@@ -51,6 +54,7 @@ from tests.support.sparse_models import (
     QWEN3_8B,
     QWEN3_30B_A3B,
     QWEN3_NEXT_4L,
+    RWKV6_1B6,
     RWKV7_168M,
     write_sparse_gguf,
 )
@@ -90,6 +94,8 @@ MATRIX: list[tuple] = [
     ("falcon-h1-1.5b", 8192, 2, "f16", 0),
     ("kimi-linear-4-blocks", 8192, 2, "f16", 0),
     ("rwkv7-168m", 8192, 2, "f16", 0),
+    ("rwkv6-1b6", 8192, 2, "f16", 0),
+    ("jamba-mini-8-blocks", 8192, 2, "f16", 0),
 ]
 # DeepSeek-V2-Lite (MLA) runs on the CPU build only: llvmpipe compiles its shaders for minutes.
 
@@ -113,6 +119,9 @@ COMPUTE_MATRIX = [
     ("mamba-2.8b", 8192, 512, "on"),
     ("falcon-h1-1.5b", 8192, 512, "on"),
     ("kimi-linear-4-blocks", 8192, 512, "on"),
+    ("kimi-k3-2-blocks", 8192, 512, "on"),
+    ("rwkv6-1b6", 8192, 512, "on"),
+    ("jamba-mini-8-blocks", 8192, 512, "on"),
 ]
 
 
@@ -343,6 +352,9 @@ def main() -> None:
         ("falcon-h1-1.5b", FALCON_H1_1_5B),
         ("kimi-linear-4-blocks", KIMI_LINEAR_4L),
         ("rwkv7-168m", RWKV7_168M),
+        ("rwkv6-1b6", RWKV6_1B6),
+        ("jamba-mini-8-blocks", JAMBA_MINI_8L),
+        ("kimi-k3-2-blocks", KIMI_K3_2L),
     ):
         models[key] = write_sparse_gguf(sparse_dir / f"{key}.gguf", arch)
     specs = {key: model_spec(read_headers(str(path))) for key, path in models.items()}

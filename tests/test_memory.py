@@ -353,3 +353,66 @@ def test_rwkv7_state_matches_the_real_engine(assets: Assets, tmp_path: Path) -> 
     log = _served_log(assets, path, tmp_path)
     assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 4.64 MiB
     assert "KV buffer size" not in log
+
+
+def test_kimi_k3_state_and_latent_cache_match_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """Kimi K3 at its published width, 2 blocks (one Kimi Delta Attention block with K3's dense
+    FFN, one MLA block with its 896 latent experts): llama.cpp's kimi-k3 loader takes the file
+    and allocates the state and latent cache the estimate — and `tierlocal plan kimi-k3`'s
+    per-user figures — price: 96 heads × (3 × 3 × 128 + 128²) float32 per sequence, and a
+    512 + 64 latent per cell in f16."""
+    from tests.support.sparse_models import KIMI_K3_2L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "kimi-k3.gguf", KIMI_K3_2L)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.is_recurrent == (True, False) and spec.recurrent_family == "kimi delta attention"
+    assert (spec.n_embd_r, spec.n_embd_s) == (3 * 3 * 96 * 128, 128 * 128 * 96)
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = _state_bytes(spec, kv.layer_bytes)
+    assert state == 2 * (3 * 3 * 96 * 128 + 128 * 128 * 96) * 4
+    assert kv.total_bytes - state == 4096 * (512 + 64) * 2
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.84 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 4.50 MiB
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+
+
+def test_rwkv6_state_matches_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """RWKV-6 World 1.6B, full depth: 2 token-shift rows of n_embd and an n_embd × 64 WKV
+    state per block and sequence, float32; no KV cache."""
+    from tests.support.sparse_models import RWKV6_1B6, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "rwkv6.gguf", RWKV6_1B6)
+    spec = model_spec(read_headers(str(path)))
+    assert all(spec.is_recurrent) and len(spec.is_recurrent) == 24 and spec.recurrent_family == "rwkv"
+    kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=2))
+    assert kv.total_bytes == 24 * (2 * 2048 + 2048 * 64) * 4 * 2
+    log = _served_log(assets, path, tmp_path)
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 24.75 MiB
+    assert "KV buffer size" not in log
+
+
+def test_jamba_state_and_attention_kv_match_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """AI21-Jamba-1.5-Mini's first 8 blocks (one period of its pattern): 7 Mamba-1 blocks keep (d_conv − 1)·
+    d_inner + d_state·d_inner float32 per sequence, block 4's attention 8 KV heads of 128."""
+    from tests.support.sparse_models import JAMBA_MINI_8L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "jamba.gguf", JAMBA_MINI_8L)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.is_recurrent == (True, True, True, True, False, True, True, True) and spec.recurrent_family == "mamba"
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = _state_bytes(spec, kv.layer_bytes)
+    assert state == 7 * (3 * 8192 + 16 * 8192) * 4 * 2
+    assert kv.total_bytes - state == 4096 * 8 * 128 * 2 * 2
+    log = _served_log(assets, path, tmp_path)
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 8.31 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16.00 MiB
+    # The compute buffer errs high (+12%: 218 MiB planned, 194 allocated), on the safe side; the
+    # device total (7.2 GB of weights) is within 0.4%.
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.13

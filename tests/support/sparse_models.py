@@ -68,6 +68,14 @@ class SparseArch:
     #: Granite-4-H style Mamba-2 mixers in the blocks that are not attention_layers:
     #: (d_conv, d_state, n_group, n_ssm_head), with d_inner = 2 × n_embd.
     mamba2: tuple[int, int, int, int] | None = None
+    #: Kimi K3 (kimi-k3.cpp): (q_lora_rank, expert latent width) — KDA with a full-rank gate,
+    #: MLA with a query LoRA and an output gate, routed experts in a latent space, and the
+    #: attention-residual scores; with kda, mla and experts for the shapes.
+    kimi_k3: tuple[int, int] | None = None
+    #: RWKV-6: (head size, time-mix LoRA width, time-decay LoRA width).
+    rwkv6: tuple[int, int, int] | None = None
+    #: Jamba: the blocks whose FFN is the experts (the others dense).
+    expert_layers: tuple[int, ...] | None = None
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -125,6 +133,33 @@ KIMI_LINEAR_4L = SparseArch(
     "kimi-linear-48b-a3b-4-blocks-q4k", "kimi-linear", 4, 2304, 32, 1, 192, 9216, 163840, 1048576,
     experts=(256, 8, 1024), mla=(512, 128, 64, 128), n_expert_shared=1, dense_lead=1,
     attention_layers=(3,), kda=(4, 128),
+)  # fmt: skip
+# Kimi K3 (moonshotai/Kimi-K3 config.json text_config, 2026-07): width 7168, 96 heads; KDA
+# heads of 128 with a 4-wide convolution; MLA with kv_lora_rank 512, q_lora_rank 1536, nope 128 +
+# rope 64, values of 128; 896 routed experts (16 used) of 3072 in a 3584-wide latent space, 2
+# shared; the first block dense (33792). Depth reduced from 93 to 2 blocks, one of each kind
+# (block 0: KDA with the dense FFN, as K3's; block 1: MLA with experts); width kept. Experts in
+# MXFP4 (as shipped), the rest Q8_0: about 20 GB of holes.
+KIMI_K3_2L = SparseArch(
+    "kimi-k3-2-blocks-mxfp4", "kimi-k3", 2, 7168, 96, 1, 192, 33792, 163840, 1048576,
+    experts=(896, 16, 3072), mla=(512, 128, 64, 128), n_expert_shared=2, dense_lead=1,
+    attention_layers=(1,), kda=(4, 128), kimi_k3=(1536, 3584), weight_type=Q.Q8_0, output_type=Q.Q8_0,
+    extra={
+        "kimi-k3.attn_res.block_size": 12, "kimi-k3.activation.situ_beta": 4.0, "kimi-k3.activation.situ_linear_beta": 25.0,
+        "kimi-k3.expert_latent_length": 3584, "kimi-k3.attention.q_lora_rank": 1536,
+    },
+)  # fmt: skip
+# RWKV-6 World 1.6B (RWKV/rwkv-6-world-1b6 config.json: 24 blocks of width 2048, heads of 64,
+# vocabulary 65536; the FFN width and LoRA widths as llama.cpp's converter derives them:
+# 3.5 × 2048 = 7168, 32 and 64). Full depth.
+RWKV6_1B6 = SparseArch("rwkv6-world-1b6-q4k", "rwkv6", 24, 2048, 0, 0, 0, 7168, 65536, 1048576, rwkv6=(64, 32, 64))
+# AI21-Jamba-1.5-Mini (ai21labs/AI21-Jamba-1.5-Mini config.json): width 4096, 32 heads (8 KV),
+# Mamba-1 mixers (d_conv 4, d_state 16, dt_rank 256, expand 2) except attention every 8th block
+# from block 4, 16 experts of 14336 (2 used) in every 2nd block from block 1. Depth reduced from
+# 32 to 8 blocks (one period of the pattern); width kept.
+JAMBA_MINI_8L = SparseArch(
+    "ai21-jamba-1.5-mini-8-blocks-q4k", "jamba", 8, 4096, 32, 8, 128, 14336, 65536, 262144,
+    experts=(16, 2, 14336), mamba1=(4, 16, 256), attention_layers=(4,), expert_layers=(1, 3, 5, 7),
 )  # fmt: skip
 # RWKV7-Goose-Pile-168M (RWKV/RWKV7-Goose-Pile-168M-HF, its published config): 12 blocks of
 # width 768, heads of 64, channel mix of 3072, LoRA ranks decay 64, a (ICLR) 64, v 32, gate 128.
@@ -330,6 +365,130 @@ def _kda_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], G
     ]
 
 
+def _kimi_k3_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """One Kimi K3 block (llama.cpp's kimi-k3.cpp load_arch_tensors)."""
+    assert spec.kda is not None and spec.mla is not None and spec.kimi_k3 is not None and spec.experts is not None
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    d_conv, head = spec.kda
+    kv_lora, nope, rope, v_dim = spec.mla
+    q_lora, latent = spec.kimi_k3
+    n_expert, _, n_ff_exp = spec.experts
+    inner = spec.n_head * head
+    tensors = [(blk + name, (e,), f32) for name in ("attn_norm.weight", "ffn_norm.weight", "attn_res_score.weight", "ffn_res_score.weight")]
+    if spec.attention_layers is not None and il not in spec.attention_layers:
+        tensors += [(blk + f"ssm_conv1d_{x}.weight", (d_conv, 1, inner), f32) for x in "qkv"]
+        tensors += [(blk + f"attn_{x}.weight", (e, inner), w) for x in "qkv"]
+        tensors += [
+            (blk + "ssm_f_a.weight", (e, head), w),
+            (blk + "ssm_f_b.weight", (head, inner), w),
+            (blk + "ssm_beta.weight", (e, spec.n_head), w),
+            (blk + "ssm_a", (spec.n_head,), f32),
+            (blk + "ssm_dt.bias", (inner,), f32),
+            (blk + "ssm_g.weight", (e, inner), w),
+            (blk + "ssm_norm.weight", (head,), f32),
+            (blk + "attn_output.weight", (inner, e), w),
+        ]
+    else:
+        tensors += [
+            (blk + "attn_q_a_norm.weight", (q_lora,), f32),
+            (blk + "attn_kv_a_norm.weight", (kv_lora,), f32),
+            (blk + "attn_q_a.weight", (e, q_lora), w),
+            (blk + "attn_q_b.weight", (q_lora, spec.n_head * (nope + rope)), w),
+            (blk + "attn_kv_a_mqa.weight", (e, kv_lora + rope), w),
+            (blk + "attn_k_b.weight", (nope, kv_lora, spec.n_head), w),
+            (blk + "attn_v_b.weight", (kv_lora, v_dim, spec.n_head), w),
+            (blk + "attn_gate.weight", (e, spec.n_head * v_dim), w),
+            (blk + "attn_output.weight", (spec.n_head * v_dim, e), w),
+        ]
+    if il < spec.dense_lead:
+        return [
+            *tensors,
+            (blk + "ffn_gate.weight", (e, spec.n_ff), w),
+            (blk + "ffn_up.weight", (e, spec.n_ff), w),
+            (blk + "ffn_down.weight", (spec.n_ff, e), w),
+        ]
+    shared = n_ff_exp * spec.n_expert_shared
+    return [
+        *tensors,
+        (blk + "ffn_gate_inp.weight", (e, n_expert), f32),
+        (blk + "exp_probs_b.bias", (n_expert,), f32),
+        (blk + "ffn_gate_exps.weight", (latent, n_ff_exp, n_expert), Q.MXFP4),
+        (blk + "ffn_up_exps.weight", (latent, n_ff_exp, n_expert), Q.MXFP4),
+        (blk + "ffn_down_exps.weight", (n_ff_exp, latent, n_expert), Q.MXFP4),
+        (blk + "ffn_routed_down.weight", (e, latent), w),
+        (blk + "ffn_routed_up.weight", (latent, e), w),
+        (blk + "ffn_routed_norm.weight", (latent,), f32),
+        (blk + "ffn_gate_shexp.weight", (e, shared), w),
+        (blk + "ffn_up_shexp.weight", (e, shared), w),
+        (blk + "ffn_down_shexp.weight", (shared, e), w),
+    ]
+
+
+def _rwkv6_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """An RWKV-6 block (llama.cpp's rwkv6.cpp load_arch_tensors); LoRA matrices in F16."""
+    assert spec.rwkv6 is not None
+    head, mix, decay = spec.rwkv6
+    f32, f16, w, e, blk = Q.F32, Q.F16, spec.weight_type, spec.n_embd, f"blk.{il}."
+    return [
+        *((blk + name, (e,), f32) for name in ("attn_norm.weight", "attn_norm.bias", "attn_norm_2.weight", "attn_norm_2.bias")),
+        (blk + "time_mix_w1.weight", (e, mix * 5), f16),
+        (blk + "time_mix_w2.weight", (mix, e, 5), f16),
+        (blk + "time_mix_lerp_x.weight", (e, 1, 1), f32),
+        (blk + "time_mix_lerp_fused.weight", (e, 1, 1, 5), f32),
+        (blk + "time_mix_first.weight", (head, e // head), f32),
+        (blk + "time_mix_decay.weight", (e,), f32),
+        (blk + "time_mix_decay_w1.weight", (e, decay), f16),
+        (blk + "time_mix_decay_w2.weight", (decay, e), f16),
+        (blk + "time_mix_key.weight", (e, e), w),
+        (blk + "time_mix_value.weight", (e, e), w),
+        (blk + "time_mix_receptance.weight", (e, e), w),
+        (blk + "time_mix_gate.weight", (e, e), w),
+        (blk + "time_mix_ln.weight", (e,), f32),
+        (blk + "time_mix_ln.bias", (e,), f32),
+        (blk + "time_mix_output.weight", (e, e), w),
+        (blk + "channel_mix_lerp_k.weight", (e, 1, 1), f32),
+        (blk + "channel_mix_lerp_r.weight", (e, 1, 1), f32),
+        (blk + "channel_mix_key.weight", (e, spec.n_ff), w),
+        (blk + "channel_mix_value.weight", (spec.n_ff, e), w),
+        (blk + "channel_mix_receptance.weight", (e, e), w),
+    ]
+
+
+def _jamba_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """One Jamba block (llama.cpp's jamba.cpp): a Mamba-1 mixer with normed dt, B and C, or
+    attention; then experts or a dense FFN."""
+    assert spec.mamba1 is not None and spec.attention_layers is not None and spec.experts is not None
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    kv_dim = spec.n_head_kv * spec.head_dim
+    if il in spec.attention_layers:
+        tensors = [
+            (blk + "attn_norm.weight", (e,), f32),
+            (blk + "attn_q.weight", (e, e), w),
+            (blk + "attn_k.weight", (e, kv_dim), w),
+            (blk + "attn_v.weight", (e, kv_dim), w),
+            (blk + "attn_output.weight", (e, e), w),
+        ]
+    else:
+        _, d_state, dt_rank = spec.mamba1
+        tensors = [
+            *_mamba1_block(spec, il),
+            (blk + "ssm_dt_norm.weight", (dt_rank,), f32),
+            (blk + "ssm_b_norm.weight", (d_state,), f32),
+            (blk + "ssm_c_norm.weight", (d_state,), f32),
+        ]
+    tensors.append((blk + "ffn_norm.weight", (e,), f32))
+    if spec.expert_layers is not None and il in spec.expert_layers:
+        n_expert = spec.experts[0]
+        return [
+            *tensors,
+            (blk + "ffn_gate_inp.weight", (e, n_expert), f32),
+            (blk + "ffn_gate_exps.weight", (e, spec.n_ff, n_expert), w),
+            (blk + "ffn_up_exps.weight", (e, spec.n_ff, n_expert), w),
+            (blk + "ffn_down_exps.weight", (spec.n_ff, e, n_expert), w),
+        ]
+    return [*tensors, (blk + "ffn_gate.weight", (e, spec.n_ff), w), (blk + "ffn_up.weight", (e, spec.n_ff), w), (blk + "ffn_down.weight", (spec.n_ff, e), w)]
+
+
 def _falcon_h1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """A Falcon-H1 block (llama.cpp's falcon-h1.cpp): mixer, attention and MLP together (its
     feed-forward norm is named without ".weight", as the loader asks for it)."""
@@ -385,6 +544,15 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     for il in range(spec.n_layer):
         blk = f"blk.{il}."
+        if spec.kimi_k3 is not None:
+            tensors += _kimi_k3_block(spec, il)
+            continue
+        if spec.arch == "jamba":
+            tensors += _jamba_block(spec, il)
+            continue
+        if spec.rwkv6 is not None:
+            tensors += _rwkv6_block(spec, il)
+            continue
         if spec.gated_delta_net is not None:
             tensors += _qwen3next_block(spec, il)
             continue
@@ -464,10 +632,12 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
                 (blk + "ffn_up.weight", (spec.n_embd, spec.n_ff), w),
                 (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
             ]
-    if spec.rwkv7 is not None:  # RWKV's embedding and output norms carry biases
+    if spec.rwkv7 is not None or spec.rwkv6 is not None:  # RWKV's embedding and output norms carry biases
         tensors += [(name, (spec.n_embd,), f32) for name in ("token_embd_norm.weight", "token_embd_norm.bias", "output_norm.weight", "output_norm.bias")]
     else:
         tensors.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", (spec.n_embd,), f32))
+    if spec.kimi_k3 is not None:
+        tensors.append(("output_res_score.weight", (spec.n_embd,), f32))
     if not spec.tied_output:
         tensors.append(("output.weight", (spec.n_embd, spec.n_vocab), spec.output_type))
     return tensors
@@ -492,11 +662,24 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
         writer.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
         writer.add_uint32(f"{a}.token_shift_count", 2)
         writer.add_uint32(f"{a}.attention.head_count_kv", 0)
+    elif spec.rwkv6 is not None:
+        head, mix, decay = spec.rwkv6
+        writer.add_uint32(f"{a}.wkv.head_size", head)
+        writer.add_uint32(f"{a}.time_mix_extra_dim", mix)
+        writer.add_uint32(f"{a}.time_decay_extra_dim", decay)
+        writer.add_uint32(f"{a}.rescale_every_n_layers", 6)
+        writer.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
+        writer.add_uint32(f"{a}.attention.head_count_kv", 0)
     elif spec.falcon_h1 is not None:
         d_conv, d_state, n_group, n_head, d_inner = spec.falcon_h1
         for key, value in {"conv_kernel": d_conv, "state_size": d_state, "group_count": n_group, "time_step_rank": n_head, "inner_size": d_inner}.items():
             writer.add_uint32(f"{a}.ssm.{key}", value)
         writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    elif spec.arch == "jamba" and spec.mamba1 is not None and spec.attention_layers is not None:
+        writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if il in spec.attention_layers else 0 for il in range(spec.n_layer)])
+        d_conv, d_state, dt_rank = spec.mamba1
+        for key, value in {"conv_kernel": d_conv, "state_size": d_state, "time_step_rank": dt_rank, "inner_size": 2 * spec.n_embd}.items():
+            writer.add_uint32(f"{a}.ssm.{key}", value)
     elif spec.mamba1 is not None:
         d_conv, d_state, dt_rank = spec.mamba1
         for key, value in {"conv_kernel": d_conv, "state_size": d_state, "time_step_rank": dt_rank, "inner_size": 2 * spec.n_embd}.items():
