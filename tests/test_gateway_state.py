@@ -199,11 +199,14 @@ def test_an_old_database_is_migrated_without_losing_a_row(tmp_path: Path, schema
     finally:
         store.close()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
         columns = "time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason"
         assert db.execute(f"SELECT {columns} FROM usage WHERE id <= 3 ORDER BY id").fetchall() == rows
         assert db.execute("SELECT request_id FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), ("chatcmpl-after",)]
         assert db.execute("SELECT user, amount_usd FROM reservations").fetchall() == [("alice", 0.25)]
+        # The old rows' cost, carried into the per-day totals budgets are checked against.
+        days = db.execute("SELECT user, day, cost_usd FROM spend_by_day ORDER BY day").fetchall()
+        assert days[0][:2] == ("alice", 0.0) and days[0][2] == pytest.approx(3 * 0.001)
     SqliteStore(tmp_path / "state").close()  # opening a current database again changes nothing
 
 
@@ -213,8 +216,32 @@ def test_a_database_newer_than_this_code_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         db.execute("PRAGMA user_version = 99")
-    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 2"):
+    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 3"):
         SqliteStore(tmp_path / "state")
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 99  # untouched: still in rollback-journal mode
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_the_budget_check_reads_the_days_the_settlements_added_up(tmp_path: Path) -> None:
+    """What a reservation is checked against is what the usage rows of the period cost (kept as
+    per-day totals by every settlement), plus what is held."""
+    import sqlite3
+
+    from tierlocal.gateway.store.base import period_start
+
+    store = SqliteStore(tmp_path / "state")
+    try:
+        for index in range(50):
+            held = store.reserve("alice", 0.5, 100.0, "month")
+            assert held is not None
+            store.settle(held, UsageRecord("alice", "kimi-k3", "kimi-k3", "hosted", 200, 10, 0, 5, cost_usd=0.01 * (index % 3)))
+        store.settle(None, UsageRecord("bob", "kimi-k3", "kimi-k3", "hosted", 200, 10, 0, 5, cost_usd=7.0))
+        open_hold = store.reserve("alice", 0.25, 100.0, "month")
+        assert open_hold is not None
+        spent = store.spent("alice", "month")
+    finally:
+        store.close()
+    with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
+        rows = db.execute("SELECT SUM(cost_usd) FROM usage WHERE user = 'alice' AND time >= ?", (period_start("month"),)).fetchone()[0]
+    assert spent == pytest.approx(rows + 0.25) == pytest.approx(0.01 * sum(index % 3 for index in range(50)) + 0.25)

@@ -1,7 +1,12 @@
 """The gateway's books: a budgeted request's worst case reserved before it is sent, the
 reservation replaced by what the upstream's ``usage`` says it cost, one usage row per request,
 and the spend, token and latency metrics that follow. The store is called on one worker thread
-(SQLite has one writer; a Redis call would block the event loop too)."""
+(SQLite has one writer; a Redis call would block the event loop too).
+
+Reservations and settlements are group-committed: while one batch is being written, the
+requests that reach the books queue up, and the next batch writes them all in one transaction.
+Each request still waits for its own batch's commit (a usage row is durable before the
+response's last byte), and no request waits for a timer: under no load a batch is one request."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from .metrics import Metrics
 from .pricing import Usage, cost_usd
 from .protocol import printable
 from .store import Store, UsageRecord
+from .store.base import BookOperation, Reserve, Settle
 from .wire import Exchange, Reject
 
 __all__ = ["Ledger"]
@@ -33,6 +39,8 @@ class Ledger:
     def __init__(self, config: GatewayConfig, store: Store, metrics: Metrics, secrets: tuple[str, ...]) -> None:
         self.config, self.store, self.metrics, self.secrets = config, store, metrics, secrets
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-store")
+        self._pending: list[tuple[BookOperation, asyncio.Future[int | float | None]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def call(self, function: Callable[..., _T], *args: object) -> _T:
         """``function(*args)`` on the store's thread."""
@@ -40,6 +48,32 @@ class Ledger:
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
+
+    async def book(self, operation: BookOperation) -> int | float | None:
+        """``operation``'s result, once the batch it joined is committed."""
+        future: asyncio.Future[int | float | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((operation, future))
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_batches())
+        return await future
+
+    async def _write_batches(self) -> None:
+        """Write what has queued, one transaction per batch, until nothing is left."""
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    results = await self.call(self.store.run_batch, [operation for operation, _ in batch])
+                except Exception as exc:  # every request of the batch fails as it would alone
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(batch, results, strict=True):
+                    if not future.done():
+                        future.set_result(result)
+        finally:
+            self._writer = None
 
     def price(self, route: Route, target: Target) -> ApiPrices | None:
         """USD per million tokens for ``target`` (by its model, else the route's)."""
@@ -68,7 +102,7 @@ class Ledger:
                 )  # fmt: skip
             worst = max(worst, cost_usd(prices, Usage(input_bound, 0, output_bound)))
         assert user.budget_usd is not None
-        reservation = await self.call(self.store.reserve, user.name, worst, user.budget_usd, user.budget_period)
+        reservation = await self.book(Reserve(user.name, worst, user.budget_usd, user.budget_period))
         if reservation is None:
             spent = await self.call(self.store.spent, user.name, user.budget_period)
             self.metrics.requests.labels(route.model, "429").inc()
@@ -76,7 +110,7 @@ class Ledger:
                 429, f"budget reached for user {user.name!r}: ${spent:.4f} of ${user.budget_usd:.2f} this {user.budget_period} is spent or held, and this request may cost up to ${worst:.4f}",
                 "insufficient_quota", "budget_exceeded", should_retry=False,
             )  # fmt: skip
-        return reservation
+        return int(reservation)
 
     async def settle(self, exchange: Exchange, reservation: int | None) -> None:
         """Replace the reservation by the request's cost, write its usage row, count it."""
@@ -94,9 +128,9 @@ class Ledger:
             usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason, exchange.request_id,
             exchange.request_body, self.redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
         )  # fmt: skip
-        await self.call(self.store.settle, reservation, record)
-        if exchange.user.budget_usd is not None:
-            spent = await self.call(self.store.spent, exchange.user.name, exchange.user.budget_period)
+        budgeted = exchange.user.budget_usd is not None
+        spent = await self.book(Settle(reservation, record, exchange.user.budget_period if budgeted else None))
+        if exchange.user.budget_usd is not None and spent is not None:
             self.metrics.budget_remaining.labels(exchange.user.name).set(max(exchange.user.budget_usd - spent, 0.0))
         self._count(exchange, usage, cost, latency_ms, reason)
 

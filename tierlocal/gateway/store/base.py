@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -19,6 +20,10 @@ __all__ = [
     "RESERVATION_TTL_S",
     "KeyInfo",
     "UsageRecord",
+    "Reserve",
+    "Settle",
+    "BookOperation",
+    "run_one_by_one",
     "SharedLimiter",
     "Store",
     "hash_key",
@@ -111,6 +116,42 @@ class SharedLimiter(Protocol):
     def release(self, ticket: Any, tokens_used: int | None) -> None: ...
 
 
+@dataclass(frozen=True)
+class Reserve:
+    """Hold ``amount_usd`` for ``user`` if the period's spend plus holds stays within the
+    budget; its result is the reservation id, or None when it would not."""
+
+    user: str
+    amount_usd: float
+    budget_usd: float
+    period: str
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Replace a reservation by a finished request's usage row; its result is the user's spend
+    plus holds in ``period`` afterwards (None without a period)."""
+
+    reservation_id: int | None
+    record: UsageRecord
+    period: str | None = None
+
+
+BookOperation = Reserve | Settle
+
+
+def run_one_by_one(store: Store, operations: Sequence[BookOperation]) -> list[int | float | None]:
+    """:meth:`Store.run_batch` for a store without a cheaper way: each operation on its own."""
+    results: list[int | float | None] = []
+    for operation in operations:
+        if isinstance(operation, Reserve):
+            results.append(store.reserve(operation.user, operation.amount_usd, operation.budget_usd, operation.period))
+        else:
+            store.settle(operation.reservation_id, operation.record)
+            results.append(None if operation.period is None else store.spent(operation.record.user, operation.period))
+    return results
+
+
 class Store(Protocol):
     """What the gateway needs of its state: SQLite (sqlite.SqliteStore) or Redis (redis.RedisStore)."""
 
@@ -123,5 +164,10 @@ class Store(Protocol):
     def reserve(self, user: str, amount_usd: float, budget_usd: float, period: str) -> int | None: ...
     def spent(self, user: str, period: str) -> float: ...
     def settle(self, reservation_id: int | None, record: UsageRecord) -> None: ...
+    def run_batch(self, operations: Sequence[BookOperation]) -> list[int | float | None]:
+        """Run reservations and settlements in order, committed together where the store can
+        (one transaction for SQLite): every one is durable when this returns."""
+        ...
+
     def first_usage_time(self) -> float | None: ...
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]: ...

@@ -15,13 +15,25 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...errors import UsageError
 from ..config import User
 from ..limits import WINDOW_S
-from .base import RESERVATION_TTL_S, SHOWN_PREFIX_CHARS, KeyInfo, UsageRecord, hash_key, looks_like_key, new_key, period_start
+from .base import (
+    RESERVATION_TTL_S,
+    SHOWN_PREFIX_CHARS,
+    BookOperation,
+    KeyInfo,
+    UsageRecord,
+    hash_key,
+    looks_like_key,
+    new_key,
+    period_start,
+    run_one_by_one,
+)
 
 try:
     import redis
@@ -230,6 +242,10 @@ class RedisStore:
         fields["time"] = repr(now)
         pipe.xadd(PREFIX + "usage", fields)
         pipe.execute()
+
+    def run_batch(self, operations: Sequence[BookOperation]) -> list[int | float | None]:
+        """Each operation in its own Redis transaction (they are atomic one by one)."""
+        return run_one_by_one(self, operations)
 
     # --- reports ------------------------------------------------------------------------------
 
