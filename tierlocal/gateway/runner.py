@@ -197,6 +197,7 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
     store = open_store(config)
     try:
         _ensure_key(config, store)
+        store.maintain_in_background()
         serving = _serve(create_app(config, store), config, context)
         if uvloop is not None:
             uvloop.run(serving)  # libuv's loop: measurably less overhead per request (bench/gateway_overhead.py)

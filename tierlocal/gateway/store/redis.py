@@ -171,6 +171,9 @@ class RedisStore:
     def close(self) -> None:
         self._redis.close()
 
+    def maintain_in_background(self) -> None:
+        """Nothing: Redis keeps itself."""
+
     def shared_limiter(self) -> RedisRateLimiter:
         """Rate limits every replica shares."""
         return RedisRateLimiter(self._redis)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -52,6 +53,11 @@ def _usage_ids_and_bodies(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE usage ADD COLUMN {column} TEXT")
 
 
+#: Seconds between background checkpoints (:meth:`SqliteStore.maintain_in_background`).
+CHECKPOINT_EVERY_S = 0.5
+#: Write-ahead-log pages after which a commit checkpoints by itself (SQLite's default is 1,000;
+#: the background thread normally keeps the log far below this, about 40 MiB).
+AUTOCHECKPOINT_PAGES = 10_000
 #: Seconds in a UTC day: every budget period starts at a UTC midnight (base.period_start).
 _DAY_S = 86400
 
@@ -108,6 +114,8 @@ class SqliteStore:
         """
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = state_dir / "gateway.sqlite3"
+        self._checkpointer: threading.Thread | None = None
+        self._checkpoint_stop: threading.Event | None = None
         self._connection = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         os.chmod(self.path, 0o600)
         try:
@@ -119,7 +127,36 @@ class SqliteStore:
             raise UsageError(f"{self.path}: {exc}", hint="upgrade tierlocal, or give the gateway another state_dir; nothing was changed") from None
 
     def close(self) -> None:
+        if self._checkpoint_stop is not None:
+            self._checkpoint_stop.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(10)
         self._connection.close()
+
+    def maintain_in_background(self, every_s: float = CHECKPOINT_EVERY_S) -> None:
+        """Copy the write-ahead log into the database file from a thread and connection of its
+        own, every ``every_s`` seconds (PASSIVE: it never blocks a writer), so no request's
+        commit waits for the fsync a checkpoint does — on this machine that wait was the 1-client
+        p99 (4.4 ms against 1.3 ms without). SQLite's own checkpoint at
+        :data:`AUTOCHECKPOINT_PAGES` stays as the bound should this thread fall behind."""
+        if self._checkpointer is not None:
+            return
+        self._connection.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+        stop = self._checkpoint_stop = threading.Event()
+
+        def checkpoint() -> None:
+            connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            try:
+                while not stop.wait(every_s):
+                    try:
+                        connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    except sqlite3.Error:  # busy or locked: the next round, or SQLite's own, does it
+                        pass
+            finally:
+                connection.close()
+
+        self._checkpointer = threading.Thread(target=checkpoint, name="gateway-checkpoint", daemon=True)
+        self._checkpointer.start()
 
     def shared_limiter(self) -> None:
         """None: one process, whose own limiter (limits.py) is the whole truth."""
