@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import httpx2
 import openai
+import psutil
 import pytest
 
 from tests.support.assets import Assets
@@ -338,21 +339,29 @@ def test_capacity_spills_to_the_next_target_instead_of_queueing(tmp_path: Path, 
         assert targets == sorted([local_engine.url, local_engine.url, hosted_engine.url])
 
 
-def test_rate_limit_answers_429_with_retry_after(tmp_path: Path, local_engine: Engine) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rate_limit_answers_429_with_retry_after(tmp_path: Path, local_engine: Engine, workers: int) -> None:
+    """With 2 worker processes the limit is shared (each request on a new connection, so the
+    kernel spreads them), and /metrics from either counts both."""
     body = route("qwen3-14b", local(local_engine.url)) + '[[users]]\nname = "alice"\nrequests_per_minute = 2\n'
-    with gateway(tmp_path, body) as gw:
+    with gateway(tmp_path, body, workers=workers) as gw:
         for _ in range(2):
             assert httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60).status_code == 200
-        limited = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
-        assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
-        assert 1 <= int(limited.headers["Retry-After"]) <= 60
+        for _ in range(3):
+            limited = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
+            assert limited.status_code == 429 and limited.json()["error"]["code"] == "rate_limit_exceeded"
+            assert 1 <= int(limited.headers["Retry-After"]) <= 60
         assert len(usage_rows(gw)) == 2  # a refused request is never admitted
+        for _ in range(4):
+            metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers(), timeout=10).text
+            assert 'tierlocal_gateway_requests_total{model="qwen3-14b",status="200"} 2.0' in metrics
 
 
-def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted_engine: Engine) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted_engine: Engine, workers: int) -> None:
     budget = 0.005
     body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + f'[[users]]\nname = "bob"\nbudget_usd = {budget}\nbudget_period = "day"\n'
-    with gateway(tmp_path, body, user="bob", env=ENV) as gw:
+    with gateway(tmp_path, body, user="bob", env=ENV, workers=workers) as gw:
         request = {**CHAT, "model": "kimi-k3"}
         with ThreadPoolExecutor(50) as pool:
             burst = list(pool.map(lambda _: httpx2.post(gw.url + "/chat/completions", json=request, headers=gw.headers(), timeout=120), range(50)))
@@ -492,11 +501,14 @@ def test_readiness_is_notified_on_a_real_datagram_socket(tmp_path: Path, local_e
             assert "STOPPING=1" in receiver.recv(4096).decode()
 
 
-def test_kill_9_under_load_loses_and_doubles_no_completed_request(tmp_path: Path, local_engine: Engine) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_kill_9_under_load_loses_and_doubles_no_completed_request(tmp_path: Path, local_engine: Engine, workers: int) -> None:
+    """With 2 workers every gateway process is killed -9 (the workers first, so none is told
+    to stop gracefully)."""
     completed: list[str] = []
     lock = threading.Lock()
     stop = threading.Event()
-    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url))) as gw:
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url)), workers=workers) as gw:
 
         def worker() -> None:
             while not stop.is_set():
@@ -514,7 +526,9 @@ def test_kill_9_under_load_loses_and_doubles_no_completed_request(tmp_path: Path
         deadline = time.monotonic() + 60
         while len(completed) < 10 and time.monotonic() < deadline:
             time.sleep(0.1)
-        gw.process.kill()  # SIGKILL while requests are in flight
+        for child in psutil.Process(gw.process.pid).children():
+            child.kill()  # SIGKILL while requests are in flight
+        gw.process.kill()
         gw.process.wait()
         stop.set()
         for thread in threads:

@@ -199,7 +199,7 @@ def test_an_old_database_is_migrated_without_losing_a_row(tmp_path: Path, schema
     finally:
         store.close()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 4
         columns = "time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason"
         assert db.execute(f"SELECT {columns} FROM usage WHERE id <= 3 ORDER BY id").fetchall() == rows
         assert db.execute("SELECT request_id FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), ("chatcmpl-after",)]
@@ -216,7 +216,7 @@ def test_a_database_newer_than_this_code_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         db.execute("PRAGMA user_version = 99")
-    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 3"):
+    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 4"):
         SqliteStore(tmp_path / "state")
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 99  # untouched: still in rollback-journal mode

@@ -158,3 +158,9 @@ def ollama_models_dir() -> Path:
     """Ollama's model store: ``$OLLAMA_MODELS``, else ``~/.ollama/models``."""
     value = os.environ.get("OLLAMA_MODELS")
     return Path(value) if value else Path.home() / ".ollama" / "models"
+
+
+def use_metrics_dir(path: str) -> None:
+    """Point prometheus_client's multiprocess mode at ``path`` (PROMETHEUS_MULTIPROC_DIR,
+    which it reads as each metric is made): a gateway worker's metrics go there."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path

@@ -47,13 +47,15 @@ def add_key(config: Path, user: str) -> str:
 
 
 @contextmanager
-def gateway(directory: Path, body: str, *, user: str | None = "alice", env: dict[str, str] | None = None, server: str = "") -> Iterator[RunningGateway]:
-    """Write the config, make a key for ``user`` (None: none), start the gateway, wait for
-    /health, stop it with SIGTERM afterwards."""
+def gateway(
+    directory: Path, body: str, *, user: str | None = "alice", env: dict[str, str] | None = None, server: str = "", workers: int = 1
+) -> Iterator[RunningGateway]:
+    """Write the config, make a key for ``user`` (None: none), start the gateway (with
+    ``workers`` processes), wait for /health, stop it with SIGTERM afterwards."""
     config, port = write_config(directory, body, server=server)
     key = add_key(config, user) if user else ""
     log = directory / "gateway.log"
-    argv = [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)]
+    argv = [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config), "--workers", str(workers)]
     environment = {**(env or {}), "PYTHONPATH": str(REPO_ROOT)}
     with started(argv, log, f"http://127.0.0.1:{port}/health", environment, timeout_s=60) as process:
         yield RunningGateway(f"http://127.0.0.1:{port}/v1", key, config, directory / "state", log, process)

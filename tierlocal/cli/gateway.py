@@ -29,8 +29,15 @@ def _config(path: Path | None) -> GatewayConfig:
 @_config_option
 @click.option("--host", help="Listen address (default: the config's, else 127.0.0.1). Any non-loopback address needs a gateway key.")
 @click.option("--port", type=click.IntRange(1, 65535), help="Listen port (default: the config's, else 8088).")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Processes serving the port (SO_REUSEPORT), sharing keys, budgets, rate limits and usage through the store; "
+    "each keeps its own view of target health (default: 1; `service install gateway`: the CPU cores).",
+)
 @click.pass_context
-def gateway(context: click.Context, config_path: Path | None, host: str | None, port: int | None) -> None:
+def gateway(context: click.Context, config_path: Path | None, host: str | None, port: int | None, workers: int | None) -> None:
     """The OpenAI-compatible fallback gateway. Without a subcommand: serve in the foreground.
 
     Clients send a gateway key as their API key; each model id routes to its targets in order
@@ -44,7 +51,7 @@ def gateway(context: click.Context, config_path: Path | None, host: str | None, 
     config = _config(config_path)
     server = config.server
     config = replace(config, server=replace(server, host=host or server.host, port=port or server.port))
-    run_gateway(config, discover=config_path is None)
+    run_gateway(config, discover=config_path is None, workers=workers or 1)
 
 
 @gateway.group()

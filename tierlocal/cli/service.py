@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pwd
 import shutil
 import subprocess
@@ -135,6 +136,12 @@ def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool
 @click.option("--host", help="Listen address (any non-loopback address needs a gateway key).")
 @click.option("--port", type=click.IntRange(1, 65535), help="Listen port.")
 @click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Gateway processes on the port (default: this machine's CPU cores; see `tierlocal gateway --workers`).",
+)
+@click.option(
     "--credential",
     "credentials",
     multiple=True,
@@ -145,7 +152,14 @@ def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
 def install_gateway(
-    config_path: Path | None, host: str | None, port: int | None, credentials: tuple[str, ...], user: str, directory: Path, dry_run: bool
+    config_path: Path | None,
+    host: str | None,
+    port: int | None,
+    workers: int | None,
+    credentials: tuple[str, ...],
+    user: str,
+    directory: Path,
+    dry_run: bool,
 ) -> None:
     """Write tierlocal-gateway.service: Type=notify, Restart=on-failure, a dedicated user,
     ProtectSystem=strict with the state directory writable, PrivateDevices, and each upstream
@@ -170,6 +184,7 @@ def install_gateway(
         args += ["--host", host]
     if port:
         args += ["--port", str(port)]
+    args += ["--workers", str(workers or os.cpu_count() or 1)]
     state_dir = config.server.state_dir if config_path is not None else Path("/var/lib/tierlocal/gateway")
     text = render_gateway_unit(GatewayUnit(tuple(args), config_path, user, state_dir, tuple(pairs)))
     if needed:

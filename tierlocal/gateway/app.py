@@ -14,6 +14,7 @@ import asyncio
 import logging
 import random
 import time
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -47,18 +48,19 @@ POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
 
 
-def create_app(config: GatewayConfig, store: Store) -> web.Application:
-    """The gateway's aiohttp application for ``config``, keeping its state in ``store``."""
-    return Gateway(config, store).app()
+def create_app(config: GatewayConfig, store: Store, *, metrics_dir: Path | None = None) -> web.Application:
+    """The gateway's aiohttp application for ``config``, keeping its state in ``store``
+    (``metrics_dir``: one of several worker processes, whose metrics are summed from there)."""
+    return Gateway(config, store, metrics_dir).app()
 
 
 class Gateway:
     """The aiohttp application and the state it routes with."""
 
-    def __init__(self, config: GatewayConfig, store: Store) -> None:
+    def __init__(self, config: GatewayConfig, store: Store, metrics_dir: Path | None = None) -> None:
         self.config = config
         self.store = store
-        self.metrics = Metrics()
+        self.metrics = Metrics(metrics_dir)
         self.limiter = RateLimiter()
         self.shared_limiter = store.shared_limiter()  # Redis: one sliding minute for every replica
         self.states: dict[Target, TargetState] = {}

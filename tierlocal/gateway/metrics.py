@@ -1,10 +1,14 @@
-"""The gateway's Prometheus metrics, in a registry of its own (nothing global).
+"""The gateway's Prometheus metrics, in a registry of its own (nothing global); with several
+worker processes, each writes prometheus_client's multiprocess files and /metrics sums them.
 
 Labels hold route ids, target URLs and user names — never keys or message text."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 __all__ = ["Metrics"]
 
@@ -12,8 +16,11 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: Path | None = None) -> None:
+        """``multiprocess_dir``: where every worker's values are (prometheus_client's value
+        class must already write there); None for one process."""
         self.registry = CollectorRegistry()
+        self._multiprocess_dir = multiprocess_dir
         self.requests = Counter("tierlocal_gateway_requests", "Client requests by route and status", ["model", "status"], registry=self.registry)
         self.upstream = Counter("tierlocal_gateway_upstream_requests", "Upstream attempts by target and outcome", ["target", "outcome"], registry=self.registry)
         self.fallbacks = Counter(
@@ -25,8 +32,16 @@ class Metrics:
         )
         self.tokens = Counter("tierlocal_gateway_tokens", "Tokens by route and kind (prompt, cached, completion)", ["model", "kind"], registry=self.registry)
         self.spend = Counter("tierlocal_gateway_spend_usd", "Spend in USD by route", ["model"], registry=self.registry)
-        self.budget_remaining = Gauge("tierlocal_gateway_budget_remaining_usd", "Budget left this period, by user", ["user"], registry=self.registry)
-        self.in_flight = Gauge("tierlocal_gateway_in_flight", "Requests being served, by target", ["target"], registry=self.registry)
+        self.budget_remaining = Gauge(
+            "tierlocal_gateway_budget_remaining_usd", "Budget left this period, by user", ["user"], registry=self.registry, multiprocess_mode="mostrecent"
+        )
+        self.in_flight = Gauge(
+            "tierlocal_gateway_in_flight", "Requests being served, by target", ["target"], registry=self.registry, multiprocess_mode="livesum"
+        )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(self._multiprocess_dir))
+        return generate_latest(registry)

@@ -4,14 +4,21 @@ built-in configuration, TLS, readiness for systemd, a clean stop on SIGTERM/SIGI
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import resource
+import shutil
 import signal
+import socket
 import ssl
 import sys
+import tempfile
+import time
+from collections.abc import Coroutine
 from dataclasses import replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -141,10 +148,12 @@ def _ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
     return context
 
 
-async def _serve(app: web.Application, config: GatewayConfig, context: ssl.SSLContext | None) -> None:
+async def _serve(app: web.Application, config: GatewayConfig, context: ssl.SSLContext | None, *, worker: bool = False) -> None:
+    """Listen and serve until SIGTERM/SIGINT. A ``worker`` shares the port with its siblings
+    (SO_REUSEPORT: the kernel spreads connections) and leaves readiness to its supervisor."""
     runner = web.AppRunner(app, access_log=None, handler_cancellation=False)
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=context, backlog=1024)
+    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=context, backlog=1024, reuse_port=worker or None)
     try:
         await site.start()
     except OSError as exc:
@@ -152,17 +161,25 @@ async def _serve(app: web.Application, config: GatewayConfig, context: ssl.SSLCo
         raise UsageError(
             f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror}", hint="choose another --port, or stop what holds it"
         ) from None
-    scheme = "https" if context else "http"
-    routes = ", ".join(route.model for route in config.routes) or "none"
-    print(f"gateway on {scheme}://{config.server.host}:{config.server.port}/v1 — models: {routes}", file=sys.stderr, flush=True)
-    notify("READY=1", f"STATUS=serving {len(config.routes)} model(s) on port {config.server.port}")
+    if not worker:
+        _announce(config, context)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
-    notify("STOPPING=1")
+    if not worker:
+        notify("STOPPING=1")
     await runner.cleanup()
+
+
+def _announce(config: GatewayConfig, context: ssl.SSLContext | None, workers: int = 1) -> None:
+    """The listening line on stderr and READY=1 to systemd."""
+    scheme = "https" if context else "http"
+    routes = ", ".join(route.model for route in config.routes) or "none"
+    processes = f" ({workers} workers)" if workers > 1 else ""
+    print(f"gateway on {scheme}://{config.server.host}:{config.server.port}/v1 — models: {routes}{processes}", file=sys.stderr, flush=True)
+    notify("READY=1", f"STATUS=serving {len(config.routes)} model(s) on port {config.server.port}")
 
 
 def _raise_open_files_limit() -> None:
@@ -178,8 +195,9 @@ def _raise_open_files_limit() -> None:
         log.warning("could not raise the open-files limit from %d", soft)
 
 
-def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
-    """Serve until SIGTERM/SIGINT. ``discover`` adds routes for local engines' models."""
+def run_gateway(config: GatewayConfig, *, discover: bool, workers: int = 1) -> None:
+    """Serve until SIGTERM/SIGINT. ``discover`` adds routes for local engines' models;
+    ``workers`` > 1 serves from that many processes on one port (:func:`_run_workers`)."""
     configure_logging()
     if discover:
         engines = tuple(dict.fromkeys(served_engines() + LOCAL_ENGINES))
@@ -197,11 +215,117 @@ def run_gateway(config: GatewayConfig, *, discover: bool) -> None:
     store = open_store(config)
     try:
         _ensure_key(config, store)
+        if workers > 1:
+            store.close()  # each worker opens its own, after the fork
+            _run_workers(config, context, workers)
+            return
         store.maintain_in_background()
-        serving = _serve(create_app(config, store), config, context)
-        if uvloop is not None:
-            uvloop.run(serving)  # libuv's loop: measurably less overhead per request (bench/gateway_overhead.py)
-        else:
-            asyncio.run(serving)
+        _run_loop(_serve(create_app(config, store), config, context))
     finally:
         store.close()
+
+
+def _run_loop(serving: Coroutine[Any, Any, None]) -> None:
+    if uvloop is not None:
+        uvloop.run(serving)  # libuv's loop: measurably less overhead per request (bench/gateway_overhead.py)
+    else:
+        asyncio.run(serving)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _run_workers(config: GatewayConfig, context: ssl.SSLContext | None, workers: int) -> None:
+    """Serve from ``workers`` forked processes on one port (SO_REUSEPORT). They share keys,
+    budgets, rate limits and usage through the store (SQLite: one BEGIN IMMEDIATE per
+    reservation or admission, whichever process makes it; Redis: its scripts), and their
+    metrics through prometheus_client's multiprocess files, so /metrics from any worker counts
+    all of them. This process only supervises: READY once the port answers, SIGTERM/SIGINT
+    passed on, and if a worker dies the others are stopped and the gateway exits 1 (systemd
+    restarts it). Workers get SIGTERM if this process dies, even by kill -9."""
+    metrics_dir = Path(tempfile.mkdtemp(prefix="tierlocal-gateway-metrics-"))
+    children = []
+    for index in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                _worker(config, context, metrics_dir, index)
+                code = 0
+            except BaseException:
+                log.exception("gateway worker %d stopped", index)
+            finally:
+                os._exit(code)
+        children.append(pid)
+    try:
+        code = _supervise(config, context, children)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    if code:
+        raise SystemExit(code)
+
+
+def _worker(config: GatewayConfig, context: ssl.SSLContext | None, metrics_dir: Path, index: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    constants.use_metrics_dir(str(metrics_dir))
+    from prometheus_client import values
+
+    values.ValueClass = values.MultiProcessValue()  # metrics made from here on write to metrics_dir
+    store = open_store(config, shared_limits=True)
+    try:
+        if index == 0:
+            store.maintain_in_background()  # one checkpointer is enough
+        _run_loop(_serve(create_app(config, store, metrics_dir=metrics_dir), config, context, worker=True))
+    finally:
+        store.close()
+
+
+def _supervise(config: GatewayConfig, context: ssl.SSLContext | None, children: list[int]) -> int:
+    """Wait for the workers; the exit code the gateway ends with."""
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    announced = False
+    code = 0
+    alive = set(children)
+    while alive:
+        if not announced and not stopping and _port_answers(config):
+            _announce(config, context, len(children))
+            announced = True
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.05)
+            continue
+        alive.discard(pid)
+        if not stopping:
+            log.error("a gateway worker (pid %d) exited with status %d: stopping the others", pid, os.waitstatus_to_exitcode(status))
+            code = 1
+            stop(signal.SIGTERM, None)
+    if announced:
+        notify("STOPPING=1")
+    return code
+
+
+def _port_answers(config: GatewayConfig) -> bool:
+    host = "127.0.0.1" if config.server.host in ("0.0.0.0", "::", "") else config.server.host
+    try:
+        with socket.create_connection((host, config.server.port), timeout=0.2):
+            return True
+    except OSError:
+        return False

@@ -14,16 +14,17 @@ from .sqlite import SqliteStore
 __all__ = ["KEY_PREFIX", "KeyInfo", "SharedLimiter", "SqliteStore", "Store", "UsageRecord", "open_store", "period_start"]
 
 
-def open_store(config: GatewayConfig) -> Store:
+def open_store(config: GatewayConfig, *, shared_limits: bool = False) -> Store:
     """Redis when the config names the variable holding its URL (``[server] redis_url_env``),
-    else SQLite in ``state_dir``.
+    else SQLite in ``state_dir`` (``shared_limits``: rate limits kept in the database too, for
+    several gateway processes; Redis always shares them).
 
     Raises:
         UsageError: the variable is named but not set (or the redis client is missing).
     """
     name = config.server.redis_url_env
     if name is None:
-        return SqliteStore(config.server.state_dir)
+        return SqliteStore(config.server.state_dir, shared_limits=shared_limits)
     from .redis import RedisStore  # the optional redis client is imported only when asked for
 
     url = constants.secret_from_env(name) or credential(name)

@@ -25,6 +25,7 @@ __all__ = [
     "BookOperation",
     "run_one_by_one",
     "SharedLimiter",
+    "SharedTicket",
     "Store",
     "hash_key",
     "looks_like_key",
@@ -114,6 +115,16 @@ class SharedLimiter(Protocol):
 
     def admit(self, user: User, tokens: int, now: float) -> Any: ...
     def release(self, ticket: Any, tokens_used: int | None) -> None: ...
+
+
+@dataclass
+class SharedTicket:
+    """An admitted request in the shared limiter: release it once with the tokens it used."""
+
+    user: str
+    id: str
+    tokens: int
+    released: bool = False
 
 
 @dataclass(frozen=True)

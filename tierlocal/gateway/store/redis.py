@@ -16,7 +16,6 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ...errors import UsageError
@@ -27,6 +26,7 @@ from .base import (
     SHOWN_PREFIX_CHARS,
     BookOperation,
     KeyInfo,
+    SharedTicket,
     UsageRecord,
     hash_key,
     looks_like_key,
@@ -113,16 +113,6 @@ if used ~= '' then
 end
 return 1
 """
-
-
-@dataclass
-class SharedTicket:
-    """An admitted request in the shared limiter: release it once with the tokens it used."""
-
-    user: str
-    id: str
-    tokens: int
-    released: bool = False
 
 
 class RedisRateLimiter:
