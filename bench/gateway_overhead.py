@@ -11,6 +11,10 @@ each stream, the added latency (gateway − direct) and requests/s. Then it soak
 installed apart: it is not a tierlocal dependency) the same load runs through LiteLLM too.
 
     .venv/bin/python -m bench.gateway_overhead [--requests 2000] [--soak-s 600] [--litellm /tmp/llvenv/bin/litellm]
+    .venv/bin/python -m bench.gateway_overhead --wrk [--workers 2] [--litellm …]   # bench/gateway_wrk.py
+
+``--wrk`` runs the other measurement instead: wrk against a static nginx upstream, non-streaming,
+with a budgeted user (bench/gateway_wrk.py).
 
 Everything shares this machine's cores, so absolute times drift; the ratios are the figure.
 """
@@ -167,6 +171,12 @@ def start_litellm(binary: str, directory: Path, upstream_port: int) -> tuple[sub
 
 
 def main() -> None:
+    if "--wrk" in sys.argv[1:]:
+        from bench import gateway_wrk
+
+        sys.argv = [arg for arg in sys.argv if arg != "--wrk"]
+        gateway_wrk.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per round at 50 and 200 streams (a tenth at 1)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per concurrency")
