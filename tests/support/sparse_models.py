@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-from tierlocal.gguf.synthetic import add_placeholder_vocab, finish_sparse
+from tierlocal.gguf.synthetic import add_placeholder_vocab, finish_with_tensors
 
 Q = GGMLQuantizationType
 
@@ -748,12 +748,7 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     add_placeholder_vocab(writer, spec.n_vocab)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
-    total = 0
-    for name, shape, qtype in _tensors(spec):
-        n_bytes = _bytes(qtype, shape)
-        writer.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes, raw_dtype=qtype)
-        total += -(-n_bytes // 32) * 32
-    return finish_sparse(writer, path, total)
+    return finish_with_tensors(writer, path, _tensors(spec))
 
 
 if __name__ == "__main__":  # write them for a look: python -m tests.support.sparse_models DIR

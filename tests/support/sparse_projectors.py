@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-from tierlocal.gguf.synthetic import finish_sparse
+from tierlocal.gguf.synthetic import finish_with_tensors
 
 Q = GGMLQuantizationType
 
@@ -101,9 +101,4 @@ def write_sparse_projector(path: Path, spec: SparseProjector) -> Path:
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    total = 0
-    for name, shape, qtype in projector_tensors(spec):
-        n_bytes = _bytes(qtype, shape)
-        writer.add_tensor_info(name, tuple(reversed(shape)), np.dtype(np.float32), n_bytes, raw_dtype=qtype)
-        total += -(-n_bytes // 32) * 32
-    return finish_sparse(writer, path, total)
+    return finish_with_tensors(writer, path, projector_tensors(spec))

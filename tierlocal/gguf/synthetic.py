@@ -7,13 +7,14 @@ I/O: the one file it writes."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
-__all__ = ["ProbeShape", "write_probe_gguf", "add_placeholder_vocab", "finish_sparse"]
+__all__ = ["ProbeShape", "write_probe_gguf", "add_placeholder_vocab", "finish_sparse", "finish_with_tensors"]
 
 _ALIGN = 32
 
@@ -99,9 +100,15 @@ def write_probe_gguf(path: Path, shape: ProbeShape) -> Path:
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
     add_placeholder_vocab(writer, shape.n_vocab)
+    tensors = [(name, dims, qtype if len(dims) >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32) for name, dims in _matrices(shape)]
+    return finish_with_tensors(writer, path, tensors)
+
+
+def finish_with_tensors(writer: GGUFWriter, path: Path, tensors: Iterable[tuple[str, tuple[int, ...], GGMLQuantizationType]]) -> Path:
+    """Add every (name, ggml shape ne0-first, type) to the header, then write it with the
+    tensor data as a hole (:func:`finish_sparse`); returns ``path``."""
     data_bytes = 0
-    for name, dims in _matrices(shape):
-        tensor_type = qtype if len(dims) >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32
+    for name, dims, tensor_type in tensors:
         t_block, t_bytes = GGML_QUANT_SIZES[tensor_type]
         n_bytes = math.prod(dims) // t_block * t_bytes
         writer.add_tensor_info(name, tuple(reversed(dims)), np.dtype(np.float32), n_bytes, raw_dtype=tensor_type)
