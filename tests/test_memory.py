@@ -416,3 +416,22 @@ def test_jamba_state_and_attention_kv_match_the_real_engine(assets: Assets, tmp_
     # device total (7.2 GB of weights) is within 0.4%.
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.13
+
+
+@pytest.mark.parametrize("n_vocab", [65536, 65537])
+def test_an_output_matrix_whose_batch_product_the_device_cannot_bind_stays_in_ram(assets: Assets, tmp_path: Path, n_vocab: int) -> None:
+    """llama.cpp tests a weight's operation on a 512-token batch before offloading it: on
+    llvmpipe (128 MiB buffers) a 65,537-row output's f32 product (65,537 × 512 × 4 bytes) does
+    not fit, so the matrix stays in RAM; one row fewer and it is offloaded."""
+    from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
+
+    path = write_probe_gguf(tmp_path / "rows.gguf", ProbeShape("rows", 2, 512, 1024, 8, 8, 64, n_vocab, "Q8_0"))
+    spec = model_spec(read_headers(str(path)))
+    planned = weights_split(spec, spec.n_layer + 1, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
+    output = next(t for t in spec.tensors if t.name == "output.weight")
+    assert (output in planned.cpu_tensors) == (n_vocab == 65537)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "99", "--fit", "off", "-fa", "off", "--no-warmup", ctx=1024)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        log = log_path.read_text()
+    assert _buffers(_MODEL_LINE, log)["Vulkan0"] == pytest.approx(planned.gpu_bytes / _MIB, abs=0.01)

@@ -38,6 +38,8 @@ __all__ = [
     "kv_cache",
     "gpu_layers",
     "weights_split",
+    "device_binds",
+    "SUPPORT_TEST_TOKENS",
     "output_buffer_bytes",
     "compute_buffer_bytes",
     "host_compute_bytes",
@@ -203,22 +205,43 @@ class WeightsSplit:
     cpu_tensors: tuple[PlacedTensor, ...] = ()
 
 
+#: Tokens of the batch llama.cpp tests a weight's operation with when it picks the weight's
+#: device (llama-model-loader.cpp ``weight_buft_supported``).
+SUPPORT_TEST_TOKENS = 512
+
+
+def device_binds(tensor: PlacedTensor, max_tensor_bytes: int | None, n_expert_used: int = 1) -> bool:
+    """Whether a device whose buffers hold at most ``max_tensor_bytes`` can take ``tensor``'s
+    operation, as llama.cpp tests it: the weight itself, and for a matrix the f32 product of a
+    512-token batch (rows × 512 × 4 bytes; × the experts used for an expert tensor) must each
+    fit one buffer. On Mesa's llvmpipe (128 MiB) a 65,537-row output matrix therefore stays in
+    RAM while a 65,536-row one is offloaded (measured: Falcon-H1, Granite-4.0-H, RWKV-6)."""
+    if max_tensor_bytes is None:
+        return True
+    if tensor.n_bytes > max_tensor_bytes:
+        return False
+    if len(tensor.shape) < 2 or tensor.name.endswith(".bias") or ".ffn_gate_inp" in tensor.name:
+        return True
+    per_token = tensor.shape[1] * (n_expert_used if EXPERT_TENSOR.search(tensor.name) else 1)
+    return per_token * SUPPORT_TEST_TOKENS * 4 <= max_tensor_bytes
+
+
 def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> WeightsSplit:
     """Where ``-ngl ngl --n-cpu-moe n_cpu_moe`` puts the weights.
 
     Offloaded blocks, and with the output layer its tensors, go to the GPU; the token
     embedding always stays on the CPU. A tied output is the token embedding duplicated onto
     the output layer's device. ``--n-cpu-moe N`` keeps the expert tensors of blocks 0..N-1 on
-    the CPU. A tensor larger than the device can bind (``max_tensor_bytes``, e.g. Vulkan's
-    maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as llama.cpp falls
-    back when the device does not support the operation. CPU repack copies are host memory's
+    the CPU. A tensor the device cannot bind (:func:`device_binds` with ``max_tensor_bytes``,
+    e.g. Vulkan's maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as
+    llama.cpp falls back when the device does not support the operation. CPU repack copies are host memory's
     business (:mod:`tierlocal.fit.host_memory`).
     """
     on_gpu = gpu_layers(spec, ngl)
     expert_share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
 
-    def fits_device(n_bytes: int) -> bool:
-        return max_tensor_bytes is None or n_bytes <= max_tensor_bytes
+    def fits_device(tensor: PlacedTensor) -> bool:
+        return device_binds(tensor, max_tensor_bytes, spec.n_expert_used or 1)
 
     def read_per_token(tensor: PlacedTensor) -> float:
         return tensor.n_bytes * (expert_share if EXPERT_TENSOR.search(tensor.name) else 1.0)
@@ -228,12 +251,13 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
     cpu_tensors = []
     for tensor in spec.tensors:
         kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and EXPERT_TENSOR.search(tensor.name) is not None
-        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and fits_device(tensor.n_bytes):
+        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and fits_device(tensor):
             gpu += tensor.n_bytes
             gpu_read += read_per_token(tensor)
         else:
             cpu_tensors.append(tensor)
-    if spec.tied_output and on_gpu[spec.n_layer] and fits_device(spec.token_embd_bytes):
+    embedding = next((t for t in spec.tensors if t.layer == -1 and len(t.shape) >= 2), None)
+    if spec.tied_output and on_gpu[spec.n_layer] and (embedding is None or fits_device(embedding)):
         gpu += spec.token_embd_bytes
     mapped = 0
     for shard in {tensor.shard for tensor in cpu_tensors}:
@@ -349,7 +373,7 @@ def partial_offload_compute_bytes(
     staged = n_tokens * spec.n_embd * 4
     cpu_layers = {layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe}
     cpu_layer_tensors = [t for t in spec.tensors if t.layer in cpu_layers]
-    bindable = [t for t in cpu_layer_tensors if max_tensor_bytes is None or t.n_bytes <= max_tensor_bytes]
+    bindable = [t for t in cpu_layer_tensors if device_binds(t, max_tensor_bytes, spec.n_expert_used or 1)]
     experts = [t.n_bytes for t in bindable if EXPERT_TENSOR.search(t.name)]
     dense = [t.n_bytes for t in bindable if not EXPERT_TENSOR.search(t.name)]
     peak = max(compute, max(dense, default=0) + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged

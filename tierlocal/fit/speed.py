@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .device_speed import DeviceSpeed
 from .estimate import Machine, RunEstimate
-from .memory import EXPERT_TENSOR, cache_type_bytes, gpu_layers, weights_split
+from .memory import EXPERT_TENSOR, cache_type_bytes, device_binds, gpu_layers, weights_split
 from .model import ModelSpec, PlacedTensor
 
 __all__ = [
@@ -122,7 +122,7 @@ def run_features(
     if spec.tied_output:  # the output projection multiplies by the embedding matrix
         embedding = next((t for t in spec.tensors if t.layer == -1 and _is_matrix(t)), None)
         if embedding is not None:
-            fits = max_tensor_bytes is None or embedding.n_bytes <= max_tensor_bytes
+            fits = device_binds(embedding, max_tensor_bytes)
             account(embedding, "gpu" if layer_on_gpu[spec.n_layer] and fits else "host", True)
 
     for il in range(spec.n_layer):
