@@ -39,6 +39,7 @@ class _LazyGroup(click.Group):
         "engine": "tierlocal.cli.engine:engine",
         "gateway": "tierlocal.cli.gateway:gateway",
         "usage": "tierlocal.cli.gateway:usage",
+        "catalog": "tierlocal.cli.catalog:catalog",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
