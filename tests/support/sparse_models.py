@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
 from tierlocal.gguf.synthetic import add_placeholder_vocab, finish_with_tensors
@@ -173,12 +172,6 @@ DEEPSEEK_V2_LITE = SparseArch(
     "deepseek-v2-lite-q4k", "deepseek2", 27, 2048, 16, 1, 192, 10944, 102400, 163840,
     experts=(64, 6, 1408), mla=(512, 128, 64, 128), n_expert_shared=2, dense_lead=1,
 )  # fmt: skip
-
-
-def _bytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    elements = int(np.prod(shape))
-    return elements // block * size
 
 
 def _block_quant(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> GGMLQuantizationType:

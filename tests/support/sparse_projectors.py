@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
 
 from tierlocal.gguf.synthetic import finish_with_tensors
 
@@ -41,12 +40,6 @@ class SparseProjector:
 #: hidden 1152, intermediate 4304, 27 layers, 16 heads, 896 px, patch 14), projected to the
 #: 640-wide Gemma 3 270M we load it with (the published 4B projects to 2560).
 GEMMA3_SIGLIP_TO_270M = SparseProjector("gemma-3-siglip-mmproj-f16", "gemma3", 27, 1152, 4304, 16, 896, 14, 640)
-
-
-def _bytes(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> int:
-    block, size = GGML_QUANT_SIZES[qtype]
-    count = int(np.prod(shape))
-    return count // block * size
 
 
 def projector_tensors(spec: SparseProjector) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
