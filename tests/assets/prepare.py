@@ -368,10 +368,12 @@ def prepare() -> dict[str, str]:
     headers = step("vulkan headers", root / "vulkan-headers", build_vulkan_headers)
     source = step(f"llama.cpp source (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist)", root / "llama.cpp-src", build_llama_source)
     llama_src = source / "llama.cpp"
+    # The CPU build carries llama.cpp's RPC backend too (ggml-rpc-server, and --rpc in llama-server):
+    # two of them on loopback are the several devices a multi-GPU split is tested on.
     cpu = step(
-        "llama-server CPU build",
-        root / "llama-cpu",
-        lambda staging: _build_llama(staging, llama_src, [], ["llama-server", "llama-quantize", "llama-gguf-split"]),
+        "llama-server CPU build (with the RPC backend)",
+        root / "llama-cpu-rpc",
+        lambda staging: _build_llama(staging, llama_src, ["-DGGML_RPC=ON"], ["llama-server", "llama-quantize", "llama-gguf-split", "ggml-rpc-server"]),
     )
     vulkan = step(
         "llama-server Vulkan build",
@@ -389,6 +391,7 @@ def prepare() -> dict[str, str]:
         "llama_server_cpu": str(cpu / "bin" / "llama-server"),
         "llama_quantize": str(cpu / "bin" / "llama-quantize"),
         "llama_gguf_split": str(cpu / "bin" / "llama-gguf-split"),
+        "rpc_server": str(cpu / "bin" / "ggml-rpc-server"),
         "llama_server_vulkan": str(vulkan / "bin" / "llama-server"),
         "gemma_gguf": str(gemma / GEMMA_FILE),
         "gemma_sha256": (gemma / "SHA256SUMS").read_text().split()[0],

@@ -28,6 +28,8 @@ class Assets:
     llama_cpp_source: Path
     redis_server: Path
     redis_libs: Path
+    #: llama.cpp's RPC backend server, from the CPU build: the devices of a multi-device split.
+    rpc_server: Path
 
 
 def manifest_path() -> Path:
@@ -54,4 +56,5 @@ def load_assets() -> Assets | None:
         llama_cpp_source=Path(data["llama_cpp_source"]),
         redis_server=Path(data["redis_server"]),
         redis_libs=Path(data["redis_libs"]),
+        rpc_server=Path(data["rpc_server"]),
     )

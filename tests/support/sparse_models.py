@@ -7,6 +7,7 @@ The shapes follow the models' published config.json values."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,10 @@ class SparseArch:
     rwkv6: tuple[int, int, int] | None = None
     #: Jamba: the blocks whose FFN is the experts (the others dense).
     expert_layers: tuple[int, ...] | None = None
+    #: Gemma 3: a norm after attention and after the FFN in every block (post_attention_norm,
+    #: post_ffw_norm), and the sliding window the 5-of-6 local layers see.
+    post_norms: bool = False
+    sliding_window: int = 0
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -611,6 +616,8 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
         ]
         if spec.qk_norm:
             tensors += [(blk + "attn_q_norm.weight", (spec.head_dim,), f32), (blk + "attn_k_norm.weight", (spec.head_dim,), f32)]
+        if spec.post_norms:
+            tensors += [(blk + "post_attention_norm.weight", (spec.n_embd,), f32), (blk + "post_ffw_norm.weight", (spec.n_embd,), f32)]
         if spec.experts:
             n_expert, _, n_ff_exp = spec.experts
             tensors += [
@@ -636,11 +643,25 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     return tensors
 
 
-def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
-    """Write ``spec`` as a GGUF whose tensor data is a hole; returns ``path``."""
+def write_sparse_gguf(
+    path: Path,
+    spec: SparseArch,
+    *,
+    retype: Mapping[str, GGMLQuantizationType] | None = None,
+    order: Sequence[str] | None = None,
+    file_type: int | None = None,
+) -> Path:
+    """Write ``spec`` as a GGUF whose tensor data is a hole; returns ``path``.
+
+    ``retype`` gives some tensors another type, ``order`` the tensors' order in the file, and
+    ``file_type`` the general.file_type (with general.quantization_version 2), as
+    llama-quantize would write them (tests/support/catalog_headers.py)."""
     writer = GGUFWriter(path, spec.arch)
     a = spec.arch
     writer.add_string("general.name", spec.name)
+    if file_type is not None:
+        writer.add_uint32("general.quantization_version", 2)
+        writer.add_uint32("general.file_type", file_type)
     writer.add_uint32(f"{a}.block_count", spec.n_layer)
     writer.add_uint32(f"{a}.context_length", spec.n_ctx_train)
     writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
@@ -721,6 +742,8 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
         writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
         writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    if spec.sliding_window:
+        writer.add_uint32(f"{a}.attention.sliding_window", spec.sliding_window)
     writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
     if spec.gated_delta_net:
         d_conv, k_heads, v_heads, head, interval = spec.gated_delta_net
@@ -741,7 +764,13 @@ def write_sparse_gguf(path: Path, spec: SparseArch) -> Path:
     add_placeholder_vocab(writer, spec.n_vocab)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
-    return finish_with_tensors(writer, path, _tensors(spec))
+    tensors = [(name, shape, (retype or {}).get(name, qtype)) for name, shape, qtype in _tensors(spec)]
+    if order is not None:
+        position = {name: index for index, name in enumerate(order)}
+        if set(position) != {name for name, _, _ in tensors}:
+            raise ValueError(f"{spec.name}: the order names other tensors than the model has")
+        tensors.sort(key=lambda tensor: position[tensor[0]])
+    return finish_with_tensors(writer, path, tensors)
 
 
 if __name__ == "__main__":  # write them for a look: python -m tests.support.sparse_models DIR
