@@ -30,6 +30,7 @@ PURE = [
     "tierlocal.fit.recurrent",
     "tierlocal.fit.source",
     "tierlocal.fit.rule_of_thumb",
+    "tierlocal.fit.recommend",
     "tierlocal.fit.verify",
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",

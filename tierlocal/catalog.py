@@ -8,6 +8,7 @@ the error that names the file), and splitting it per file would spread that know
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from .errors import CatalogError
 from .fit.device_speed import DeviceSpeed, GpuSpeedRow, gpu_device_speed
+from .gguf.compact import from_compact
+from .gguf.parse import GGUFHeader
 from .tiers.arithmetic import ApiPrices, Precision, PublishedConfig, weights_bytes
 
 __all__ = [
@@ -35,6 +38,8 @@ __all__ = [
     "load_racks",
     "load_rental_defaults",
     "ModelEntry",
+    "Quality",
+    "load_entry_headers",
     "recipes_dir",
     "load_gpus",
     "find_gpu",
@@ -88,6 +93,20 @@ class DeviceLimit:
 
 
 @dataclass(frozen=True)
+class Quality:
+    """A published quality figure: ``score`` on ``benchmark`` (higher is better), as its
+    ``source`` gave it on ``date``."""
+
+    benchmark: str
+    score: float
+    date: str
+    source: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"benchmark": self.benchmark, "score": self.score, "date": self.date, "source": self.source}
+
+
+@dataclass(frozen=True)
 class ModelEntry:
     """One model (one quantisation) from recipes/models.toml.
 
@@ -119,6 +138,14 @@ class ModelEntry:
     licence: str
     facts_date: str
     note: str
+    #: The family it belongs to (``Qwen3``), llama.cpp's architecture, the published config
+    #: its shape comes from, and a published quality figure (None: the catalog has none).
+    series: str = ""
+    architecture: str = ""
+    source: str = ""
+    quality: Quality | None = None
+    #: The compact header file in recipes/headers/ (None: planned by the rule of thumb).
+    header_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -387,11 +414,48 @@ def load_models() -> tuple[ModelEntry, ...]:
                         licence=family["licence"],
                         facts_date=family["facts_date"],
                         note=family.get("note", ""),
+                        series=family.get("series", family["name"]),
+                        architecture=family.get("architecture", ""),
+                        source=family.get("source", ""),
+                        quality=_quality(family.get("quality")),
+                        header_file=_header_file(family["name"], quant),
                     )
                 )
     except (KeyError, TypeError) as exc:
         raise CatalogError(f"recipes/models.toml: an entry lacks {exc}", hint="fix the entry") from None
     return tuple(entries) + tuple(_frontier_entry(model) for model in load_frontier())
+
+
+def _quality(table: dict[str, object] | None) -> Quality | None:
+    if table is None:
+        return None
+    return Quality(str(table["benchmark"]), float(table["score"]), str(table["date"]), str(table["source"]))  # type: ignore[arg-type]
+
+
+def _header_file(name: str, quant: str) -> str | None:
+    """recipes/headers/NAME.QUANT.json's name, if the catalog has that header."""
+    file = f"{name}.{quant}.json"
+    return file if (recipes_dir() / "headers" / file).is_file() else None
+
+
+def load_entry_headers(entry: ModelEntry) -> list[GGUFHeader] | None:
+    """The GGUF headers a catalog entry's compact header describes (None: it has none).
+
+    Raises:
+        CatalogError: the file is unreadable or not a compact header within the parser's limits.
+    """
+    if entry.header_file is None:
+        return None
+    return list(_read_compact(entry.header_file))
+
+
+@cache
+def _read_compact(file: str) -> tuple[GGUFHeader, ...]:
+    path = recipes_dir() / "headers" / file
+    try:
+        return tuple(from_compact(json.loads(path.read_text()), f"catalog:{file.removesuffix('.json')}"))
+    except (OSError, ValueError) as exc:
+        raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall tierlocal or regenerate it (tests/support/catalog_headers.py)") from None
 
 
 def _frontier_entry(model: FrontierModel) -> ModelEntry:

@@ -26,6 +26,8 @@ AUTO_SLOTS = 4
 NGL_ALL = 2**31 - 1
 #: Slowest decode speed (tokens/s) the catalog recommendation accepts.
 DEFAULT_MIN_TOKENS_PER_S = 5.0
+#: Context tokens per slot ``check --for long-context`` plans when --ctx is not given.
+LONG_CONTEXT_CTX = 32768
 
 # --- where servers listen ---------------------------------------------------------------------
 #: The address servers bind unless told otherwise: this machine only.

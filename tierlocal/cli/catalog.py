@@ -1,6 +1,7 @@
-"""``tierlocal catalog …``: the model catalog's files. ``capture SOURCE`` writes a published
-GGUF's header in the compact form a catalog entry keeps (header only: nothing is downloaded
-beyond it)."""
+"""``tierlocal catalog …``: the model catalog. ``list`` and ``show NAME`` print its entries and
+their facts (sizes and KV from each quantisation's header); ``capture SOURCE`` writes a
+published GGUF's header in the compact form a catalog entry keeps (header only: nothing is
+downloaded beyond it)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,19 @@ import json
 from pathlib import Path
 
 import click
+from rich.markup import escape
+from rich.table import Table
 
+from .. import constants
+from ..catalog import ModelEntry, find_model, load_entry_headers, load_models
 from ..errors import UsageError
+from ..fit.memory import kv_cache, server_context
+from ..fit.model import model_spec
 from ..gguf.compact import to_compact
 from ..gguf.sources import read_headers
-from ..units import format_bytes
+from ..gguf.summary import summarize
+from ..units import format_bytes, format_count
+from .common import console, json_option, print_json
 
 __all__ = ["catalog"]
 
@@ -20,6 +29,115 @@ __all__ = ["catalog"]
 @click.group()
 def catalog() -> None:
     """The model catalog's files (recipes/)."""
+
+
+def _families() -> dict[str, list[ModelEntry]]:
+    families: dict[str, list[ModelEntry]] = {}
+    for entry in load_models():
+        families.setdefault(entry.family, []).append(entry)
+    return families
+
+
+def _quant_facts(entry: ModelEntry) -> dict[str, object]:
+    """One quantisation: its file's size, parameters and bits per weight from its header, and
+    the KV cache (f16, one slot) at the default context and at the trained one."""
+    headers = load_entry_headers(entry)
+    base = {"quant": entry.quant, "ollama_tag": entry.ollama, "header": entry.header_file, "method": "estimator" if headers else "rule-of-thumb"}
+    if headers is None:
+        return {**base, "file_bytes": entry.file_bytes, "params": entry.params, "bits_per_weight": entry.bits_per_weight, "kv_bytes": {}}
+    spec, summary = model_spec(headers), summarize(headers)
+    contexts = sorted({min(constants.DEFAULT_CTX, spec.n_ctx_train), spec.n_ctx_train})
+    kv = {str(ctx): kv_cache(spec, server_context(spec, ctx=ctx, parallel=1)).total_bytes for ctx in contexts}
+    return {
+        **base,
+        "file_bytes": summary.file_bytes,
+        "params": summary.params,
+        "bits_per_weight": round(summary.file_bytes * 8 / max(summary.params, 1), 3),
+        "kv_bytes": kv,
+    }
+
+
+def _family_json(entries: list[ModelEntry], *, facts: bool) -> dict[str, object]:
+    first = entries[0]
+    payload: dict[str, object] = {
+        "name": first.family,
+        "series": first.series,
+        "architecture": first.architecture or ("frontier" if first.frontier else ""),
+        "params": first.params,
+        "active_params": first.active_params,
+        "context_length": first.context_length,
+        "quants": [entry.quant for entry in entries],
+        "licence": first.licence,
+        "facts_date": first.facts_date,
+        "source": first.source,
+        "gguf_repo": first.gguf_repo,
+        "quality": first.quality.to_json() if first.quality else None,
+        "frontier": first.frontier,
+        "note": first.note,
+    }
+    if facts and not first.frontier:
+        payload["quantisations"] = [_quant_facts(entry) for entry in entries]
+    return payload
+
+
+@catalog.command("list")
+@json_option
+def list_(as_json: bool) -> None:
+    """Every model in the catalog: family, parameters, architecture, quantisations, when its
+    facts were published and where from."""
+    families = [_family_json(entries, facts=False) for entries in _families().values()]
+    if as_json:
+        print_json({"models": families})
+        return
+    table = Table(title=f"{len(families)} models, {sum(len(f['quants']) for f in families)} entries (recipes/models.toml)", title_justify="left")  # type: ignore[arg-type]
+    for column in ("name", "family", "params", "architecture", "context", "quants", "facts", "quality"):
+        table.add_column(column, justify="right" if column in ("params", "context") else "left")
+    for family in families:
+        params, active = int(family["params"]), int(family["active_params"])  # type: ignore[call-overload]
+        quality = family["quality"]
+        table.add_row(
+            str(family["name"]), str(family["series"]), format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
+            str(family["architecture"]), f"{family['context_length']:,}", " ".join(family["quants"]),  # type: ignore[arg-type]
+            str(family["facts_date"]), "-" if quality is None else f"{quality['score']:g} {quality['benchmark']}",  # type: ignore[index]
+        )  # fmt: skip
+    console().print(table)
+    console().print("`tierlocal catalog show NAME` prints one model's facts; `tierlocal check NAME` plans it on this machine.")
+
+
+@catalog.command("show")
+@click.argument("name")
+@json_option
+def show(name: str, as_json: bool) -> None:
+    """One model's facts: its published source and date, and per quantisation the file's size,
+    bits per weight and KV cache (from the compact header llama-quantize's layout gave)."""
+    entries = _families().get(name.lower()) or _families().get(name.lower().split(":")[0]) or find_model(name)
+    if not entries:
+        raise UsageError(f"{name!r} is not in the catalog", hint="`tierlocal catalog list` names every model")
+    payload = _family_json(entries, facts=True)
+    if as_json:
+        print_json(payload)
+        return
+    out = console()
+    out.print(f"[bold]{escape(str(payload['name']))}[/bold] ({escape(str(payload['series']))}, {escape(str(payload['architecture']))})")
+    for key in ("params", "active_params", "context_length", "licence", "facts_date", "source", "gguf_repo", "note"):
+        value = payload[key]
+        if value not in (None, ""):
+            out.print(f"  {key}: {escape(f'{value:,}' if isinstance(value, int) else str(value))}")
+    quality = payload["quality"]
+    out.print("  quality: " + ("none published in the catalog" if quality is None else escape(str(quality))))
+    if payload["frontier"]:
+        out.print(f"  never fits one machine: `tierlocal plan {payload['name']}`")
+        return
+    table = Table()
+    for column in ("quant", "file", "params", "bits/weight", "KV (f16, 1 slot)", "Ollama tag", "planned by"):
+        table.add_column(column)
+    for quant in payload["quantisations"]:  # type: ignore[attr-defined]
+        kv = ", ".join(f"{format_bytes(size)} at {int(ctx):,}" for ctx, size in quant["kv_bytes"].items()) or "-"
+        table.add_row(
+            quant["quant"], format_bytes(quant["file_bytes"]), format_count(quant["params"]), f"{quant['bits_per_weight']:.2f}", kv,
+            quant["ollama_tag"] or "-", quant["method"],
+        )  # fmt: skip
+    out.print(table)
 
 
 @catalog.command("capture")

@@ -3,7 +3,6 @@ per-device plan for one model (SOURCE), as tables or ``--json``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import click
@@ -12,20 +11,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import find_model, gpu_speed_for, load_gpus, load_host_defaults, load_models
-from ..engines.llama_server import find_llama_server, read_engine_flags
-from ..errors import TierlocalError, UsageError
+from ..catalog import find_model, gpu_speed_for, load_host_defaults, load_models
+from ..errors import UsageError
 from ..fit.estimate import RunEstimate, RunRequest
-from ..fit.rule_of_thumb import CatalogFit, Recommendation, recommend
+from ..fit.recommend import PURPOSES
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..gguf.sources import read_headers
 from ..hardware.calibrate import calibration_key, load_calibration
 from ..hardware.types import Hardware
+from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
-from ..units import format_bytes, format_count, format_decimal_bytes
-from .common import console, gpu_option, json_option, machine, ngl_option, planning_options, print_json, read_projector
+from ..units import format_bytes
+from .common import console, gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
+from .recommend_view import render_catalog_recommendation
 
-__all__ = ["check", "render_recommendation", "render_source_check"]
+__all__ = ["check", "render_source_check"]
 
 
 @click.command()
@@ -49,8 +49,18 @@ __all__ = ["check", "render_recommendation", "render_source_check"]
     type=click.FloatRange(0),
     default=constants.DEFAULT_MIN_TOKENS_PER_S,
     show_default=True,
-    help="Slowest acceptable decode speed, tokens/s (bandwidth bound), for the catalog recommendation.",
+    help="Slowest acceptable decode speed, tokens/s, for the catalog recommendation (the calibrated estimate, else the bandwidth bound).",
 )
+@click.option(
+    "--for",
+    "purpose",
+    type=click.Choice(PURPOSES),
+    default="chat",
+    show_default=True,
+    help="What the catalog recommendation is for: long-context plans 32k tokens and keeps models trained for 128k+.",
+)
+@click.option("--all", "show_all", is_flag=True, help="List every catalog entry, not only the nearest ones.")
+@ram_options
 @json_option
 def check(
     source: str | None,
@@ -65,6 +75,10 @@ def check(
     ubatch: int,
     mmproj: str | None,
     min_speed: float,
+    purpose: str,
+    show_all: bool,
+    ram: str | None,
+    ram_bandwidth: str | None,
     as_json: bool,
 ) -> None:
     """What fits this machine (or the one --gpu describes), and how to run it.
@@ -86,7 +100,7 @@ def check(
       tierlocal check ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal check kimi-k3
     """
-    hardware = machine(gpus)
+    hardware = machine(gpus, ram, ram_bandwidth)
     if len(hardware.gpus) > 1 and not as_json:
         largest = max(hardware.gpus, key=lambda device: device.free_bytes)
         click.echo(f"note: planning for one GPU ({largest.name}); tierlocal does not split a model across {len(hardware.gpus)} GPUs yet", err=True)
@@ -100,14 +114,30 @@ def check(
         return
     if mmproj:
         raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
+    request = RunRequest(
+        ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch
+    )  # fmt: skip
+    _check_catalog(source, hardware, ctx, parallel, request, min_speed=min_speed, purpose=purpose, show_all=show_all, as_json=as_json)
+
+
+def _check_catalog(
+    source: str | None, hardware: Hardware, ctx: str, parallel: str, request: RunRequest, *, min_speed: float, purpose: str, show_all: bool, as_json: bool
+) -> None:
+    """The catalog recommendation (every entry, or a catalog name's quantisations), ranked."""
     entries = find_model(source) if source is not None else list(load_models())
     if not ctx.isdigit() or not parallel.isdigit():
         raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
-    host = load_host_defaults()
-    recommendation = recommend(
-        entries, hardware, host, load_gpus(), ctx=parse_ctx(ctx) or constants.DEFAULT_CTX, parallel=int(parallel), min_tokens_per_s=min_speed
-    )
-    print_json(recommendation.to_json()) if as_json else render_recommendation(recommendation)
+    tokens = parse_ctx(ctx) or constants.DEFAULT_CTX
+    if purpose == "long-context" and click.get_current_context().get_parameter_source("ctx") == click.core.ParameterSource.DEFAULT:
+        tokens = constants.LONG_CONTEXT_CTX
+    recommendation = catalog_recommendation(entries, hardware, ctx=tokens, parallel=int(parallel), min_tokens_per_s=min_speed, purpose=purpose, request=request)
+    if as_json:
+        payload = recommendation.to_json()
+        best = recommendation.best
+        payload["plan"] = best.plan.to_json() if best and best.plan else None
+        print_json(payload)
+    else:
+        render_catalog_recommendation(recommendation, show_all=show_all, render_plan=render_source_check)
 
 
 def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, request: RunRequest) -> SourceCheck:
@@ -115,22 +145,13 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, 
         hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
         raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
     machine_ = machine_for(hardware, load_host_defaults())
-    version = _engine_version()
+    version = engine_version()
     host_speed = load_calibration(calibration_key(version)) if version else None
     result = check_source(
         source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request,
         host_speed=host_speed, gpu_speed=gpu_speed_for(machine_.gpu_name, machine_.gpu_bandwidth),
     )  # fmt: skip
     return replace(result, measured=_measured(source, result, version))
-
-
-def _engine_version() -> str | None:
-    """The version of the llama-server found here (None: none found, or it does not run)."""
-    binary = find_llama_server()
-    try:
-        return read_engine_flags(binary).version if binary is not None else None
-    except TierlocalError:
-        return None
 
 
 def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
@@ -269,80 +290,3 @@ def _render_host_memory(out: Console, check: SourceCheck) -> None:
     out.print(
         f"In use adds the compute buffer as prompts fill it; llama-server's prompt cache may add up to {format_bytes(check.host_memory[0].grows_by_bytes)} (--cache-ram)."
     )
-
-
-def _fit_row(role: str, fit: CatalogFit) -> list[str]:
-    entry = fit.entry
-    kv = format_bytes(fit.kv_bytes) if fit.kv_bytes is not None else "unknown"
-    needed = format_bytes(fit.total_needed_bytes) if fit.total_needed_bytes is not None else "unknown"
-    return [
-        role,
-        entry.family,
-        entry.quant,
-        format_bytes(fit.weights_bytes) + ("" if entry.file_bytes_measured else " ≈"),
-        kv,
-        format_bytes(fit.overhead_bytes),
-        needed,
-        "yes" if fit.fits else "no",
-        f"{fit.est_decode_tokens_per_s:,.0f}" if fit.est_decode_tokens_per_s is not None else "-",
-    ]
-
-
-def render_recommendation(recommendation: Recommendation) -> None:
-    """What ``tierlocal check`` shows: the arithmetic behind the recommendation."""
-    out = console()
-    budget = recommendation.budget
-    if budget.bandwidth_bytes_per_s is None:
-        speed = "bandwidth unknown (no speed estimate)"
-    else:
-        speed = f"{budget.bandwidth_bytes_per_s / 1e9:.0f} GB/s" + (" (assumed, not measured)" if budget.bandwidth_assumed else "")
-    where = "from --gpu" if recommendation.hardware.overridden else "detected"
-    out.print(f"[bold]Machine[/bold] ({where}): {budget.device}, {format_bytes(budget.memory_bytes)} free, {speed}")
-    rows: Sequence[tuple[str, CatalogFit | None]] = (("best", recommendation.best), ("smaller", recommendation.smaller), ("larger", recommendation.larger))
-    fits = [(role, fit) for role, fit in rows if fit is not None]
-    if fits:
-        first = fits[0][1]
-        assert first is not None
-        out.print(
-            f"At {first.ctx:,} tokens of context × {first.parallel} slot(s): needed = weights + KV cache + overhead, "
-            f"leaving {format_bytes(first.margin_bytes)} free."
-        )
-        table = Table()
-        for column in ("", "model", "quant", "weights", "KV cache", "overhead", "needed", "fits", "~tok/s"):
-            table.add_column(column, justify="right" if column in ("weights", "KV cache", "overhead", "needed", "~tok/s") else "left")
-        for role, fit in fits:
-            assert fit is not None
-            table.add_row(*_fit_row(role, fit))
-        out.print(table)
-    _print_verdict(out, recommendation)
-
-
-def _print_verdict(out: Console, recommendation: Recommendation) -> None:
-    budget, best = recommendation.budget, recommendation.best
-    if best is None:
-        out.print(
-            f"[bold]Verdict:[/bold] no catalog model fits {format_bytes(budget.memory_bytes)} at this context and "
-            f"decodes ≥ {recommendation.min_tokens_per_s:g} tok/s; lower --ctx or --min-speed, or use tier 3 (a hosted API)."
-        )
-    else:
-        entry = best.entry
-        ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
-        speed = (
-            f"~{best.est_decode_tokens_per_s:,.0f} tok/s upper bound from memory bandwidth"
-            if best.est_decode_tokens_per_s is not None
-            else "speed unknown without the GPU's bandwidth (name the GPU with --gpu)"
-        )
-        out.print(
-            f"[bold]Verdict:[/bold] {entry.family} at {entry.quant} ({format_count(entry.params)} parameters, "
-            f"{entry.bits_per_weight:.2f} bits/weight){ollama}: needs {format_bytes(best.total_needed_bytes or 0)} of "
-            f"{format_bytes(budget.memory_bytes)}, {speed}."
-        )
-    out.print("≈ file size from parameters × bits/weight (llama.cpp's measured averages); tok/s = bandwidth ÷ active weight bytes.")
-    for verdict in recommendation.frontier:
-        entry = verdict.entry
-        out.print(
-            f"[bold]{entry.family}[/bold]: not tier 2 — never fits one machine. Memory floor {format_decimal_bytes(verdict.floor_bytes)} "
-            f"of weights alone ({format_count(entry.params)} parameters at {entry.quant}); ≥ {verdict.gpus_for_floor} × {verdict.largest_gpu} "
-            f"({format_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
-            f"(tier 3): `tierlocal plan {entry.family}` sizes both."
-        )

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from .. import constants
 from ..hardware.detect import detect
-from ..hardware.override import with_gpu_override
+from ..hardware.override import with_gpu_override, with_ram_override
 from ..hardware.types import Hardware
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ __all__ = [
     "ngl_text",
     "GpuLayers",
     "machine",
+    "ram_options",
     "planning_options",
     "serve_options",
     "ollama_port",
@@ -69,9 +70,25 @@ def read_projector(source: str) -> ProjectorSpec:
     return read(source)
 
 
-def machine(gpus: Sequence[str]) -> Hardware:
-    """This machine as detected, or with the GPUs ``--gpu`` describes."""
-    return with_gpu_override(detect(), gpus)
+def machine(gpus: Sequence[str], ram: str | None = None, ram_bandwidth: str | None = None) -> Hardware:
+    """This machine as detected, or with the GPUs ``--gpu`` and the memory ``--ram`` /
+    ``--ram-bandwidth`` describe."""
+    return with_ram_override(with_gpu_override(detect(), gpus), ram, ram_bandwidth)
+
+
+def ram_options(command: _F) -> _F:
+    """``--ram`` and ``--ram-bandwidth``: plan another machine's system memory."""
+    command = click.option(
+        "--ram-bandwidth",
+        "ram_bandwidth",
+        metavar="RATE",
+        help="That RAM's bandwidth (80GB/s); default: the planning assumption in recipes/gpus.toml [host].",
+    )(command)
+    return click.option(
+        "--ram",
+        metavar="SIZE",
+        help="Plan for this much system RAM (32GiB) instead of what is available here: a VPS, or another machine; this CPU's calibration is then not used.",
+    )(command)
 
 
 class GpuLayers(click.ParamType):

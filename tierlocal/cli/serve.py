@@ -10,12 +10,14 @@ from typing import Any
 
 import click
 
+from .. import constants
+from ..catalog import find_model
 from ..errors import TierlocalError, UsageError
 from ..fetch.resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
 from ..serve.state import running_servers
-from .common import ollama_port, print_json, serve_options, serve_options_from
+from .common import machine, ollama_port, print_json, serve_options, serve_options_from
 
 __all__ = ["serve", "status"]
 
@@ -67,7 +69,9 @@ def serve(
         raise UsageError(
             f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
         )
-    model = resolve_model(source, pull=pull, say=_say)
+    ctx_tokens = int(served["ctx"]) if str(served["ctx"]).isdigit() else constants.DEFAULT_CTX
+    hardware = machine(served["gpus"]) if find_model(source) else None  # a catalog name: planned for this machine
+    model = resolve_model(source, pull=pull, say=_say, hardware=hardware, ctx=ctx_tokens)
     options = serve_options_from(
         model,
         served,

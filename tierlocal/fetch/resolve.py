@@ -8,10 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import constants
-from ..catalog import ModelEntry, find_model, load_gpus, load_host_defaults, load_models
+from ..catalog import ModelEntry, find_model, load_models
 from ..errors import UsageError
-from ..fit.rule_of_thumb import recommend
+from ..hardware.detect import detect
 from ..hardware.types import Hardware
+from ..recommendation import catalog_recommendation
 from ..units import format_bytes
 from .hf import parse_hf_pull, plan_hf_pull, run_pull
 from .ollama_store import ollama_store_blob
@@ -19,9 +20,11 @@ from .ollama_store import ollama_store_blob
 __all__ = ["catalog_choice", "resolve_model"]
 
 
-def resolve_model(source: str, *, pull: bool, say: Callable[[str], None]) -> Path:
+def resolve_model(source: str, *, pull: bool, say: Callable[[str], None], hardware: Hardware | None = None, ctx: int = constants.DEFAULT_CTX) -> Path:
     """A local GGUF path for SOURCE: the path itself, an ollama:// tag's blob in Ollama's store,
-    or an hf:// / catalog model from the hub cache (downloaded first when ``pull``).
+    or an hf:// / catalog model from the hub cache (downloaded first when ``pull``). A catalog
+    name is taken at the quantisation the recommendation picks for ``hardware`` (None: this
+    machine) at ``ctx`` tokens.
 
     Raises:
         UsageError: an unknown name, a malformed source, or a model not downloaded yet.
@@ -32,13 +35,13 @@ def resolve_model(source: str, *, pull: bool, say: Callable[[str], None]) -> Pat
         path = Path(source)
         if path.exists() or "/" in source or source.endswith(".gguf"):
             return path
-        entries = [entry for entry in find_model(source) if entry.gguf_repo]
-        if not entries:
+        if not [entry for entry in find_model(source) if entry.gguf_repo]:
             raise UsageError(
-                f"{source!r} is neither a GGUF file nor a catalog model", hint="give a path, hf://OWNER/REPO/FILE.gguf, or a name from recipes/models.toml"
+                f"{source!r} is neither a GGUF file nor a catalog model", hint="give a path, hf://OWNER/REPO/FILE.gguf, or a name from `tierlocal catalog list`"
             )
-        entry = entries[0]
-        spec, quant = parse_hf_pull(f"hf://{entry.gguf_repo}"), entry.quant
+        repo, quant, reason = catalog_choice(source, hardware if hardware is not None else detect(), ctx)
+        say(f"{source}: {reason}")
+        spec = parse_hf_pull(repo)
     else:
         spec, quant = parse_hf_pull(source), None
     plan = plan_hf_pull(spec, quant=None if spec.filename else quant, dest_dir=None)
@@ -52,7 +55,8 @@ def resolve_model(source: str, *, pull: bool, say: Callable[[str], None]) -> Pat
 
 def catalog_choice(source: str | None, hardware: Hardware, ctx: int) -> tuple[str, str, str]:
     """(``hf://`` repo, quantisation, why) for a catalog name, or for what the recommendation
-    picks for ``hardware`` at ``ctx`` tokens of context when ``source`` is None.
+    picks for ``hardware`` at ``ctx`` tokens of context when ``source`` is None — the answer
+    `tierlocal check` gives (:func:`tierlocal.recommendation.catalog_recommendation`).
 
     Raises:
         UsageError: the name has no GGUF repo, or nothing in the catalog fits.
@@ -65,22 +69,19 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int) -> tuple[st
             )
     else:
         entries = [entry for entry in load_models() if entry.gguf_repo]
-    recommendation = recommend(entries, hardware, load_host_defaults(), load_gpus(), ctx=ctx, parallel=1, min_tokens_per_s=constants.DEFAULT_MIN_TOKENS_PER_S)
+    recommendation = catalog_recommendation(entries, hardware, ctx=ctx, parallel=1, min_tokens_per_s=constants.DEFAULT_MIN_TOKENS_PER_S)
     best = recommendation.best
     if best is None:
-        if source is not None and len(entries) == 1:
-            entry: ModelEntry = entries[0]
+        if source is not None:
+            entry: ModelEntry = min(entries, key=lambda e: e.file_bytes)
             return (
                 f"hf://{entry.gguf_repo}",
                 entry.quant,
-                f"{entry.family} {entry.quant} as asked (it does not fit this machine: see `tierlocal check {entry.family}`)",
+                f"{entry.family} {entry.quant}, the smallest, as asked (it does not fit this machine: see `tierlocal check {entry.family}`)",
             )
         raise UsageError("nothing in the catalog fits this machine", hint="see `tierlocal check`; or pull a file by name with hf://OWNER/REPO/FILE.gguf")
     entry = best.entry
-    speed = f", ~{best.est_decode_tokens_per_s:.0f} tok/s" if best.est_decode_tokens_per_s else ""
-    budget = recommendation.budget
-    reason = (
-        f"{entry.family} {entry.quant}: recommended for {budget.device} ({format_bytes(budget.memory_bytes)}) at {ctx:,} tokens of context — "
-        f"needs {format_bytes(best.total_needed_bytes or best.weights_bytes)}{speed} (`tierlocal check` shows the arithmetic)"
-    )
+    speed = f", ~{best.decode_tokens_per_s:.0f} tok/s" if best.decode_tokens_per_s else ""
+    needs = f"needs {format_bytes(best.needed_bytes)} of {format_bytes(best.free_bytes)}" if best.needed_bytes is not None else "fits"
+    reason = f"{entry.family} {entry.quant}: recommended for this machine at {ctx:,} tokens of context — {needs}{speed}, {best.reason} (`tierlocal check` shows the arithmetic)"
     return f"hf://{entry.gguf_repo}", entry.quant, reason

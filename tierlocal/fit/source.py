@@ -166,7 +166,7 @@ def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
         gpu_bandwidth=gpu.bandwidth_bytes_per_s if gpu else None,
         host_total_bytes=hardware.ram_total_bytes,
         host_free_bytes=hardware.ram_available_bytes,
-        host_bandwidth=host.assumed_ram_bandwidth_bytes_per_s,
+        host_bandwidth=hardware.ram_bandwidth_bytes_per_s or host.assumed_ram_bandwidth_bytes_per_s,
         gpu_overhead_bytes=host.gpu_runtime_overhead_bytes if gpu else 0,
         margin_bytes=host.fit_margin_bytes,
         max_tensor_bytes=gpu.max_tensor_bytes if gpu else None,
@@ -226,22 +226,17 @@ def check_source(
     template: TemplateChoice | None = None,
     host_speed: DeviceSpeed | None = None,
     gpu_speed: DeviceSpeed | None = None,
+    model_path: str | None = None,
 ) -> SourceCheck:
     """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with
     ``template`` (None: :func:`default_template`). With ``host_speed`` (this CPU's calibration)
-    and, for offloaded layers, ``gpu_speed``, the speed is estimated from them too."""
+    and, for offloaded layers, ``gpu_speed``, the speed is estimated from them too. The command
+    names ``model_path`` (default: ``source``, or a placeholder for a remote one)."""
     spec, summary = _checked_pair(model_spec(headers), request), summarize(headers)
     base, reason = _base_request(request, ctx, parallel)
 
     def planner(target: Machine) -> Callable[[RunRequest], RunEstimate | None]:
-        def plan(r: RunRequest) -> RunEstimate | None:
-            if parallel == "max":
-                return max_parallel(spec, r, target)
-            if ctx is None:
-                return max_context(spec, r, target)
-            return plan_run(spec, r, target)
-
-        return plan
+        return lambda r: _solve(spec, r, target, ctx, parallel)
 
     plan = planner(machine)
     estimate = plan(base)
@@ -254,7 +249,7 @@ def check_source(
         if fallback is not None and fallback.fits:
             estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
     template = template or default_template(summary)
-    model_path = source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>"
+    model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
     command = planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args) if estimate else []
     return SourceCheck(
         source=source,
@@ -275,6 +270,16 @@ def check_source(
         verified=spec.verified,
         unknown_state=spec.unknown_state,
     )
+
+
+def _solve(spec: ModelSpec, request: RunRequest, machine: Machine, ctx: int | None, parallel: int | str | None) -> RunEstimate | None:
+    """The plan for ``request``: the most slots (``--parallel max``), the longest context
+    (``--ctx max``), or the largest -ngl that fits."""
+    if parallel == "max":
+        return max_parallel(spec, request, machine)
+    if ctx is None:
+        return max_context(spec, request, machine)
+    return plan_run(spec, request, machine)
 
 
 def _checked_pair(spec: ModelSpec, request: RunRequest) -> ModelSpec:

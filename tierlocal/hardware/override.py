@@ -1,5 +1,6 @@
 """``--gpu``: the accelerators of another machine (or of this one with another size), by size
-(``24GiB``), by name from recipes/gpus.toml (``RTX 4090``), or ``N×`` either. Pure."""
+(``24GiB``), by name from recipes/gpus.toml (``RTX 4090``), or ``N×`` either; ``--ram`` and
+``--ram-bandwidth``: another machine's system memory. Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..errors import HardwareError, UsageError
 from ..units import parse_bytes
 from .types import Device, Hardware
 
-__all__ = ["parse_gpu_override", "with_gpu_override"]
+__all__ = ["parse_gpu_override", "with_gpu_override", "with_ram_override"]
 
 _MAX_OVERRIDE_COUNT = 1024
 _VENDOR_BACKEND = {"nvidia": "cuda", "amd": "rocm", "apple": "metal"}
@@ -64,3 +65,26 @@ def with_gpu_override(hardware: Hardware, values: Sequence[str]) -> Hardware:
     if limits:
         devices = [replace(device, max_tensor_bytes=min(limits)) if device.backend == "override" else device for device in devices]
     return replace(hardware, gpus=tuple(devices), overridden=True)
+
+
+def with_ram_override(hardware: Hardware, ram: str | None, bandwidth: str | None) -> Hardware:
+    """``hardware`` with ``--ram SIZE`` as its system memory (all of it available: a machine
+    planned for, not this one's current use) and ``--ram-bandwidth RATE`` (``80GB/s``).
+
+    Raises:
+        UsageError: a size or rate that is not one.
+    """
+    if ram is None and bandwidth is None:
+        return hardware
+    if ram is not None:
+        size = parse_bytes(ram)
+        if size <= 0:
+            raise UsageError(f"--ram {ram!r}: the size must be positive", hint="e.g. --ram 32GiB")
+        hardware = replace(hardware, ram_total_bytes=size, ram_available_bytes=size, ram_overridden=True, overridden=True)
+    if bandwidth is not None:
+        text = bandwidth.strip()
+        rate = parse_bytes(text[:-2] if text.lower().endswith("/s") else text)
+        if rate <= 0:
+            raise UsageError(f"--ram-bandwidth {bandwidth!r}: the rate must be positive", hint="e.g. --ram-bandwidth 80GB/s")
+        hardware = replace(hardware, ram_bandwidth_bytes_per_s=rate, ram_overridden=True, overridden=True)
+    return hardware

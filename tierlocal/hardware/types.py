@@ -47,6 +47,10 @@ class Hardware:
     #: (from /proc/cpuinfo: avx2, avx512f, asimddp, i8mm, sve).
     cpu_arch: str = ""
     cpu_features: tuple[str, ...] = ()
+    #: ``--ram``: the RAM is another machine's (this CPU's calibration does not apply), and
+    #: ``--ram-bandwidth``: its memory bandwidth (bytes/s; None: the planning assumption).
+    ram_overridden: bool = False
+    ram_bandwidth_bytes_per_s: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json``."""

@@ -1,0 +1,57 @@
+"""A sparse GGUF written back from a compact header (tierlocal/gguf/compact.py): the same
+metadata (a vocabulary-sized array summarised in the compact form becomes an array of that many
+placeholder values), the same tensor names, shapes and types in the same order, the tensor data
+a hole. `tierlocal check FILE` then parses real GGUF bytes, so comparing its plan with the plan
+of the catalog entry checks the catalog path against the file path, not against itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from tierlocal.gguf.synthetic import finish_with_tensors
+
+__all__ = ["write_compact_as_gguf"]
+
+_ARRAY = "__array__"
+
+
+def _scalar_type(value: object) -> GGUFValueType:
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if isinstance(value, int):
+        return GGUFValueType.INT32 if value < 0 else GGUFValueType.UINT32 if value < 2**32 else GGUFValueType.UINT64
+    if isinstance(value, float):
+        return GGUFValueType.FLOAT32
+    return GGUFValueType.STRING
+
+
+def _placeholder(element_type: str, length: int) -> list[object]:
+    kind = GGUFValueType[element_type]
+    if kind == GGUFValueType.STRING:
+        return [f"<p{i}>" for i in range(length)]
+    if kind in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+        return [0.0] * length
+    return [1] * length
+
+
+def write_compact_as_gguf(compact: Mapping[str, object], path: Path) -> Path:
+    """Write the first (only) file a compact header describes as a sparse GGUF at ``path``."""
+    files = compact["files"]
+    assert isinstance(files, list) and len(files) == 1, "one-file models only"
+    entry = files[0]
+    metadata = dict(entry["metadata"])
+    writer = GGUFWriter(path, str(metadata.pop("general.architecture")))
+    metadata.pop("general.alignment", None)
+    for key, value in metadata.items():
+        if isinstance(value, Mapping) and _ARRAY in value:
+            values = _placeholder(str(value[_ARRAY]), int(value["length"]))
+            writer.add_array(key, values)
+        elif isinstance(value, list):
+            writer.add_key_value(key, value, GGUFValueType.ARRAY, sub_type=_scalar_type(value[0]) if value else GGUFValueType.UINT32)
+        else:
+            writer.add_key_value(key, value, _scalar_type(value))
+    tensors = [(name, tuple(shape), GGMLQuantizationType[qtype]) for name, shape, qtype, _ in entry["tensors"]]
+    return finish_with_tensors(writer, path, tensors)

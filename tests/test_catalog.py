@@ -1,0 +1,111 @@
+"""The model catalog: current and sourced, every entry with a compact header that the real
+``llama-quantize --dry-run`` laid out, planned exactly as the file would be."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.support.assets import Assets
+from tests.support.catalog_headers import HEADERS, MODELS, captured_header, header_path, quantised_header
+from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.compact_file import write_compact_as_gguf
+
+
+def _families() -> list[dict[str, object]]:
+    return tomllib.loads(MODELS.read_text())["family"]
+
+
+def _without_template(command: list[str]) -> list[str]:
+    kept, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg == "--chat-template":
+            skip = True
+        elif arg != "--no-jinja":
+            kept.append(arg)
+    return kept
+
+
+def test_the_catalog_is_current_sourced_and_has_a_header_per_entry() -> None:
+    families = _families()
+    entries = [(family["name"], quant) for family in families for quant in family["quants"]]  # type: ignore[attr-defined]
+    assert len(families) >= 25 and len(entries) >= 75
+    assert len({family["series"] for family in families}) >= 8
+    for family in families:
+        assert str(family["source"]).startswith("https://huggingface.co/") and family["facts_date"] and family["licence"]
+        assert "shape" in family, family["name"]
+        for quant in family["quants"]:  # type: ignore[attr-defined]
+            assert header_path(str(family["name"]), str(quant)).is_file(), (family["name"], quant)
+    # Dense and MoE, small and large, hybrids: what people run on one machine.
+    architectures = {family["architecture"] for family in families}
+    assert {"llama", "qwen3", "qwen3moe", "gemma3", "deepseek2", "qwen3next", "lfm2", "nemotron_h"} <= architectures
+    assert min(int(f["params"]) for f in families) < 1e9 < 70e9 < max(int(f["params"]) for f in families)  # type: ignore[call-overload]
+    # No header without its entry.
+    assert {path.name for path in HEADERS.glob("*.json")} == {header_path(str(name), str(quant)).name for name, quant in entries}
+
+
+def test_catalog_list_and_show() -> None:
+    listed = run_cli("catalog", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    models = {model["name"]: model for model in json.loads(listed.stdout)["models"]}
+    assert {"qwen3-30b-a3b", "gemma-3-27b", "llama-3.3-70b", "kimi-k3"} <= set(models)
+    assert models["qwen3-30b-a3b"]["active_params"] < models["qwen3-30b-a3b"]["params"]
+    shown = run_cli("catalog", "show", "qwen3-8b", "--json")
+    assert shown.returncode == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    by_quant = {q["quant"]: q for q in facts["quantisations"]}
+    # Bigger types, bigger files; the KV cache does not depend on the weights' type: 36 layers
+    # × 8 KV heads × 128 × 2 (K and V) × 2 bytes per token at 8,192 tokens.
+    assert by_quant["Q4_K_M"]["file_bytes"] < by_quant["Q6_K"]["file_bytes"] < by_quant["Q8_0"]["file_bytes"]
+    assert by_quant["Q4_K_M"]["kv_bytes"]["8192"] == by_quant["Q8_0"]["kv_bytes"]["8192"] == 36 * 8 * 128 * 2 * 2 * 8192
+    human = run_cli("catalog", "show", "nope-7b")
+    assert human.returncode == 2 and human.stderr.startswith("error: 'nope-7b' is not in the catalog")
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "gemma-3-12b", "lfm2-1.2b"])
+def test_a_catalog_entry_is_planned_as_its_file(name: str, tmp_path: Path) -> None:
+    """The compact header written back as a GGUF and planned by `check FILE` (real GGUF bytes
+    through the parser) gives the plan `check NAME:QUANT` gives from the catalog."""
+    compact = json.loads(header_path(name, "Q4_K_M").read_text())
+    gguf = write_compact_as_gguf(compact, tmp_path / f"{name}.gguf")
+    machine = ("--gpu", "8GiB", "--ram", "32GiB")
+    from_file = run_cli("check", str(gguf), *machine, "--json")
+    from_catalog = run_cli("check", f"{name}:q4_k_m", *machine, "--json")
+    assert from_file.returncode == 0 and from_catalog.returncode == 0, from_file.stderr + from_catalog.stderr
+    file_plan, catalog_plan = json.loads(from_file.stdout), json.loads(from_catalog.stdout)["plan"]
+    assert catalog_plan["devices"] == file_plan["devices"]
+    for key in ("request", "layers_offloaded", "layers_total", "est_decode_tokens_per_s", "host_memory", "speed"):
+        assert catalog_plan[key] == file_plan[key], key
+    # All but the model's path and the template: the written-back file has no template text
+    # (the compact form keeps none); the published file brings its own.
+    assert catalog_plan["command"][3:] == _without_template(file_plan["command"][3:])
+    assert catalog_plan["model"]["params"] == file_plan["model"]["params"]
+
+
+def test_the_generated_gemma_header_is_the_real_files(assets: Assets, tmp_path: Path) -> None:
+    """Gemma 3 270M's published shape, through the real llama-quantize --dry-run at Q4_K_M,
+    gives exactly the real file's tensor table: every name, shape and type."""
+    family = next(f for f in _families() if f["name"] == "gemma-3-270m")
+    generated = quantised_header("gemma-3-270m", family["shape"], "Q4_K_M", assets.llama_quantize, tmp_path)  # type: ignore[arg-type]
+    real = captured_header(assets.gemma_gguf)
+    tensors = [tensor[:3] for tensor in generated["files"][0]["tensors"]]  # type: ignore[index]
+    assert sorted(tensors) == sorted(tensor[:3] for tensor in real["files"][0]["tensors"])  # type: ignore[index]
+    assert len(tensors) == 236
+
+
+def test_checked_in_headers_are_what_llama_quantize_says(assets: Assets) -> None:
+    """Regenerating a few entries with the real tool changes nothing (the generator's --check)."""
+    names = ["qwen3-30b-a3b", "gemma-3-4b", "deepseek-v2-lite", "nemotron-nano-9b-v2"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.support.catalog_headers", "--check", "--quantize", str(assets.llama_quantize), *(f"--only={n}" for n in names)],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("same ") == 12

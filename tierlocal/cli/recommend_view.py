@@ -1,0 +1,100 @@
+"""How ``tierlocal check`` shows the catalog recommendation: the machine, the best entry's
+per-device plan (the table ``check FILE`` prints), every other entry with why it lost, and the
+frontier models that never fit one machine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..fit.recommend import Candidate, CatalogRecommendation
+from ..fit.source import SourceCheck
+from ..units import format_bytes, format_count, format_decimal_bytes
+from .common import console
+
+__all__ = ["render_catalog_recommendation"]
+
+#: Rows of the candidates table without --all: the best, then the nearest losers.
+_ROWS = 14
+
+
+def render_catalog_recommendation(
+    recommendation: CatalogRecommendation, *, show_all: bool = False, render_plan: Callable[[SourceCheck], None] | None = None
+) -> None:
+    """The answer first, then its plan, then the ranking with reasons."""
+    out = console()
+    _print_machine(out, recommendation)
+    best = recommendation.best
+    if best is None:
+        out.print(
+            f"[bold]Verdict:[/bold] no catalog model fits this machine at {recommendation.ctx:,} tokens × {recommendation.parallel} slot(s) "
+            f"and decodes ≥ {recommendation.min_tokens_per_s:g} tok/s; lower --ctx or --min-speed, or use tier 3 (a hosted API)."
+        )
+    else:
+        entry = best.entry
+        ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
+        out.print(
+            f"[bold]Recommended:[/bold] {entry.family} {entry.quant} ({format_count(best.params)} parameters, {best.bits_per_weight:.2f} bits/weight"
+            f"{ollama}) — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`."
+        )
+        if best.plan is not None and render_plan is not None:
+            render_plan(best.plan)
+    out.print(_candidates_table(recommendation, show_all))
+    for note in recommendation.notes:
+        out.print(f"Note: {escape(note)}.")
+    if any(c.speed_basis == "bandwidth bound" for c in recommendation.candidates):
+        out.print("≤: an upper bound from memory bandwidth; `tierlocal hw --calibrate` once gives decode estimates measured on this CPU.")
+    _print_frontier(out, recommendation)
+
+
+def _print_machine(out: Console, recommendation: CatalogRecommendation) -> None:
+    hardware = recommendation.hardware
+    where = "as given" if hardware.overridden else "detected"
+    gpus = ", ".join(f"{gpu.name} ({format_bytes(gpu.free_bytes)} free)" for gpu in hardware.gpus) or "no GPU"
+    bandwidth = hardware.ram_bandwidth_bytes_per_s
+    ram_speed = f"{bandwidth / 1e9:.0f} GB/s" if bandwidth else "bandwidth assumed"
+    out.print(
+        f"[bold]Machine[/bold] ({where}): {gpus}; system RAM {format_bytes(hardware.ram_available_bytes)} available ({ram_speed}). "
+        f"Planned for {recommendation.ctx:,} tokens × {recommendation.parallel} slot(s)"
+        + (f", for {recommendation.purpose}" if recommendation.purpose != "chat" else "")
+        + "."
+    )
+
+
+def _candidates_table(recommendation: CatalogRecommendation, show_all: bool) -> Table:
+    rows = recommendation.candidates if show_all else recommendation.candidates[:_ROWS]
+    hidden = len(recommendation.candidates) - len(rows)
+    caption = f"{hidden} more below these: --all lists every entry" if hidden else None
+    table = Table(title="The catalog on this machine, best first", title_justify="left", caption=caption, caption_justify="left")
+    for column in ("model", "quant", "params", "needs", "of", "where", "~tok/s", "verdict"):
+        table.add_column(column, justify="right" if column in ("params", "needs", "of", "~tok/s") else "left")
+    for candidate in rows:
+        table.add_row(*_row(candidate))
+    return table
+
+
+def _row(candidate: Candidate) -> list[str]:
+    entry = candidate.entry
+    params = format_count(candidate.params) + (f"-A{format_count(entry.active_params)}" if entry.active_params < entry.params else "")
+    speed = "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}"
+    if candidate.speed_basis == "bandwidth bound" and candidate.decode_tokens_per_s is not None:
+        speed += " ≤"
+    needs = format_bytes(candidate.needed_bytes) if candidate.needed_bytes is not None else "-"
+    verdict = candidate.status if candidate.reason in (candidate.status, "fits") else candidate.reason
+    if candidate.status == "best":
+        verdict = "best: " + candidate.reason
+    return [entry.family, entry.quant, params, needs, format_bytes(candidate.free_bytes), candidate.where, speed, escape(verdict)]
+
+
+def _print_frontier(out: Console, recommendation: CatalogRecommendation) -> None:
+    for verdict in recommendation.frontier:
+        entry = verdict.entry
+        out.print(
+            f"[bold]{entry.family}[/bold]: not tier 2 — never fits one machine. Memory floor {format_decimal_bytes(verdict.floor_bytes)} "
+            f"of weights alone ({format_count(entry.params)} parameters at {entry.quant}); ≥ {verdict.gpus_for_floor} × {verdict.largest_gpu} "
+            f"({format_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
+            f"(tier 3): `tierlocal plan {entry.family}` sizes both."
+        )

@@ -1,0 +1,335 @@
+"""The catalog recommendation on the header-exact estimator. Pure.
+
+Every catalog entry with a compact header (recipes/headers/) is planned exactly as ``check
+FILE`` plans the file (:func:`~tierlocal.fit.source.check_source`: largest ``-ngl`` that fits,
+MoE experts to RAM when that is faster, the CPU alone when the GPU is too small). An entry
+without a header gets MISSION.md's rule of thumb, labelled so.
+
+Each planned entry then gets a status:
+
+- ``no room``: it does not fit the machine, even partly in RAM;
+- ``too slow``: it fits but decodes below ``min_tokens_per_s`` (the calibrated estimate where
+  this CPU was calibrated, else the memory-bandwidth bound; not judged when unknown);
+- ``tight``: it fits, but leaves less than ``tight_fraction`` of a device's free memory;
+- ``not for PURPOSE``: ``--for long-context`` and a trained context under 128k tokens;
+- ``fits``: eligible.
+
+The best eligible entry is the one with the highest published quality figure when every
+eligible entry has one of the same benchmark; otherwise (the usual case today: the catalog
+carries no such figures yet) the largest model, sized dense-equivalent (a mixture of experts
+counts √(total × active) parameters: a 30B-A3B model ranks with ~10B dense ones), then the
+highest precision (bits per weight, counted up to Q6_K's: :data:`PRECISION_CAP_BITS`), then
+the faster. Tight entries are taken only when nothing else fits. Every other row says why it
+lost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from ..catalog import GpuSpec, HostDefaults, ModelEntry
+from ..engines.prompt_formats import TemplateChoice
+from ..gguf import GGUFHeader
+from ..hardware.types import Hardware
+from ..units import format_bytes
+from .device_speed import DeviceSpeed
+from .estimate import Machine, RunRequest
+from .rule_of_thumb import Budget, CatalogFit, FrontierVerdict, fit_entry, frontier_verdict, memory_budget
+from .source import SourceCheck, check_source
+
+__all__ = ["Candidate", "CatalogRecommendation", "PURPOSES", "PRECISION_CAP_BITS", "LONG_CONTEXT_TOKENS", "recommend_catalog", "dense_equivalent_params"]
+
+PURPOSES = ("chat", "code", "long-context")
+#: Precision counts up to Q6_K's bits per weight (its files carry 6.5–6.6): a choice, not a
+#: measurement — above it the gain is small beside size and speed, so a faster Q6_K beats a
+#: slower Q8_0 of one model.
+PRECISION_CAP_BITS = 6.5
+#: The trained context a model needs for ``--for long-context`` (tokens).
+LONG_CONTEXT_TOKENS = 131_072
+#: A catalog header keeps no template text: the published file's own is what serve will use.
+_PUBLISHED_TEMPLATE = TemplateChoice("header", note="the published file's own chat template (serve checks it once the file is here)")
+#: Status names, best first in the table.
+_ORDER = {"best": 0, "fits": 1, "tight": 2, "too slow": 3, "not for long-context": 4, "no room": 5}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One catalog entry planned on the machine.
+
+    ``plan`` is the estimator's (None for an entry without a header: ``fallback`` then holds
+    the rule of thumb). Sizes in bytes, speed in tokens/s."""
+
+    entry: ModelEntry
+    plan: SourceCheck | None
+    fallback: CatalogFit | None
+    status: str
+    reason: str
+    decode_tokens_per_s: float | None
+    speed_basis: str
+    needed_bytes: int | None
+    free_bytes: int
+    where: str
+    params: int
+    bits_per_weight: float
+
+    @property
+    def size_params(self) -> float:
+        """Parameters, dense-equivalent (:func:`dense_equivalent_params`)."""
+        return dense_equivalent_params(self.params, self.entry.active_params if self.entry.active_params < self.entry.params else self.params)
+
+    def to_json(self) -> dict[str, object]:
+        """The rule-of-thumb recommendation's fields (kept), and the estimator's."""
+        entry = self.entry
+        plan = self.plan.to_json() if self.plan else None
+        estimate = self.plan.estimate if self.plan else None
+        devices = estimate.devices if estimate else ()
+        return {
+            "model": entry.family,
+            "series": entry.series,
+            "architecture": entry.architecture,
+            "params": self.params,
+            "active_params": entry.active_params,
+            "dense_equivalent_params": round(self.size_params),
+            "quant": entry.quant,
+            "bits_per_weight": round(self.bits_per_weight, 3),
+            "file_bytes": self.plan.file_bytes if self.plan else entry.file_bytes,
+            "file_bytes_measured": self.plan is not None or entry.file_bytes_measured,
+            "ctx": estimate.params.n_ctx_seq if estimate else (self.fallback.ctx if self.fallback else None),
+            "parallel": estimate.params.n_seq_max if estimate else (self.fallback.parallel if self.fallback else None),
+            "weights_bytes": sum(d.weights_bytes for d in devices) if devices else (self.fallback.weights_bytes if self.fallback else None),
+            "kv_bytes": sum(d.kv_bytes for d in devices) if devices else (self.fallback.kv_bytes if self.fallback else None),
+            "total_needed_bytes": self.needed_bytes,
+            "free_bytes": self.free_bytes,
+            "fits": self.status in ("best", "fits", "tight", "too slow"),
+            "status": self.status,
+            "reason": self.reason,
+            "where": self.where,
+            "est_decode_tokens_per_s": None if self.decode_tokens_per_s is None else round(self.decode_tokens_per_s, 2),
+            "speed_basis": self.speed_basis,
+            "quality": entry.quality.to_json() if entry.quality else None,
+            "method": "estimator" if self.plan else "rule-of-thumb",
+            "ollama_tag": entry.ollama,
+            "gguf_repo": entry.gguf_repo,
+            "pull": f"hf://{entry.gguf_repo} --quant {entry.quant}" if entry.gguf_repo else None,
+            "facts_date": entry.facts_date,
+            "source": entry.source,
+            "plan": plan,
+        }
+
+
+@dataclass(frozen=True)
+class CatalogRecommendation:
+    """Every catalog entry planned and ranked for one machine, best first."""
+
+    hardware: Hardware
+    budget: Budget
+    ctx: int
+    parallel: int
+    min_tokens_per_s: float
+    purpose: str
+    candidates: tuple[Candidate, ...]
+    frontier: tuple[FrontierVerdict, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.status == "best"), None)
+
+    @property
+    def smaller(self) -> Candidate | None:
+        """The largest eligible entry smaller than the best (a faster alternative)."""
+        best = self.best
+        return next((c for c in self.candidates if best and c.status in ("fits", "tight") and c.size_params < best.size_params), None)
+
+    @property
+    def larger(self) -> Candidate | None:
+        """The smallest entry larger than the best, with why it lost."""
+        best = self.best
+        larger = [c for c in self.candidates if best is None or c.size_params > best.size_params]
+        return min(larger, key=lambda c: (c.size_params, -c.bits_per_weight)) if larger else None
+
+    def to_json(self) -> dict[str, object]:
+        """The documented ``check --json`` object (no SOURCE): today's fields, plus every
+        candidate with its status and reason, and the best one's per-device plan."""
+        budget, best = self.budget, self.best
+        return {
+            "method": "estimator",
+            "hardware": self.hardware.to_json(),
+            "budget": {
+                "device": budget.device,
+                "backend": budget.backend,
+                "memory_bytes": budget.memory_bytes,
+                "bandwidth_bytes_per_s": budget.bandwidth_bytes_per_s,
+                "bandwidth_assumed": budget.bandwidth_assumed,
+            },
+            "ctx": self.ctx,
+            "parallel": self.parallel,
+            "purpose": self.purpose,
+            "min_tokens_per_s": self.min_tokens_per_s,
+            "recommendation": best.to_json() if best else None,
+            "alternatives": [{"role": role, **c.to_json()} for role, c in (("smaller", self.smaller), ("larger", self.larger)) if c is not None],
+            "candidates": [{**c.to_json(), "plan": None} for c in self.candidates],
+            "frontier": [verdict.to_json() for verdict in self.frontier],
+            "notes": list(self.notes),
+        }
+
+
+def dense_equivalent_params(total: int, active: int) -> float:
+    """A mixture of experts sized as a dense model: √(total × active) parameters (the common
+    rule of thumb for what such a model knows); a dense model's own count."""
+    return math.sqrt(total * active) if 0 < active < total else float(total)
+
+
+def recommend_catalog(
+    entries: Sequence[ModelEntry],
+    headers: Mapping[str, Sequence[GGUFHeader]],
+    hardware: Hardware,
+    machine: Machine,
+    host: HostDefaults,
+    gpus: Sequence[GpuSpec],
+    *,
+    ctx: int,
+    parallel: int,
+    min_tokens_per_s: float,
+    purpose: str = "chat",
+    request: RunRequest | None = None,
+    host_speed: DeviceSpeed | None = None,
+    gpu_speed: DeviceSpeed | None = None,
+    tight_fraction: float = 0.1,
+) -> CatalogRecommendation:
+    """Plan every entry (``headers`` by entry key; an entry without is planned by the rule of
+    thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring)."""
+    request = request or RunRequest()
+    budget = memory_budget(hardware, host)
+    planned = []
+    for entry in entries:
+        if entry.frontier:
+            continue
+        if entry.key in headers:
+            check = check_source(
+                entry.key, list(headers[entry.key]), machine, ctx=ctx * parallel, parallel=parallel, request=request,
+                host_speed=host_speed, gpu_speed=gpu_speed, model_path=f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>",
+                template=_PUBLISHED_TEMPLATE,
+            )  # fmt: skip
+            planned.append(_from_plan(entry, check, min_tokens_per_s, purpose, tight_fraction))
+        else:
+            planned.append(_from_rule(entry, fit_entry(entry, budget, host, ctx=ctx, parallel=parallel), min_tokens_per_s, purpose))
+    ranked = _rank(planned)
+    notes = []
+    if purpose == "code":
+        notes.append("no code benchmark figures in the catalog yet: ranked as for chat")
+    if not any(c.entry.quality for c in ranked):
+        notes.append("no published quality figures in the catalog yet: ranked by size (dense-equivalent), then precision")
+    frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
+    return CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, tuple(notes))
+
+
+def _speed(check: SourceCheck) -> tuple[float | None, str]:
+    calibrated = check.speed.estimate if check.speed else None
+    if calibrated is not None and calibrated.decode_tokens_per_s is not None:
+        return calibrated.decode_tokens_per_s, "calibrated"
+    estimate = check.estimate
+    bound = estimate.est_decode_tokens_per_s if estimate else None
+    if bound is None and estimate is not None and estimate.host_read_bytes_per_token and check.speed:
+        # The GPU's bandwidth is unknown (a --gpu size): the part read from RAM alone bounds it.
+        return check.speed.host_bandwidth_bytes_per_s / estimate.host_read_bytes_per_token, "bandwidth bound"
+    return bound, "bandwidth bound" if bound else "unknown"
+
+
+def _where(check: SourceCheck) -> str:
+    estimate = check.estimate
+    if estimate is None:
+        return "-"
+    if check.host_only or estimate.layers_offloaded == 0:
+        return "CPU"
+    if estimate.request.n_cpu_moe:
+        return f"GPU, experts of {estimate.request.n_cpu_moe} blocks in RAM"
+    if estimate.layers_offloaded < estimate.layers_total:
+        return f"GPU {estimate.layers_offloaded}/{estimate.layers_total}, rest in RAM"
+    return "GPU"
+
+
+def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose: str, tight_fraction: float) -> Candidate:
+    estimate = check.estimate
+    speed, basis = _speed(check)
+    devices = estimate.devices if estimate else ()
+    limiting = max(devices, key=lambda d: d.total_needed_bytes / max(d.free_bytes, 1)) if devices else None
+    needed = limiting.total_needed_bytes if limiting else None
+    free = limiting.free_bytes if limiting else 0
+    bits = check.file_bytes * 8 / max(check.params, 1)
+    status, reason = _status(entry, estimate is not None and estimate.fits, speed, min_speed, purpose)
+    if status == "fits" and limiting is not None and free - limiting.total_needed_bytes < tight_fraction * free:
+        status, reason = "tight", f"tight: leaves {format_bytes(max(free - limiting.total_needed_bytes, 0))} of {format_bytes(free)} on {limiting.name}"
+    if status == "no room" and limiting is not None:
+        reason = f"no room: needs {format_bytes(limiting.total_needed_bytes)} on {limiting.name}, {format_bytes(free)} free"
+    elif status == "no room":
+        reason = f"no room: {check.reason}"
+    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits)
+
+
+def _from_rule(entry: ModelEntry, fit: CatalogFit, min_speed: float, purpose: str) -> Candidate:
+    status, reason = _status(entry, fit.fits, fit.est_decode_tokens_per_s, min_speed, purpose)
+    reason = f"{reason} (rule of thumb: no header for this entry)"
+    basis = "bandwidth bound" if fit.est_decode_tokens_per_s else "unknown"
+    return Candidate(
+        entry, None, fit, status, reason, fit.est_decode_tokens_per_s, basis, fit.total_needed_bytes, fit.budget.memory_bytes, fit.budget.device,
+        entry.params, entry.bits_per_weight,
+    )  # fmt: skip
+
+
+def _status(entry: ModelEntry, fits: bool, speed: float | None, min_speed: float, purpose: str) -> tuple[str, str]:
+    if purpose == "long-context" and entry.context_length < LONG_CONTEXT_TOKENS:
+        return "not for long-context", f"trained for {entry.context_length:,} tokens (long-context asks {LONG_CONTEXT_TOKENS:,})"
+    if not fits:
+        return "no room", "no room"
+    if speed is not None and speed < min_speed:
+        return "too slow", f"too slow: ~{speed:,.1f} tok/s, under --min-speed {min_speed:g}"
+    return "fits", "fits"
+
+
+def _rank_key(candidate: Candidate, by_quality: bool) -> tuple[float, float, float, float]:
+    quality = candidate.entry.quality.score if by_quality and candidate.entry.quality else 0.0
+    speed = candidate.decode_tokens_per_s
+    if speed is None:  # unknown: the GPU's bandwidth was not given; whole on the GPU is the fastest way
+        speed = math.inf if candidate.where == "GPU" else 0.0
+    return (quality, candidate.size_params, min(candidate.bits_per_weight, PRECISION_CAP_BITS), speed)
+
+
+def _rank(candidates: list[Candidate]) -> tuple[Candidate, ...]:
+    """Best first (module docstring); the winner's status becomes ``best`` and its reason says why."""
+    eligible = [c for c in candidates if c.status == "fits"] or [c for c in candidates if c.status == "tight"]
+    benchmarks = {c.entry.quality.benchmark if c.entry.quality else None for c in eligible}
+    by_quality = bool(eligible) and None not in benchmarks and len(benchmarks) == 1
+    ordered = sorted(candidates, key=lambda c: (_ORDER[c.status], tuple(-v for v in _rank_key(c, by_quality))))
+    if not eligible:
+        return tuple(ordered)
+    winner = max(eligible, key=lambda c: _rank_key(c, by_quality))
+    if by_quality and winner.entry.quality:
+        why = f"highest {winner.entry.quality.benchmark} ({winner.entry.quality.score:g}) that fits"
+    else:
+        why = "largest model that fits" + (", highest precision" if winner.bits_per_weight > 6 else "")
+        if any(c.entry.family == winner.entry.family and c.bits_per_weight > winner.bits_per_weight for c in eligible):
+            why += ", faster than its higher-precision files"
+    if winner.status == "tight":
+        why += f" — {winner.reason}; nothing fits with room to spare"
+    best = replace(winner, status="best", reason=why)
+    lost = []
+    for c in ordered:
+        if c is winner:
+            continue
+        if c.status == "fits":
+            c = replace(c, reason=_lost_to(c, winner, by_quality))
+        lost.append(c)
+    return (best, *lost)
+
+
+def _lost_to(candidate: Candidate, winner: Candidate, by_quality: bool) -> str:
+    if by_quality and candidate.entry.quality and winner.entry.quality and candidate.entry.quality.score < winner.entry.quality.score:
+        return f"fits; lower {candidate.entry.quality.benchmark} ({candidate.entry.quality.score:g})"
+    if candidate.size_params < winner.size_params:
+        return "fits; smaller"
+    if min(candidate.bits_per_weight, PRECISION_CAP_BITS) < min(winner.bits_per_weight, PRECISION_CAP_BITS):
+        return "fits; lower precision"
+    return "fits; slower"

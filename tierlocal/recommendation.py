@@ -1,0 +1,62 @@
+"""The catalog recommendation for a machine, assembled: the catalog's entries and their compact
+headers (recipes/), this CPU's calibration (when the llama-server found here was calibrated)
+and the GPU's published speed, handed to the pure ranking in :mod:`tierlocal.fit.recommend`.
+
+``check`` (no SOURCE, or a catalog name), ``pull`` (no SOURCE) and ``serve NAME`` all take
+their answer from :func:`catalog_recommendation`, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from .catalog import ModelEntry, gpu_speed_for, load_entry_headers, load_gpus, load_host_defaults
+from .engines.llama_server import find_llama_server, read_engine_flags
+from .errors import TierlocalError
+from .fit.estimate import RunRequest
+from .fit.recommend import CatalogRecommendation, recommend_catalog
+from .fit.source import machine_for
+from .hardware.calibrate import calibration_key, load_calibration
+from .hardware.types import Hardware
+
+__all__ = ["catalog_recommendation", "engine_version"]
+
+
+def engine_version() -> str | None:
+    """The version of the llama-server found here (None: none found, or it does not run)."""
+    binary = find_llama_server()
+    try:
+        return read_engine_flags(binary).version if binary is not None else None
+    except TierlocalError:
+        return None
+
+
+def catalog_recommendation(
+    entries: Sequence[ModelEntry],
+    hardware: Hardware,
+    *,
+    ctx: int,
+    parallel: int,
+    min_tokens_per_s: float,
+    purpose: str = "chat",
+    request: RunRequest | None = None,
+) -> CatalogRecommendation:
+    """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots.
+
+    This CPU's calibration prices the host's part only when the host is this machine (no
+    ``--ram``): another machine's CPU was never timed here.
+
+    Raises:
+        CatalogError: a catalog header is unreadable.
+    """
+    host = load_host_defaults()
+    machine = machine_for(hardware, host)
+    version = engine_version() if not hardware.ram_overridden else None
+    host_speed = load_calibration(calibration_key(version)) if version else None
+    headers = {entry.key: found for entry in entries if (found := load_entry_headers(entry)) is not None}
+    request = request or RunRequest()
+    return recommend_catalog(
+        entries, headers, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
+        request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=gpu_speed_for(machine.gpu_name, machine.gpu_bandwidth),
+    )  # fmt: skip
