@@ -89,7 +89,8 @@ def list_(as_json: bool) -> None:
     if as_json:
         print_json({"models": families})
         return
-    table = Table(title=f"{len(families)} models, {sum(len(f['quants']) for f in families)} entries (recipes/models.toml)", title_justify="left")  # type: ignore[arg-type]
+    n_entries = sum(len(f["quants"]) for f in families)  # type: ignore[arg-type, misc]
+    table = Table(title=f"{len(families)} models, {n_entries} entries (recipes/models.toml)", title_justify="left")
     for column in ("name", "family", "params", "architecture", "context", "quants", "facts", "quality"):
         table.add_column(column, justify="right" if column in ("params", "context") else "left")
     for family in families:
