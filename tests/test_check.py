@@ -86,9 +86,10 @@ def test_kimi_k3_never_fits() -> None:
         # MISSION.md: 16 GB → 7B with room for long context; 24 GB → 14B; 48 GB → 32B; 80 GB →
         # 70B at 4-bit. The estimator may show better (a bigger model fits at 8k); never worse,
         # and then it says why.
-        ("RTX 4080", 7e9, 25e9),
+        ("RTX 4080", 7e9, 33e9),
         ("RTX 4090", 14e9, 33e9),
         ("RTX A6000", 32e9, 71e9),
+        ("2xRTX 3090", 32e9, 71e9),  # two consumer cards: the most common 48 GB machine
         ("A100 80GB", 70e9, 71e9),
     ],
 )
@@ -98,12 +99,15 @@ def test_mission_cards_come_out_or_better(gpu: str, low: float, high: float) -> 
     best, plan = payload["recommendation"], payload["plan"]
     assert low <= best["params"] <= high  # type: ignore[index, operator]
     assert best["bits_per_weight"] >= 4.5  # type: ignore[index, operator]
-    assert best["where"] == "GPU", best  # type: ignore[index]
+    assert best["where"].startswith(("GPU", "2 GPUs")), best  # type: ignore[index]
     gpu_device = plan["devices"][0]  # type: ignore[index]
     assert gpu_device["total_needed_bytes"] + 1024**2 * 1024 <= gpu_device["free_bytes"]  # the 1 GiB margin
     human = " ".join(run_cli("check", "--gpu", gpu, "--ram", "32GiB").stdout.split())  # rich wraps at 120 columns
     assert f"Recommended: {best['model']} {best['quant']}" in human  # type: ignore[index]
     assert "largest model that fits" in human
+    if best["where"] not in ("GPU", "2 GPUs"):  # type: ignore[index]
+        # Bigger than the card because part runs from RAM: the output says which part and what it costs.
+        assert "run from system RAM: expect" in human or "experts of" in human
 
 
 def test_a_vps_without_gpu_plans_host_ram_as_the_device() -> None:

@@ -24,8 +24,9 @@ DEFAULT_UBATCH = 512
 AUTO_SLOTS = 4
 #: What ``-ngl all`` asks for: every layer (a plan resolves it to the model's layer count).
 NGL_ALL = 2**31 - 1
-#: Slowest decode speed (tokens/s) the catalog recommendation accepts.
-DEFAULT_MIN_TOKENS_PER_S = 5.0
+#: Slowest decode speed (tokens/s) the catalog recommendation accepts: a comfortable reading
+#: pace for chat (--min-speed 0: the largest model that runs at all).
+DEFAULT_MIN_TOKENS_PER_S = 10.0
 #: Context tokens per slot ``check --for long-context`` plans when --ctx is not given.
 LONG_CONTEXT_CTX = 32768
 

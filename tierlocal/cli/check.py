@@ -101,9 +101,6 @@ def check(
       tierlocal check kimi-k3
     """
     hardware = machine(gpus, ram, ram_bandwidth)
-    if len(hardware.gpus) > 1 and not as_json:
-        largest = max(hardware.gpus, key=lambda device: device.free_bytes)
-        click.echo(f"note: planning for one GPU ({largest.name}); tierlocal does not split a model across {len(hardware.gpus)} GPUs yet", err=True)
     if source is not None and not find_model(source):
         request = RunRequest(
             ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch,
@@ -131,13 +128,14 @@ def _check_catalog(
     if purpose == "long-context" and click.get_current_context().get_parameter_source("ctx") == click.core.ParameterSource.DEFAULT:
         tokens = constants.LONG_CONTEXT_CTX
     recommendation = catalog_recommendation(entries, hardware, ctx=tokens, parallel=int(parallel), min_tokens_per_s=min_speed, purpose=purpose, request=request)
+    # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
+    shown = recommendation.best or (recommendation.candidates[0] if source is not None and recommendation.candidates else None)
     if as_json:
         payload = recommendation.to_json()
-        best = recommendation.best
-        payload["plan"] = best.plan.to_json() if best and best.plan else None
+        payload["plan"] = shown.plan.to_json() if shown and shown.plan else None
         print_json(payload)
     else:
-        render_catalog_recommendation(recommendation, show_all=show_all, render_plan=render_source_check)
+        render_catalog_recommendation(recommendation, show_all=show_all, render_plan=render_source_check, closest=shown)
 
 
 def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, request: RunRequest) -> SourceCheck:

@@ -22,9 +22,14 @@ _ROWS = 14
 
 
 def render_catalog_recommendation(
-    recommendation: CatalogRecommendation, *, show_all: bool = False, render_plan: Callable[[SourceCheck], None] | None = None
+    recommendation: CatalogRecommendation,
+    *,
+    show_all: bool = False,
+    render_plan: Callable[[SourceCheck], None] | None = None,
+    closest: Candidate | None = None,
 ) -> None:
-    """The answer first, then its plan, then the ranking with reasons."""
+    """The answer first, then its plan (or, when nothing fits, ``closest``'s: why not), then
+    the ranking with reasons."""
     out = console()
     _print_machine(out, recommendation)
     best = recommendation.best
@@ -33,6 +38,9 @@ def render_catalog_recommendation(
             f"[bold]Verdict:[/bold] no catalog model fits this machine at {recommendation.ctx:,} tokens × {recommendation.parallel} slot(s) "
             f"and decodes ≥ {recommendation.min_tokens_per_s:g} tok/s; lower --ctx or --min-speed, or use tier 3 (a hosted API)."
         )
+        if closest is not None and closest.plan is not None and render_plan is not None:
+            out.print(f"The closest, {closest.entry.family} {closest.entry.quant}: {escape(closest.reason)}.")
+            render_plan(closest.plan)
     else:
         entry = best.entry
         ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""

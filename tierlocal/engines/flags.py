@@ -31,7 +31,7 @@ PLANNED_OPTIONS = {
     **dict.fromkeys(("-m", "--model", "-hf", "--hf-repo", "-mu", "--model-url"), "SOURCE"),
     **dict.fromkeys(("-c", "--ctx-size"), "--ctx"),
     **dict.fromkeys(("-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified"), "--parallel"),
-    **dict.fromkeys(("-ngl", "--gpu-layers", "--n-gpu-layers", "-dev", "--device", "--fit", "-fit"), "--ngl / --gpu"),
+    **dict.fromkeys(("-ngl", "--gpu-layers", "--n-gpu-layers", "-dev", "--device", "--fit", "-fit", "-ts", "--tensor-split"), "--ngl / --gpu"),
     **dict.fromkeys(("-fa", "--flash-attn"), "--flash-attn"),
     **dict.fromkeys(("-ctk", "--cache-type-k"), "--cache-type-k"),
     **dict.fromkeys(("-ctv", "--cache-type-v"), "--cache-type-v"),
@@ -46,7 +46,7 @@ PLANNED_OPTIONS = {
 }
 #: Options that change memory in ways the plan does not model: passed on, with a warning.
 UNPLANNED_MEMORY_OPTIONS = (
-    "-nkvo", "--no-kv-offload", "-ot", "--override-tensor", "-sm", "--split-mode", "-ts", "--tensor-split",
+    "-nkvo", "--no-kv-offload", "-ot", "--override-tensor", "-sm", "--split-mode",
     "-mg", "--main-gpu", "-mmu", "--mmproj-url", "--lora", "--control-vector", "-md", "--model-draft", "-ctxcp", "--ctx-checkpoints",
 )  # fmt: skip
 
@@ -90,7 +90,8 @@ def parse_help(help_text: str, version_text: str = "") -> EngineFlags:
 
 def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_takes_value: bool = True, template_args: tuple[str, ...] = ()) -> list[str]:
     """The planned options after ``-m MODEL``: context, ``-dev none`` for a CPU-only plan on a
-    machine with a GPU, slots (none for llama-server's auto), layers, flash attention (as
+    machine with a GPU, slots (none for llama-server's auto), layers (and each GPU's share, ``-ts``,
+    when several hold them), flash attention (as
     ``-fa on|off``, or a bare ``-fa`` for binaries whose flag takes no value), experts on the
     CPU, cache types and micro-batch when not the defaults, the multimodal projector (with
     ``--no-mmproj-offload`` when it is planned in system RAM), then the chat template's options
@@ -100,6 +101,7 @@ def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_ta
     args += ["-dev", "none"] if host_only else []
     args += ["-np", str(params.n_seq_max)] if not params.kv_unified else []
     args += ["-ngl", str(request.ngl)]
+    args += ["-ts", ",".join(str(share) for share in estimate.tensor_split)] if estimate.tensor_split and not host_only else []
     if flash_attn_takes_value:
         args += ["-fa", "on" if request.flash_attn else "off"]
     elif request.flash_attn:

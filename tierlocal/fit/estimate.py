@@ -8,6 +8,7 @@ that fits, and solves for the context (``--ctx max``) or the slots (``--parallel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .. import constants
@@ -24,8 +25,9 @@ from .memory import (
 )
 from .model import ModelSpec
 from .projector import ProjectorSpec, ProjectorUsage, projector_usage
+from .split import layer_devices, pipeline_inputs_bytes, weights_by_device
 
-__all__ = ["RunRequest", "Machine", "DeviceUsage", "RunEstimate", "estimate_run", "plan_run", "max_context", "max_parallel"]
+__all__ = ["RunRequest", "GpuDevice", "Machine", "DeviceUsage", "RunEstimate", "estimate_run", "plan_run", "max_context", "max_parallel"]
 
 _CTX_STEP = 256
 _MAX_SLOTS = 256
@@ -59,8 +61,23 @@ class RunRequest:
 
 
 @dataclass(frozen=True)
+class GpuDevice:
+    """One of several GPUs a model is split across. Bytes."""
+
+    name: str
+    backend: str
+    total_bytes: int
+    free_bytes: int
+    max_tensor_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class Machine:
-    """One GPU (or none) and the host. Bytes; bandwidth in bytes/s (None: unknown)."""
+    """One GPU (or none) and the host. Bytes; bandwidth in bytes/s (None: unknown).
+
+    With several GPUs, ``gpu_devices`` lists them in device order and ``tensor_split`` gives
+    each one's share of the layers (llama-server's ``-ts``); the ``gpu_*`` fields then describe
+    the first (its name, backend and bandwidth; free and total summed over all)."""
 
     gpu_name: str | None
     gpu_backend: str | None
@@ -80,6 +97,8 @@ class Machine:
     #: that decide which weights the CPU backend repacks (``avx2``, ``avx512f``, ``asimddp``).
     cpu_arch: str = ""
     cpu_features: tuple[str, ...] = ()
+    gpu_devices: tuple[GpuDevice, ...] = ()
+    tensor_split: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,8 @@ class RunEstimate:
     host_read_bytes_per_token: int = 0
     gpu_read_bytes_per_token: int = 0
     projector: ProjectorUsage | None = None
+    #: Each GPU's share of the layers (``-ts``) when the model is split across several.
+    tensor_split: tuple[int, ...] = ()
 
 
 def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
@@ -152,21 +173,20 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     output = output_buffer_bytes(spec, params)
     offloaded = sum(on_gpu)
     projector, gpu_projector, host_projector = _projector(request, machine)
-    devices = []
+    devices: list[DeviceUsage] = []
+    host_compute = compute
     if machine.gpu_name is not None:
         gpu_compute = compute
         if (offloaded <= spec.n_layer or n_cpu_moe) and request.n_ubatch >= 32:
             gpu_compute = partial_offload_compute_bytes(spec, params, compute, on_gpu, n_cpu_moe, machine.max_tensor_bytes)
         gpu_compute = max(0, gpu_compute + machine.gpu_compute_correction_bytes)
-        devices.append(
-            DeviceUsage(
-                machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes,
-                weights.gpu_bytes, kv_gpu, gpu_compute, 0, machine.gpu_overhead_bytes, gpu_projector,
-            )
-        )  # fmt: skip
         host_compute = host_compute_bytes(spec, params, flash_attn=request.flash_attn)
-    else:
-        host_compute = compute
+        if len(machine.gpu_devices) > 1:
+            split, pipeline = _split_devices(spec, request, machine, params, ngl, n_cpu_moe, compute, gpu_compute, kv.layer_bytes)
+            devices += [replace(split[0], projector_bytes=gpu_projector), *split[1:]]
+            host_compute += pipeline
+        else:
+            devices.append(_one_gpu(machine, weights.gpu_bytes, kv_gpu, gpu_compute, gpu_projector))
     devices.append(
         DeviceUsage(
             "host (CPU, RAM)", "cpu", machine.host_total_bytes, machine.host_free_bytes,
@@ -189,7 +209,50 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         host_read_bytes_per_token=weights.cpu_read_bytes,
         gpu_read_bytes_per_token=weights.gpu_read_bytes,
         projector=projector,
+        tensor_split=(machine.tensor_split or tuple(1 for _ in machine.gpu_devices)) if len(machine.gpu_devices) > 1 and machine.gpu_name else (),
     )
+
+
+def _one_gpu(machine: Machine, weights: int, kv: int, compute: int, projector: int) -> DeviceUsage:
+    assert machine.gpu_name is not None
+    return DeviceUsage(
+        machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes, weights, kv, compute, 0, machine.gpu_overhead_bytes,
+        projector,
+    )  # fmt: skip
+
+
+def _split_devices(
+    spec: ModelSpec,
+    request: RunRequest,
+    machine: Machine,
+    params: ContextParams,
+    ngl: int,
+    n_cpu_moe: int,
+    compute: int,
+    first_compute: int,
+    kv_layer_bytes: Sequence[int],
+) -> tuple[list[DeviceUsage], int]:
+    """Each GPU of a layer split (:mod:`.split`), and the pipeline-parallel inputs the host's
+    compute buffer adds (bytes). The first device takes the CPU layers' offloaded operations
+    (``first_compute``); every device its own graph's peak, plus the pipeline copies when
+    every layer is offloaded and no tensor is overridden."""
+    gpus = machine.gpu_devices
+    ratio = machine.tensor_split or tuple(1 for _ in gpus)
+    placement = layer_devices(spec, ngl, ratio)
+    max_tensor = min((g.max_tensor_bytes for g in gpus if g.max_tensor_bytes), default=None)
+    weights = weights_by_device(spec, placement, len(gpus), n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor)
+    pipeline = pipeline_inputs_bytes(spec, params, flash_attn=request.flash_attn) if ngl > spec.n_layer and not n_cpu_moe else 0
+    devices = []
+    for index, gpu in enumerate(gpus):
+        kv = sum(size for size, device in zip(kv_layer_bytes, placement, strict=False) if device == index)
+        own = first_compute if index == 0 else compute
+        devices.append(
+            DeviceUsage(
+                gpu.name, gpu.backend, gpu.total_bytes, gpu.free_bytes, weights[index], kv, own + pipeline, 0, machine.gpu_overhead_bytes,
+                0,
+            )
+        )  # fmt: skip
+    return devices, pipeline
 
 
 def _projector(request: RunRequest, machine: Machine) -> tuple[ProjectorUsage | None, int, int]:
@@ -206,8 +269,7 @@ def _projector(request: RunRequest, machine: Machine) -> tuple[ProjectorUsage | 
 
 
 def _gpu_fits(candidate: RunEstimate, machine: Machine) -> bool:
-    gpu = candidate.devices[0]
-    return gpu.total_needed_bytes + machine.margin_bytes <= gpu.free_bytes
+    return all(gpu.total_needed_bytes + machine.margin_bytes <= gpu.free_bytes for gpu in candidate.devices[:-1])
 
 
 def _faster(a: RunEstimate, b: RunEstimate) -> RunEstimate:

@@ -44,6 +44,8 @@ __all__ = [
     "compute_buffer_bytes",
     "host_compute_bytes",
     "cache_type_bytes",
+    "mask_cells",
+    "EXPERT_TENSOR",
 ]
 
 _PAD = 256
@@ -274,7 +276,7 @@ def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
     return spec.n_vocab * 4 * params.n_seq_max
 
 
-def _mask_cells(spec: ModelSpec, params: ContextParams) -> list[int]:
+def mask_cells(spec: ModelSpec, params: ContextParams) -> list[int]:
     """KV cells each attention mask spans: the full cache, and the SWA cache if any."""
     cells_full, cells_swa = _cache_cells(spec, params)
     return ([cells_full] if not all(spec.is_swa) else []) + ([cells_swa] if any(spec.is_swa) else [])
@@ -314,7 +316,7 @@ def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: 
     +1% of the device's total); not yet corrected for.
     """
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
-    masks = _mask_cells(spec, params)
+    masks = mask_cells(spec, params)
     attn_out = spec.attn_out_dim or spec.q_dim
     if spec.n_expert and spec.n_expert_used and spec.n_ff_exp:
         ffn_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd + 3 * spec.n_embd + attn_out
@@ -340,7 +342,7 @@ def host_compute_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bo
     without). Measured on the Vulkan build: exact to 0.01 MiB for the four models above."""
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
     element = 2 if flash_attn else 4
-    return 2 * spec.n_embd * n_tokens * 4 + sum(cells * n_tokens * element for cells in _mask_cells(spec, params))
+    return 2 * spec.n_embd * n_tokens * 4 + sum(cells * n_tokens * element for cells in mask_cells(spec, params))
 
 
 def partial_offload_compute_bytes(
@@ -384,7 +386,7 @@ def partial_offload_compute_bytes(
         expert_peak = (
             max(experts)
             + n_tokens * 4 * expert_floats
-            + sum(cells * n_tokens * 2 for cells in _mask_cells(spec, params))
+            + sum(cells * n_tokens * 2 for cells in mask_cells(spec, params))
             + (max(kv.layer_bytes, default=0) if attention_on_cpu else 0)
         )
         peak = max(peak, expert_peak)

@@ -10,7 +10,8 @@ Each planned entry then gets a status:
 - ``no room``: it does not fit the machine, even partly in RAM;
 - ``too slow``: it fits but decodes below ``min_tokens_per_s`` (the calibrated estimate where
   this CPU was calibrated, else the memory-bandwidth bound; not judged when unknown);
-- ``tight``: it fits, but leaves less than ``tight_fraction`` of a device's free memory;
+- ``tight``: it fits, but leaves less than ``tight_fraction`` (5%) of a device's free memory
+  (beyond the GPU margin the plan already keeps);
 - ``not for PURPOSE``: ``--for long-context`` and a trained context under 128k tokens;
 - ``fits``: eligible.
 
@@ -197,7 +198,7 @@ def recommend_catalog(
     request: RunRequest | None = None,
     host_speed: DeviceSpeed | None = None,
     gpu_speed: DeviceSpeed | None = None,
-    tight_fraction: float = 0.1,
+    tight_fraction: float = 0.05,
 ) -> CatalogRecommendation:
     """Plan every entry (``headers`` by entry key; an entry without is planned by the rule of
     thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring)."""
@@ -244,11 +245,12 @@ def _where(check: SourceCheck) -> str:
         return "-"
     if check.host_only or estimate.layers_offloaded == 0:
         return "CPU"
+    gpu = f"{len(estimate.tensor_split)} GPUs" if estimate.tensor_split else "GPU"
     if estimate.request.n_cpu_moe:
-        return f"GPU, experts of {estimate.request.n_cpu_moe} blocks in RAM"
+        return f"{gpu}, experts of {estimate.request.n_cpu_moe} blocks in RAM"
     if estimate.layers_offloaded < estimate.layers_total:
-        return f"GPU {estimate.layers_offloaded}/{estimate.layers_total}, rest in RAM"
-    return "GPU"
+        return f"{gpu} {estimate.layers_offloaded}/{estimate.layers_total}, rest in RAM"
+    return gpu
 
 
 def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose: str, tight_fraction: float) -> Candidate:
@@ -293,7 +295,7 @@ def _rank_key(candidate: Candidate, by_quality: bool) -> tuple[float, float, flo
     quality = candidate.entry.quality.score if by_quality and candidate.entry.quality else 0.0
     speed = candidate.decode_tokens_per_s
     if speed is None:  # unknown: the GPU's bandwidth was not given; whole on the GPU is the fastest way
-        speed = math.inf if candidate.where == "GPU" else 0.0
+        speed = math.inf if candidate.where in ("GPU",) or candidate.where.endswith(" GPUs") else 0.0
     return (quality, candidate.size_params, min(candidate.bits_per_weight, PRECISION_CAP_BITS), speed)
 
 

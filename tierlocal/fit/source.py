@@ -15,10 +15,11 @@ from ..errors import UsageError
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
 from .device_speed import DeviceSpeed
-from .estimate import Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
+from .estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
 from .host_memory import LOAD_MODES, HostMemory, host_memory
 from .model import ModelSpec, model_spec
 from .speed import DecodeSpeed, SpeedEstimate, decode_speed, estimate_speed
+from .split import split_ratio
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
 
@@ -156,7 +157,10 @@ def parse_parallel(text: str) -> int | str | None:
 
 
 def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
-    """The largest GPU (or none) and the host, with the planning assumptions."""
+    """The GPUs (or none) and the host, with the planning assumptions. Several GPUs are split
+    by layer in proportion to their free memory, as llama.cpp does by default."""
+    if len(hardware.gpus) > 1:
+        return _split_machine(hardware, host)
     gpu = max(hardware.gpus, key=lambda device: device.free_bytes) if hardware.gpus else None
     return Machine(
         gpu_name=gpu.name if gpu else None,
@@ -172,6 +176,31 @@ def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
         max_tensor_bytes=gpu.max_tensor_bytes if gpu else None,
         cpu_arch=hardware.cpu_arch,
         cpu_features=hardware.cpu_features,
+    )
+
+
+def _split_machine(hardware: Hardware, host: HostDefaults) -> Machine:
+    gpus = hardware.gpus
+    first = gpus[0]
+    bandwidths = [gpu.bandwidth_bytes_per_s for gpu in gpus]
+    limits = [gpu.max_tensor_bytes for gpu in gpus if gpu.max_tensor_bytes]
+    return Machine(
+        gpu_name=first.name,
+        gpu_backend=first.backend,
+        gpu_total_bytes=sum(gpu.total_bytes for gpu in gpus),
+        gpu_free_bytes=sum(gpu.free_bytes for gpu in gpus),
+        # A token passes through every device in turn: the slowest bounds the read rate.
+        gpu_bandwidth=None if None in bandwidths else min(b for b in bandwidths if b is not None),
+        host_total_bytes=hardware.ram_total_bytes,
+        host_free_bytes=hardware.ram_available_bytes,
+        host_bandwidth=hardware.ram_bandwidth_bytes_per_s or host.assumed_ram_bandwidth_bytes_per_s,
+        gpu_overhead_bytes=host.gpu_runtime_overhead_bytes,
+        margin_bytes=host.fit_margin_bytes,
+        max_tensor_bytes=min(limits) if limits else None,
+        cpu_arch=hardware.cpu_arch,
+        cpu_features=hardware.cpu_features,
+        gpu_devices=tuple(GpuDevice(gpu.name, gpu.backend, gpu.total_bytes, gpu.free_bytes, gpu.max_tensor_bytes) for gpu in gpus),
+        tensor_split=split_ratio([gpu.free_bytes for gpu in gpus]),
     )
 
 
@@ -196,8 +225,9 @@ def _cache_suggestion(estimate: RunEstimate, plan: Callable[[RunRequest], RunEst
 
 def _without_gpu(machine: Machine) -> Machine:
     return replace(
-        machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None
-    )
+        machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None,
+        gpu_devices=(), tensor_split=(),
+    )  # fmt: skip
 
 
 def _base_request(request: RunRequest, ctx: int | None, parallel: int | str | None) -> tuple[RunRequest, str]:
