@@ -48,6 +48,8 @@ def render_catalog_recommendation(
             f"[bold]Recommended:[/bold] {entry.family} {entry.quant} ({format_count(best.params)} parameters, {best.bits_per_weight:.2f} bits/weight"
             f"{ollama}) — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`."
         )
+        if best.note:
+            out.print(f"[bold yellow]Note[/bold yellow]: {escape(best.note)}.")
         if best.plan is not None and render_plan is not None:
             render_plan(best.plan)
     out.print(_candidates_table(recommendation, show_all))

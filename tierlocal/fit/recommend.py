@@ -74,6 +74,8 @@ class Candidate:
     where: str
     params: int
     bits_per_weight: float
+    #: What to run it with, when the default would not do (``--load-mode none``), and why.
+    note: str = ""
 
     @property
     def size_params(self) -> float:
@@ -114,6 +116,7 @@ class Candidate:
             "ollama_tag": entry.ollama,
             "gguf_repo": entry.gguf_repo,
             "pull": f"hf://{entry.gguf_repo} --quant {entry.quant}" if entry.gguf_repo else None,
+            "note": self.note or None,
             "facts_date": entry.facts_date,
             "source": entry.source,
             "plan": plan,
@@ -268,7 +271,23 @@ def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose:
         reason = f"no room: needs {format_bytes(limiting.total_needed_bytes)} on {limiting.name}, {format_bytes(free)} free"
     elif status == "no room":
         reason = f"no room: {check.reason}"
-    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits)
+    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits, _load_note(check))
+
+
+def _load_note(check: SourceCheck) -> str:
+    """``--load-mode none`` when mmap's peak (the mapped file beside the CPU's repacked copy of
+    its weights) would not fit the RAM available, while loading without mmap would."""
+    modes = {memory.load_mode: memory for memory in check.host_memory}
+    estimate = check.estimate
+    if estimate is None or "mmap" not in modes or "none" not in modes:
+        return ""
+    free = estimate.devices[-1].free_bytes
+    if modes["mmap"].peak_bytes <= free or modes["none"].peak_bytes > free:
+        return ""
+    return (
+        f"serve it with --load-mode none: with mmap the file stays mapped beside its repacked copy, "
+        f"{format_bytes(modes['mmap'].peak_bytes)} at load against {format_bytes(free)}; without, {format_bytes(modes['none'].peak_bytes)}"
+    )
 
 
 def _from_rule(entry: ModelEntry, fit: CatalogFit, min_speed: float, purpose: str) -> Candidate:
