@@ -159,7 +159,8 @@ def _peer_claims(entry_family: str, quant: str, shape: Shape, profile: Path, lla
     repo = entry.source.removeprefix("https://huggingface.co/").removesuffix("/blob/main/config.json")
     claims: dict[str, int | None] = {"llamafit": None, "llmfit": None}
     llamafit_id = repo.split("/")[-1].lower()
-    plan = _json([llamafit, "--json", "--profile", str(profile), "plan", llamafit_id, "--quant", quant, "--context", str(CTX)])
+    # The same micro-batch as tierlocal's plan (llama-server's 512): LlamaFit would pick its own.
+    plan = _json([llamafit, "--json", "--profile", str(profile), "plan", llamafit_id, "--quant", quant, "--context", str(CTX), "--ub", "512"])
     if isinstance(plan, dict) and "placement" in plan:
         claims["llamafit"] = _llamafit_claim(plan["placement"], bool(shape.cards))
     vram = sum(gib for _, gib, _ in shape.cards)

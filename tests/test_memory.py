@@ -418,6 +418,26 @@ def test_jamba_state_and_attention_kv_match_the_real_engine(assets: Assets, tmp_
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.13
 
 
+def test_gpt_oss_weights_and_sliding_window_kv_match_the_real_engine(assets: Assets, tmp_path: Path) -> None:
+    """gpt-oss-20b's width, 4 blocks: blocks 0 and 2 keep a 128-token sliding-window cache,
+    blocks 1 and 3 the full context; the KV buffers (the full cache and the sliding-window one)
+    and the mapped MXFP4 experts and Q8_0 weights match llama.cpp's to the hundredth of a MiB."""
+    from tests.support.sparse_models import GPT_OSS_20B_4L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "gpt-oss.gguf", GPT_OSS_20B_4L)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.is_swa == (True, False, True, False) and spec.verified
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    log = _served_log(assets, path, tmp_path)
+    assert len(_KV_LINE.findall(log)) == 2  # the full cache and the sliding-window one
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.01)
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    # The compute formula errs high (+22% on the full gpt-oss-20b, 124 vs 101 MiB): the safe side.
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.3
+
+
 @pytest.mark.parametrize("n_vocab", [65536, 65537])
 def test_an_output_matrix_whose_batch_product_the_device_cannot_bind_stays_in_ram(assets: Assets, tmp_path: Path, n_vocab: int) -> None:
     """llama.cpp tests a weight's operation on a 512-token batch before offloading it: on

@@ -270,6 +270,22 @@ def test_no_source_pulls_what_check_recommends(repo_dir: Path, tmp_path: Path) -
     assert (tmp_path / "m" / name).is_file()
 
 
+def test_serve_a_catalog_name_takes_what_check_recommends(repo_dir: Path, tmp_path: Path) -> None:
+    """`serve NAME` resolves a catalog name to the quantisation `check NAME` recommends for the
+    machine, and without --pull says it is not downloaded yet."""
+    checked = run_cli("check", "llama-3.1-8b", "--gpu", "8GiB", "--json")
+    assert checked.returncode == 0, checked.stderr
+    best = json.loads(checked.stdout)["recommendation"]
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / f"{best['model']}-{best['quant']}.gguf").symlink_to(repo_dir / FILE)
+    with fake_hub([HubRepo(best["gguf_repo"], served)]) as (endpoint, _):
+        result = run_cli("serve", "llama-3.1-8b", "--gpu", "8GiB", env=_env(endpoint, tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert f"llama-3.1-8b: {best['model']} {best['quant']}: recommended for this machine" in result.stderr
+    assert "not downloaded yet" in result.stderr and "--pull" in result.stderr
+
+
 def test_progress_bar_on_a_terminal_only(repo_dir: Path, tmp_path: Path) -> None:
     """On a TTY stderr shows rich's bar (bytes, rate, ETA); piped (above) it stays quiet."""
     import pty

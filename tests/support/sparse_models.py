@@ -80,6 +80,9 @@ class SparseArch:
     #: post_ffw_norm), and the sliding window the 5-of-6 local layers see.
     post_norms: bool = False
     sliding_window: int = 0
+    #: gpt-oss (llama.cpp's openai-moe.cpp): biased attention with per-head sinks, a post-attention
+    #: norm, experts with biases and a biased router; the rope spans the head (head_dim).
+    gpt_oss: bool = False
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -170,6 +173,14 @@ JAMBA_MINI_8L = SparseArch(
 # The vocabulary is taken as 50,304 (the Pile tokenizer's; the state does not depend on it).
 RWKV7_168M = SparseArch(
     "rwkv7-goose-pile-168m-q4k", "rwkv7", 12, 768, 0, 0, 0, 3072, 50304, 1048576, rwkv7=(64, 64, 64, 32, 128),
+)  # fmt: skip
+# gpt-oss-20b (openai/gpt-oss-20b config.json): width 2880, 64 heads and 8 KV heads of 64, a
+# 128-token sliding window in every other block (from the first), 32 experts (4 used) of 2880
+# in MXFP4 with the rest Q8_0 (llama-quantize's MXFP4_MOE), vocabulary 201,088. The first 4 of
+# its 24 blocks, width kept.
+GPT_OSS_20B_4L = SparseArch(
+    "gpt-oss-20b-4-blocks-mxfp4", "gpt-oss", 4, 2880, 64, 8, 64, 2880, 201088, 131072,
+    experts=(32, 4, 2880), gpt_oss=True, sliding_window=128, weight_type=Q.Q8_0, output_type=Q.Q8_0,
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -422,6 +433,36 @@ def _kimi_k3_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...]
     ]
 
 
+def _gpt_oss_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A gpt-oss block (llama.cpp's openai-moe.cpp load_arch_tensors)."""
+    assert spec.experts is not None
+    n_expert, _, n_ff_exp = spec.experts
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    x = Q.MXFP4 if w == Q.Q8_0 else w  # as shipped: experts MXFP4 beside Q8_0
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    return [
+        (blk + "attn_norm.weight", (e,), f32),
+        (blk + "post_attention_norm.weight", (e,), f32),
+        (blk + "attn_q.weight", (e, q_dim), w),
+        (blk + "attn_k.weight", (e, kv_dim), w),
+        (blk + "attn_v.weight", (e, kv_dim), w),
+        (blk + "attn_q.bias", (q_dim,), f32),
+        (blk + "attn_k.bias", (kv_dim,), f32),
+        (blk + "attn_v.bias", (kv_dim,), f32),
+        (blk + "attn_output.weight", (q_dim, e), w),
+        (blk + "attn_output.bias", (e,), f32),
+        (blk + "attn_sinks.weight", (spec.n_head,), f32),
+        (blk + "ffn_gate_inp.weight", (e, n_expert), w),
+        (blk + "ffn_gate_inp.bias", (n_expert,), f32),
+        (blk + "ffn_gate_exps.weight", (e, n_ff_exp, n_expert), x),
+        (blk + "ffn_down_exps.weight", (n_ff_exp, e, n_expert), x),
+        (blk + "ffn_up_exps.weight", (e, n_ff_exp, n_expert), x),
+        (blk + "ffn_gate_exps.bias", (n_ff_exp, n_expert), f32),
+        (blk + "ffn_down_exps.bias", (e, n_expert), f32),
+        (blk + "ffn_up_exps.bias", (n_ff_exp, n_expert), f32),
+    ]
+
+
 def _rwkv6_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """An RWKV-6 block (llama.cpp's rwkv6.cpp load_arch_tensors); LoRA matrices in F16."""
     assert spec.rwkv6 is not None
@@ -544,6 +585,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
         blk = f"blk.{il}."
         if spec.kimi_k3 is not None:
             tensors += _kimi_k3_block(spec, il)
+            continue
+        if spec.gpt_oss:
+            tensors += _gpt_oss_block(spec, il)
             continue
         if spec.arch == "jamba":
             tensors += _jamba_block(spec, il)
@@ -744,6 +788,8 @@ def write_sparse_gguf(
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     if spec.sliding_window:
         writer.add_uint32(f"{a}.attention.sliding_window", spec.sliding_window)
+    if spec.gpt_oss:
+        writer.add_uint32(f"{a}.rope.dimension_count", spec.head_dim)
     writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
     if spec.gated_delta_net:
         d_conv, k_heads, v_heads, head, interval = spec.gated_delta_net

@@ -24,6 +24,7 @@ __all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS", "V
 SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
     "gemma2": (2, False),
     "gemma3": (6, False),
+    "gpt-oss": (2, False),
     "gemma3n": (5, False),
     "gemma-embedding": (6, False),
     "cohere2": (4, False),
@@ -36,7 +37,7 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
-_VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3")
+_VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gpt-oss")
 _VERIFIED_RECURRENT = ("lfm2", "granitehybrid", "qwen3next", "nemotron_h", "mamba", "falcon-h1", "kimi-linear", "kimi-k3", "rwkv6", "rwkv7", "jamba")
 VERIFIED_ARCHS = frozenset(_VERIFIED_DENSE + _VERIFIED_RECURRENT)
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
