@@ -157,17 +157,11 @@ class CatalogRecommendation:
     def to_json(self) -> dict[str, object]:
         """The documented ``check --json`` object (no SOURCE): today's fields, plus every
         candidate with its status and reason, and the best one's per-device plan."""
-        budget, best = self.budget, self.best
+        best = self.best
         return {
             "method": "estimator",
             "hardware": self.hardware.to_json(),
-            "budget": {
-                "device": budget.device,
-                "backend": budget.backend,
-                "memory_bytes": budget.memory_bytes,
-                "bandwidth_bytes_per_s": budget.bandwidth_bytes_per_s,
-                "bandwidth_assumed": budget.bandwidth_assumed,
-            },
+            "budget": self.budget.to_json(),
             "ctx": self.ctx,
             "parallel": self.parallel,
             "purpose": self.purpose,

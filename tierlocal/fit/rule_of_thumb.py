@@ -32,6 +32,15 @@ class Budget:
     bandwidth_bytes_per_s: int | None
     bandwidth_assumed: bool
 
+    def to_json(self) -> dict[str, object]:
+        return {
+            "device": self.device,
+            "backend": self.backend,
+            "memory_bytes": self.memory_bytes,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "bandwidth_assumed": self.bandwidth_assumed,
+        }
+
 
 @dataclass(frozen=True)
 class CatalogFit:
@@ -113,17 +122,10 @@ class Recommendation:
 
     def to_json(self) -> dict[str, object]:
         """The documented ``check --json`` object (no SOURCE)."""
-        budget = self.budget
         return {
             "method": "rule-of-thumb",
             "hardware": self.hardware.to_json(),
-            "budget": {
-                "device": budget.device,
-                "backend": budget.backend,
-                "memory_bytes": budget.memory_bytes,
-                "bandwidth_bytes_per_s": budget.bandwidth_bytes_per_s,
-                "bandwidth_assumed": budget.bandwidth_assumed,
-            },
+            "budget": self.budget.to_json(),
             "min_tokens_per_s": self.min_tokens_per_s,
             "recommendation": self.best.to_json() if self.best else None,
             "alternatives": [{"role": role, **fit.to_json()} for role, fit in (("smaller", self.smaller), ("larger", self.larger)) if fit is not None],
