@@ -120,6 +120,13 @@ def test_a_vps_without_gpu_plans_host_ram_as_the_device() -> None:
         mmap = payload["plan"]["host_memory"]["modes"][0]  # type: ignore[index]
         assert mmap["load_mode"] == "mmap" and mmap["mapped_bytes"] > 0 and mmap["anonymous_bytes"] > 0
     assert large["recommendation"]["params"] > small["recommendation"]["params"]  # type: ignore[index]
+    # Where mmap's peak (the file beside the CPU's repacked copy) would not fit and loading
+    # without mmap would, the answer says so and its command loads that way.
+    for payload, ram in ((small, 8 * _GIB), (large, 32 * _GIB)):
+        modes = {m["load_mode"]: m for m in payload["plan"]["host_memory"]["modes"]}  # type: ignore[index]
+        needs_none = modes["mmap"]["peak_bytes"] > ram >= modes["none"]["peak_bytes"]
+        assert bool(payload["recommendation"]["note"]) is needs_none  # type: ignore[index]
+        assert (payload["plan"]["command"][-2:] == ["--load-mode", "none"]) is needs_none  # type: ignore[index]
     # 70B does not fit 8 GiB: the row says so, with the figures.
     big = next(row for row in _candidates(small) if row["model"] == "llama-3.3-70b" and row["quant"] == "Q4_K_M")
     assert big["status"] == "no room" and "no room: needs" in str(big["reason"])

@@ -265,7 +265,10 @@ def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose:
         reason = f"no room: needs {format_bytes(limiting.total_needed_bytes)} on {limiting.name}, {format_bytes(free)} free"
     elif status == "no room":
         reason = f"no room: {check.reason}"
-    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits, _load_note(check))
+    note = _load_note(check)
+    if note:  # the printed command loads it the way it fits
+        check = replace(check, command=[*check.command, "--load-mode", "none"])
+    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits, note)
 
 
 def _load_note(check: SourceCheck) -> str:
@@ -279,8 +282,9 @@ def _load_note(check: SourceCheck) -> str:
     if modes["mmap"].peak_bytes <= free or modes["none"].peak_bytes > free:
         return ""
     return (
-        f"serve it with --load-mode none: with mmap the file stays mapped beside its repacked copy, "
-        f"{format_bytes(modes['mmap'].peak_bytes)} at load against {format_bytes(free)}; without, {format_bytes(modes['none'].peak_bytes)}"
+        f"load it with --load-mode none (`tierlocal serve {check.source.split(':')[0]} -- --load-mode none`): with mmap the file stays mapped "
+        f"beside its repacked copy, {format_bytes(modes['mmap'].peak_bytes)} at load against {format_bytes(free)}; without, "
+        f"{format_bytes(modes['none'].peak_bytes)}"
     )
 
 
