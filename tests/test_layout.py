@@ -31,6 +31,8 @@ PURE = [
     "tierlocal.fit.source",
     "tierlocal.fit.rule_of_thumb",
     "tierlocal.fit.recommend",
+    "tierlocal.report",
+    "tierlocal.report.svg",
     "tierlocal.fit.verify",
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",
