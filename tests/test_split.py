@@ -84,6 +84,37 @@ def test_a_two_device_load_matches_the_planned_split(assets: Assets, tmp_path: P
     assert abs(host["compute_bytes"] / load.host["compute"] - 1) < 0.05
 
 
+def test_serve_verification_holds_for_a_split(assets: Assets, tmp_path: Path) -> None:
+    """What serve checks after a load: the plan for two devices against llama.cpp's real split
+    log holds (every GPU's buffers together against every planned GPU's)."""
+    from dataclasses import replace as with_
+
+    from tierlocal.catalog import load_host_defaults
+    from tierlocal.fit.estimate import RunRequest
+    from tierlocal.fit.source import check_source, machine_for
+    from tierlocal.fit.verify import verify_load
+    from tierlocal.gguf.sources import read_headers
+    from tierlocal.hardware.detect import detect
+    from tierlocal.hardware.override import with_gpu_override
+
+    model = write_compact_as_gguf(json.loads(header_path("qwen3-0.6b", "Q4_K_M").read_text()), tmp_path / "q.gguf")
+    machine = machine_for(with_gpu_override(detect(), ["24GiB", "24GiB"]), load_host_defaults())
+    check = check_source(str(model), read_headers(str(model)), machine, ctx=8192, parallel=2, request=RunRequest())
+    assert check.estimate is not None and check.estimate.tensor_split == (1, 1)
+    args = [arg for arg in check.command[3:] if arg not in ("--no-jinja",)]
+    if "--chat-template" in args:
+        del args[args.index("--chat-template") : args.index("--chat-template") + 2]
+    with rpc_servers(assets.rpc_server, 2) as endpoints:
+        load = load_split(assets.llama_server_cpu, model, endpoints, args, tmp_path / "load.log")
+    verification = verify_load(check.estimate, load.report)
+    assert verification.ok, verification.problems
+    gpus = verification.devices[0]
+    assert gpus.name.count("RPC0[") == 2 and abs(gpus.error or 0) < 0.05  # type: ignore[union-attr]
+    # The check would fail if it compared one planned device with both devices' buffers.
+    one = with_(check.estimate, devices=check.estimate.devices[:1] + check.estimate.devices[2:])
+    assert not verify_load(one, load.report).ok
+
+
 def test_a_partial_split_places_the_planned_layers(assets: Assets, tmp_path: Path) -> None:
     """-ngl 10 of 17 across two devices: the same layers on each as planned (weights and KV
     exact). (RPC devices do not take the CPU layers' operations, as CUDA and Vulkan do: their

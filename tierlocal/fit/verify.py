@@ -97,8 +97,9 @@ def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callabl
     gpu_planned = [device for device in plan.devices if device.backend != "cpu"]
     gpu_actual = report.gpu_buffers()
     if gpu_planned and gpu_actual:
-        device = gpu_planned[0]
-        planned = device.weights_bytes + device.kv_bytes + device.compute_bytes + device.output_bytes + device.projector_bytes
+        # Every GPU together (a layer split over several is planned per device): the overhead
+        # is the runtime's, not a llama.cpp buffer.
+        planned = sum(d.weights_bytes + d.kv_bytes + d.compute_bytes + d.output_bytes + d.projector_bytes for d in gpu_planned)
         actual = sum(sizes.total for sizes in gpu_actual.values())
         result.devices.append(DeviceDelta(", ".join(sorted(gpu_actual)), planned, actual))
     host_planned = next(device for device in plan.devices if device.backend == "cpu")
