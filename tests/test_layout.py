@@ -33,6 +33,7 @@ PURE = [
     "tierlocal.fit.recommend",
     "tierlocal.report",
     "tierlocal.report.svg",
+    "tierlocal.report.plan_view",
     "tierlocal.fit.verify",
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",

@@ -3,10 +3,17 @@ and every point's position give the figure it stands for; labels are escaped."""
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
+from tests.support.assets import Assets
+from tests.support.cli import run_cli
+from tests.support.engines import free_port
+from tests.support.serving import serving
+from tierlocal.report.plan_view import device_bars
 from tierlocal.report.svg import PARTS, WIDTH, DeviceBar, break_even_chart, memory_bars
 
 _NS = {"svg": "http://www.w3.org/2000/svg"}
@@ -66,3 +73,26 @@ def test_labels_are_escaped_not_markup() -> None:
     assert not list(svg.iter("{http://www.w3.org/2000/svg}script"))
     assert name in [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert svg.find("svg:g", _NS).get("data-name") == name  # type: ignore[union-attr]
+
+
+def test_the_plan_bars_are_the_numbers_status_prints(assets: Assets, tmp_path: Path) -> None:
+    """A real `tierlocal serve` of Gemma on the Vulkan device (some layers there): the bars drawn
+    from `tierlocal status --json` carry exactly its planned and reported bytes."""
+    port = free_port()
+    with serving(assets, tmp_path, "--gpu", "1650MiB", "--ctx", "4096", "--port", str(port), vulkan=True):
+        status = run_cli("status", "--port", str(port), "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
+    assert status.returncode == 0, status.stderr
+    payload = json.loads(status.stdout)
+    svg = ET.fromstring(memory_bars(device_bars(payload)))
+    groups = svg.findall("svg:g", _NS)
+    planned_devices = payload["plan"]["devices"]
+    assert [g.get("data-name") for g in groups] == [d["name"] for d in planned_devices]
+    reported = {d["name"]: d for d in payload["actual"]["devices"]}
+    for group, device in zip(groups, planned_devices, strict=True):
+        drawn = {r.get("data-part"): int(r.get("data-value")) for r in group.findall("svg:rect[@class='planned']", _NS)}  # type: ignore[arg-type]
+        for part, _ in PARTS:
+            assert drawn[part] == device[f"{part}_bytes"]
+        loaded = {r.get("data-part"): int(r.get("data-value")) for r in group.findall("svg:rect[@class='actual']", _NS)}  # type: ignore[arg-type]
+        source = reported["host"] if device["backend"] == "cpu" else next(d for n, d in reported.items() if n != "host")
+        for part in ("weights", "kv", "compute", "output"):
+            assert loaded[part] == source[f"{part}_bytes"]
