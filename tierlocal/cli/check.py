@@ -83,9 +83,10 @@ def check(
 ) -> None:
     """What fits this machine (or the one --gpu describes), and how to run it.
 
-    Without SOURCE: recommend a model and quantisation from the built-in catalog
-    (recipes/models.toml), offline, showing the arithmetic, and say plainly which
-    frontier models can never fit one machine.
+    Without SOURCE (or with a catalog name): plan every entry of the built-in catalog
+    (recipes/models.toml, each quantisation's header kept in recipes/headers/) with the same
+    estimator as a file, offline, and rank them: the best with its per-device plan, every
+    other with why it lost; and say plainly which frontier models can never fit one machine.
 
     With SOURCE (a GGUF path, URL or hf:// file — header only — or a catalog name): the
     per-device estimate of weights, KV cache, compute and output buffers, the largest -ngl
@@ -95,6 +96,9 @@ def check(
     \b
     Examples:
       tierlocal check
+      tierlocal check --gpu "2xRTX 3090" --ram 64GiB
+      tierlocal check --ram 16GiB --for long-context
+      tierlocal check qwen3-30b-a3b --gpu 24GiB
       tierlocal check --gpu 24GiB --ctx 32768
       tierlocal check ./model.gguf --ctx max --json
       tierlocal check ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
