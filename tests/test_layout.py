@@ -34,6 +34,7 @@ PURE = [
     "tierlocal.report",
     "tierlocal.report.svg",
     "tierlocal.report.plan_view",
+    "tierlocal.report.pages",
     "tierlocal.fit.verify",
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",

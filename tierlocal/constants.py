@@ -39,6 +39,8 @@ LLAMA_SERVER_PORT = 8080
 OLLAMA_PORT = 11434
 #: The gateway's port.
 GATEWAY_PORT = 8088
+#: `tierlocal dashboard`'s port (loopback only) when no gateway serves /ui.
+DASHBOARD_PORT = 8089
 #: Output tokens the gateway reserves (and sends upstream) for a budgeted request naming none.
 GATEWAY_DEFAULT_MAX_TOKENS = 8192
 

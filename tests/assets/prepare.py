@@ -43,7 +43,8 @@ VULKAN_HEADERS_PACKAGE = "libvulkan-dev"
 DEBIAN_SUITE = "stable"
 REGISTRY_PACKAGE = "docker-registry"
 REDIS_PACKAGES = ("redis-tools", "redis-server", "libjemalloc2", "liblzf1")
-APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++"]
+# chromium and chromium-driver: the dashboard's headless-browser tests (tests/test_ui_browser.py).
+APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++", "chromium", "chromium-driver"]
 CACHE_KEY = f"v1-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"
 
 COMMON_CMAKE_FLAGS = [

@@ -40,6 +40,7 @@ class _LazyGroup(click.Group):
         "gateway": "tierlocal.cli.gateway:gateway",
         "usage": "tierlocal.cli.gateway:usage",
         "catalog": "tierlocal.cli.catalog:catalog",
+        "dashboard": "tierlocal.cli.dashboard:dashboard",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

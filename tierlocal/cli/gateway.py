@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..errors import UsageError
 from ..gateway.config import GatewayConfig, default_config, load_config, name_problem
 from ..gateway.protocol import printable
-from ..gateway.store import open_store, period_start
+from ..gateway.store import open_store
+from ..gateway.usage_report import PERIODS, usage_report
 from .common import print_json
 
 __all__ = ["gateway", "usage"]
@@ -121,37 +123,39 @@ def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
 @_config_option
 @click.option(
     "--period",
-    type=click.Choice(["day", "week", "month", "all"]),
+    type=click.Choice(PERIODS),
     default="month",
     show_default=True,
     help="From the start of the current day/week/month (UTC), or everything.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users: {…}, models: {…}, break_even: {…}}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users, models, targets, by_kind, budgets, break_even}.")
 def usage(config_path: Path | None, period: str, as_json: bool) -> None:
     """Requests, tokens (prompt, cached, completion) and spend per user and per model, and for a
     hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
     config = _config(config_path)
-    since = 0.0 if period == "all" else period_start(period)
     store = open_store(config)
     try:
-        totals = store.totals(since)
-        if period == "all":
-            since = store.first_usage_time() or time.time()
+        report = usage_report(config, store, period)
     finally:
         store.close()
-    from ..tiers.break_even import break_even_verdicts  # recipes and the hub client: only for this report
-
-    verdicts = break_even_verdicts(totals["models"], config.prices, since, time.time())
     if as_json:
-        print_json({"period": period, "since": since, **totals, "break_even": verdicts})
+        print_json(report)
         return
+    _render_usage(report)
+
+
+def _render_usage(report: dict[str, Any]) -> None:
     for label in ("users", "models"):
         click.echo(f"{label}:")
-        for name, row in totals[label].items():
+        for name, row in report[label].items():
             click.echo(
                 f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}"
             )
-    for model, verdict in verdicts.items():
+    for kind, row in report["by_kind"].items():
+        click.echo(f"{kind} targets: {row['requests']} requests, {row['prompt_tokens'] + row['completion_tokens']} tokens, ${row['cost_usd']:.4f}")
+    for name, budget in report["budgets"].items():
+        click.echo(f"budget {printable(name)}: ${budget['spent_usd']:.4f} of ${budget['budget_usd']:.2f} this {budget['budget_period']}")
+    for model, verdict in report["break_even"].items():
         click.echo(
             f"{model}: at the measured volume (~{verdict['tokens_per_month']:,.0f} tokens/month) the API costs ${verdict['api_usd_per_month']:,.2f}/month;"
             f" renting {verdict['rent']} costs ${verdict['rent_usd_per_month']:,.0f}/month — {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"

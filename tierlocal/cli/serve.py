@@ -136,16 +136,54 @@ def _render_status(payload: dict[str, object]) -> None:
 
 
 @click.command()
-@click.option("--port", type=click.IntRange(1, 65535), help="The server's port (default: the only one running).")
-@click.option("--json", "as_json", is_flag=True, help="Print {plan, actual, delta, …} as one JSON object.")
-def status(port: int | None, as_json: bool) -> None:
+@click.option("--port", type=click.IntRange(1, 65535), help="The server's port (default: the only one running; with --live, every one).")
+@click.option("--live", is_flag=True, help="What the engines are doing now: slots busy, requests waiting, tokens/s over --window.")
+@click.option("--window", "window_s", type=click.FloatRange(0.5, 600), default=5.0, show_default=True, help="With --live: seconds between the two samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print {plan, actual, delta, …} as one JSON object (with --live: {engines: […]}).")
+def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None:
     """Show the running `tierlocal serve`: its plan, what llama.cpp did, and the delta."""
     running = running_servers(port)
     if not running:
         raise TierlocalError("no tierlocal serve is running" + (f" on port {port}" if port else ""), hint="start one with `tierlocal serve MODEL`")
+    if live:
+        engines = _live(running, window_s)
+        if as_json:
+            print_json({"engines": engines})
+        else:
+            _render_live(engines)
+        return
     if len(running) > 1:
         raise UsageError(f"{len(running)} servers are running", hint="choose one with --port")
     if as_json:
         print_json(running[0])
     else:
         _render_status(running[0])
+
+
+def _live(running: list[dict[str, object]], window_s: float) -> list[dict[str, object]]:
+    """Two samples of every engine ``window_s`` apart, with the rates between them."""
+    import asyncio
+    import time
+
+    from ..serve.live import Throughput, live_report
+
+    history: dict[str, Throughput] = {}
+    asyncio.run(live_report(running, history))
+    time.sleep(window_s)
+    return asyncio.run(live_report(running, history, window_s=window_s))
+
+
+def _render_live(engines: list[dict[str, Any]]) -> None:
+    for engine in engines:
+        if engine["error"]:
+            click.echo(f"{engine['url']} ({engine['engine']}): {engine['error']}")
+            continue
+        if engine["engine"] == "ollama":
+            names = ", ".join(model["name"] for model in engine["models"]) or "no model loaded"
+            click.echo(f"{engine['url']} (ollama): {names}")
+            continue
+        rate = engine["decode_tokens_per_s"]
+        click.echo(
+            f"{engine['url']} ({engine['engine']}): slots {engine['slots_busy']}/{engine['slots_total']} busy, {engine['requests_deferred'] or 0} waiting;"
+            + (f" {rate:.1f} tok/s decoded, {engine['prompt_tokens_per_s']:.1f} tok/s prompt over {engine['window_s']:g} s" if rate is not None else "")
+        )

@@ -139,7 +139,8 @@ def launch_argv(
 ) -> list[str]:
     """The planned run as ``binary`` takes it: the planned options in its spelling, the bind
     address, ``--fit off`` so llama.cpp does not re-plan what we planned, verbose load lines
-    for the log parser, the key by file (never on the command line).
+    for the log parser, ``--metrics`` (token and queue counters), the key by file (never on
+    the command line).
 
     Raises:
         EngineError: a key file is given and the binary cannot read one.
@@ -157,6 +158,8 @@ def launch_argv(
         argv += ["--fit", "off"]
     if flags.knows("-lv"):
         argv += ["-lv", "4"]
+    if flags.knows("--metrics"):
+        argv += ["--metrics"]  # tokens and queue counters for the dashboard's live page
     if threads:
         argv += ["-t", str(threads)]
     if api_key_file is not None:

@@ -29,6 +29,7 @@ from .protocol import printable
 from .relay import Relay
 from .request_body import OutputLimits, output_limits, parse_json_object
 from .store import Store
+from .ui import Dashboard
 from .wire import AttemptFailed, Exchange, Reject
 
 __all__ = ["Gateway", "ENDPOINTS", "create_app"]
@@ -83,6 +84,10 @@ class Gateway:
         app.router.add_get("/v1/models", self._models)
         for path in ENDPOINTS:
             app.router.add_post(path, self._proxy)
+        dashboard = Dashboard(
+            self.config, self.store, authenticate=self.user_for_key, store_call=self.ledger.call, health=self._health_report, metrics=self.metrics.render
+        )
+        dashboard.add_routes(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -130,10 +135,22 @@ class Gateway:
                 return Reject(exc.status, exc.reason or "bad request", "invalid_request_error", should_retry=False).response()
             raise
 
+    async def user_for_key(self, key: str) -> str | None:
+        """The user whose live gateway key ``key`` is (cached for AUTH_CACHE_S), else None."""
+        cached = self._auth_cache.get(key)
+        moment = time.monotonic()
+        if cached is not None and cached[1] > moment:
+            return cached[0]
+        user = await self.ledger.call(self.store.authenticate, key)
+        if len(self._auth_cache) > 10_000:
+            self._auth_cache.clear()
+        self._auth_cache[key] = (user, moment + AUTH_CACHE_S)
+        return user
+
     @web.middleware
     async def _auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
-        if request.path == "/health":
-            return await handler(request)
+        if request.path == "/health" or request.path == "/ui" or request.path.startswith("/ui/"):
+            return await handler(request)  # the dashboard signs its users in itself (ui.py)
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header[:7].lower() == "bearer " else ""
         if not key:
@@ -144,15 +161,7 @@ class Gateway:
                 "missing_api_key",
                 should_retry=False,
             )
-        cached = self._auth_cache.get(key)
-        moment = time.monotonic()
-        if cached is not None and cached[1] > moment:
-            user = cached[0]
-        else:
-            user = await self.ledger.call(self.store.authenticate, key)
-            if len(self._auth_cache) > 10_000:
-                self._auth_cache.clear()
-            self._auth_cache[key] = (user, moment + AUTH_CACHE_S)
+        user = await self.user_for_key(key)
         if user is None:
             raise Reject(401, "the API key is not a live gateway key", "invalid_request_error", "invalid_api_key", should_retry=False)
         request["user"] = self.config.user(user) or User(user)
@@ -160,10 +169,14 @@ class Gateway:
 
     # --- simple routes ------------------------------------------------------------------------
 
-    async def _health(self, _request: web.Request) -> web.Response:
+    def _health_report(self) -> dict[str, object]:
+        """What ``GET /health`` answers: each route's targets and their state now."""
         moment = now()
         routes = {route.model: [self.states[target].describe(moment) for target in route.targets] for route in self.config.routes}
-        return web.json_response({"status": "ok", "routes": routes})
+        return {"status": "ok", "routes": routes}
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._health_report())
 
     async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")

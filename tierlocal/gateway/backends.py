@@ -65,7 +65,7 @@ class TargetState:
     @property
     def label(self) -> str:
         """How logs and metrics name it: the URL and the model, never the key."""
-        return f"{self.target.url}#{self.target.model}"
+        return self.target.label
 
     @property
     def missing_key(self) -> bool:

@@ -87,6 +87,11 @@ class Target:
     def hosted(self) -> bool:
         return self.api_key_env is not None or self.api_key_credential is not None
 
+    @property
+    def label(self) -> str:
+        """How logs, metrics and usage rows name it: the URL and the model, never the key."""
+        return f"{self.url}#{self.model}"
+
 
 @dataclass(frozen=True)
 class Route:
@@ -109,6 +114,8 @@ class User:
     concurrent_requests: int | None = None
     budget_usd: float | None = None
     budget_period: str = "month"
+    #: Sees every user's spend on the dashboard (others see their own).
+    admin: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,12 @@ class GatewayConfig:
 
     def user(self, name: str) -> User | None:
         return self._users_by_name.get(name)
+
+    def is_admin(self, name: str) -> bool:
+        """Whether ``name`` sees everyone's spend: ``admin = true`` in its [[users]] entry, or
+        "local" — the operator's key the gateway makes on loopback — when no entry names it."""
+        user = self.user(name)
+        return user.admin if user is not None else name == "local"
 
 
 def _error(source: str, where: str, what: str, hint: str) -> UsageError:
@@ -230,7 +243,14 @@ def _user(raw: object, source: str, where: str) -> User:
         _positive_int(table.get("concurrent_requests"), source, f"{where}.concurrent_requests"),
         None if budget is None else float(budget),
         str(period),
+        _flag(table.get("admin", False), source, f"{where}.admin"),
     )
+
+
+def _flag(value: object, source: str, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise _error(source, where, f"must be true or false, not {value!r}", "write admin = true or leave it out")
+    return value
 
 
 def _prices(raw: object, source: str) -> dict[str, ApiPrices]:

@@ -116,7 +116,7 @@ def _machine_memory_bytes() -> int:
     return sum(gpu.total_bytes for gpu in machine.gpus) + machine.ram_total_bytes
 
 
-def _ensure_key(config: GatewayConfig, store: Store) -> None:
+def ensure_key(config: GatewayConfig, store: Store) -> None:
     """Refuse a non-loopback address while no gateway key exists; on loopback, create one for
     user "local" in a 0600 file so one command gives a working gateway."""
     if any(info.revoked is None for info in store.list_keys()):
@@ -214,7 +214,7 @@ def run_gateway(config: GatewayConfig, *, discover: bool, workers: int = 1) -> N
     _raise_open_files_limit()
     store = open_store(config)
     try:
-        _ensure_key(config, store)
+        ensure_key(config, store)
         if workers > 1:
             store.close()  # each worker opens its own, after the fork
             _run_workers(config, context, workers)

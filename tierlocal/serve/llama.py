@@ -113,7 +113,9 @@ def _run_once(session: ServeSession, binary: Path, flags: EngineFlags, key_file:
     launched = launch(session, "llama-server", flags.version, argv, constants.child_environment(), "/health", headers)
     if not isinstance(launched, Launched):
         return launched
-    return supervise_verified(session, launched, {"chat_template": _checked_template(session, launched)})
+    # The key file's path (never the key) lets the dashboard read /slots and /metrics too.
+    extra: dict[str, object] = {"chat_template": _checked_template(session, launched), "api_key_file": None if key_file is None else str(key_file)}
+    return supervise_verified(session, launched, extra)
 
 
 def _checked_template(session: ServeSession, launched: Launched) -> dict[str, object]:

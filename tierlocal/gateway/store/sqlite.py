@@ -326,9 +326,10 @@ class SqliteStore:
         return None if value is None else float(value)
 
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
-        """Per user and per model since ``since``: requests, prompt/cached/completion tokens, cost."""
+        """Per user, per model and per target since ``since``: requests, prompt/cached/completion
+        tokens, cost."""
         result: dict[str, dict[str, dict[str, float | int]]] = {}
-        for column, label in (("user", "users"), ("model", "models")):
+        for column, label in (("user", "users"), ("model", "models"), ("target", "targets")):
             rows = self._connection.execute(
                 f"SELECT {column}, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_usd)"
                 f" FROM usage WHERE time >= ? GROUP BY {column} ORDER BY {column}",
