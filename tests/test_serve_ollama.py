@@ -3,6 +3,7 @@ the Gemma model: the planned settings reach Ollama and the llama-server it start
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -73,6 +74,12 @@ def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:
         client.close()
         assert all(reply.done and reply.eval_count == 3 for reply in replies)
         assert loaded.context_length == 2048  # still the planned context: no reload with defaults
+        # status --live (the dashboard's live page) reads the same from Ollama's /api/ps.
+        live = run_cli("status", "--live", "--window", "0.5", "--json", env={"TIERLOCAL_HOME": str(tmp_path / "tl")})
+        assert live.returncode == 0, live.stderr
+        (engine,) = json.loads(live.stdout)["engines"]
+        assert (engine["engine"], engine["error"]) == ("ollama", None)
+        assert [(model["name"], model["context_length"]) for model in engine["models"]] == [(loaded.model, 2048)]
         engine_pid = ready["engine_pid"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["CHROMIUM", "CHROMEDRIVER", "chromium", "artefacts_dir"]
+__all__ = ["CHROMIUM", "CHROMEDRIVER", "chromium", "artefacts_dir", "full_page_screenshot"]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -55,3 +55,16 @@ def chromium() -> Iterator[object]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def full_page_screenshot(driver: object, path: Path) -> Path:
+    """The whole page, not just the window, as a PNG (Chrome DevTools' captureBeyondViewport)."""
+    import base64
+
+    height = driver.execute_script("return document.documentElement.scrollHeight")  # type: ignore[attr-defined]
+    width = driver.execute_script("return document.documentElement.scrollWidth")  # type: ignore[attr-defined]
+    shot = driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}}
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
+    return path

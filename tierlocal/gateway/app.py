@@ -149,7 +149,7 @@ class Gateway:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
-        if request.path == "/health" or request.path == "/ui" or request.path.startswith("/ui/"):
+        if request.path in ("/health", "/ui", "/favicon.ico") or request.path.startswith("/ui/"):
             return await handler(request)  # the dashboard signs its users in itself (ui.py)
         header = request.headers.get("Authorization", "")
         key = header[7:].strip() if header[:7].lower() == "bearer " else ""

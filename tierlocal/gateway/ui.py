@@ -95,6 +95,7 @@ class Dashboard:
         app.router.add_get("/ui/static/ui.js", self._script)
         app.router.add_get("/ui/static/ui.css", self._stylesheet)
         app.router.add_get("/ui/static/icon.svg", self._icon)
+        app.router.add_get("/favicon.ico", self._icon)  # browsers ask for it on every origin
         app.router.add_get("/ui/data/{name}.json", self._data)
         app.router.add_get("/ui/{name}", self._page)
         app.on_cleanup.append(self._close)
