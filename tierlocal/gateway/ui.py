@@ -185,11 +185,15 @@ class Dashboard:
 
     # --- pages and data ------------------------------------------------------------------------
 
-    async def _page(self, request: web.Request) -> web.Response:
+    async def _named(self, request: web.Request) -> tuple[str, str | None]:
+        """The page a request names (404 for another) and the signed-in user, if any."""
         name = request.match_info["name"]
         if name not in PAGES:
             raise web.HTTPNotFound(reason=f"no page {name!r}: the pages are {', '.join(PAGES)}")
-        user = await self.user_of(request)
+        return name, await self.user_of(request)
+
+    async def _page(self, request: web.Request) -> web.Response:
+        name, user = await self._named(request)
         if user is None:
             return _see_other("/ui/login")
         period = self._period(request)
@@ -200,10 +204,7 @@ class Dashboard:
         return self._html(request, body, csrf=csrf)
 
     async def _data(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        if name not in PAGES:
-            raise web.HTTPNotFound(reason=f"no data {name!r}")
-        user = await self.user_of(request)
+        name, user = await self._named(request)
         if user is None:
             response = web.json_response(
                 {"error": {"message": "sign in first: no live gateway key came with the request", "type": "invalid_request_error"}}, status=401
