@@ -33,7 +33,7 @@ def _text(value: object) -> str:
 def _size(value: object) -> str:
     if not isinstance(value, int | float):
         return "–"
-    return f"{value / _GIB:.2f} GiB" if abs(value) >= _GIB else f"{value / _MIB:.0f} MiB"
+    return f"{value / _GIB:.2f} GiB" if abs(value) >= _GIB else f"{value / _MIB:.1f} MiB"
 
 
 def _number(value: object, digits: int = 1) -> str:
