@@ -265,6 +265,40 @@ def test_gated_delta_net_state_matches_llama_server(assets: Assets, tmp_path: Pa
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.06)  # 92.0 vs 88.01
 
 
+def test_qwen35_with_its_mtp_block_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """Qwen3.5-9B's width in its first 8 blocks plus the multi-token-prediction block the
+    converter appends: 6 gated delta nets keep a state, 2 attention blocks a KV cache; the MTP
+    block is a layer for -ngl but llama-server loads none of its tensors and gives it no cache.
+    The CPU build for the buffers, the Vulkan build for what -ngl 3 puts on the device."""
+    import dataclasses
+
+    from tests.support.sparse_models import QWEN35_9B_8L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "qwen35.gguf", dataclasses.replace(QWEN35_9B_8L, mtp_layers=1))
+    spec = model_spec(read_headers(str(path)))
+    assert spec.n_layer == 9 and spec.is_recurrent == (True, True, True, False, True, True, True, False, False)
+    assert not any(t.name.startswith("blk.8.") for t in spec.tensors)
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
+    assert "n_layer_all           = 9" in log and "n_layer               = 8" in log
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 25.12 MiB: 6 delta nets, not 7
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 32 MiB: 2 blocks, not 3
+    # The mapping spans the file, MTP tensors between the trunk and the output included.
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 106.0 planned, 98.02 allocated: the safe side
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.09
+    # -ngl 3 offloads blocks 7 and 8 and the output layer; block 8 brings nothing.
+    weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "3", "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        vulkan_log = log_path.read_text()
+    assert "offloaded 3/10 layers to GPU" in vulkan_log
+    assert _buffers(_MODEL_LINE, vulkan_log)["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)  # 112.55 MiB
+
+
 def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, tmp_path: Path) -> None:
     """NVIDIA-Nemotron-Nano-9B-v2's first 16 blocks: 8 Mamba-2 mixers keep a state, the one
     attention block a KV cache, and the 7 MLP blocks nothing — as llama.cpp allocates it."""

@@ -56,6 +56,37 @@ def test_an_explicit_recurrent_layer_array_wins_over_the_interval() -> None:
     assert spec.is_recurrent == tuple(pattern) and spec.recurrent_family == "gated delta net"
 
 
+def test_multi_token_prediction_blocks_keep_no_state_no_kv_and_load_no_weights() -> None:
+    """Qwen3.5 converted with its MTP block: block_count counts it (and so do -ngl's layers),
+    but llama-server skips its tensors and gives it neither a KV cache nor a state."""
+    from tierlocal.gguf.parse import TensorInfo
+
+    extra = {
+        "qwen35.attention.head_count": 16, "qwen35.attention.head_count_kv": 4, "qwen35.attention.key_length": 256,
+        "qwen35.ssm.conv_kernel": 4, "qwen35.ssm.state_size": 128, "qwen35.ssm.group_count": 16,
+        "qwen35.ssm.time_step_rank": 32, "qwen35.ssm.inner_size": 4096, "qwen35.full_attention_interval": 4,
+        "qwen35.nextn_predict_layers": 1,
+    }  # fmt: skip
+    tensors = tuple(TensorInfo(f"blk.{il}.ffn_up.weight", (4096, 12288), "Q4_K", il * 1000, 4096 * 12288, 1000) for il in range(9))
+    metadata: dict[str, object] = {
+        "general.architecture": "qwen35", "qwen35.block_count": 9, "qwen35.embedding_length": 4096,
+        "qwen35.context_length": 4096, "tokenizer.ggml.tokens": ["a", "b"], **extra,
+    }  # fmt: skip
+    spec = model_spec([GGUFHeader("test.gguf", 3, metadata, tensors, 0, 0, 0, 32)])
+    assert spec.n_layer == 9  # -ngl counts the MTP block as a layer
+    # Block 8 would be a delta net by the interval; as an MTP block it is neither that nor attention.
+    assert spec.is_recurrent == (True, True, True, False, True, True, True, False, False)
+    assert spec.n_head_kv[8] == 0 and spec.n_head_kv[7] == 4
+    layers = kv_cache(spec, server_context(spec, ctx=4096, parallel=1)).layer_bytes
+    assert layers[8] == 0 and layers[7] == 4 * 256 * 2 * 2 * 4096
+    assert [t.layer for t in spec.tensors] == list(range(8))  # blk.8's tensors are not loaded
+
+
+def test_more_mtp_blocks_than_blocks_is_refused() -> None:
+    with pytest.raises(HeaderError, match="multi-token-prediction"):
+        _spec("qwen35", 4, 1024, {"qwen35.attention.head_count": 8, "qwen35.nextn_predict_layers": 5})
+
+
 def test_granite_hybrid_mamba2_layers_are_those_without_kv_heads() -> None:
     """Granite 4.0 H style: Mamba-2 mixer d_inner = 2 × n_embd, d_state 128, one group, conv 4."""
     kv_heads = [0, 0, 0, 4, 0, 0, 0, 4]

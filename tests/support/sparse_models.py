@@ -83,6 +83,10 @@ class SparseArch:
     #: gpt-oss (llama.cpp's openai-moe.cpp): biased attention with per-head sinks, a post-attention
     #: norm, experts with biases and a biased router; the rope spans the head (head_dim).
     gpt_oss: bool = False
+    #: Multi-token-prediction blocks after the trunk ({arch}.nextn_predict_layers; Qwen3.5's
+    #: converter writes one): a full-attention block with the nextn projections, which
+    #: llama-server skips unless speculative MTP decoding is asked for.
+    mtp_layers: int = 0
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -110,6 +114,15 @@ GRANITE_4_H_350M = SparseArch(
 QWEN3_NEXT_4L = SparseArch(
     "qwen3-next-80b-a3b-4-blocks-q4k", "qwen3next", 4, 2048, 16, 2, 256, 5120, 151936, 262144,
     qk_norm=True, experts=(512, 10, 512), n_expert_shared=1, gated_delta_net=(4, 16, 32, 128, 4),
+)  # fmt: skip
+# Qwen3.5-9B (Qwen/Qwen3.5-9B model card and config.json text_config): width 4096, full
+# attention every 4th block (16 heads with an output gate, 4 KV heads of 256, q/k norms), gated
+# delta nets elsewhere (16 key heads and 32 value heads of 128, conv 4), a dense FFN of 12,288,
+# vocabulary 248,320, untied output (the GGUF's 8.95B weights count it). The first 8 of its 32
+# blocks, width kept; with its one multi-token-prediction block when mtp_layers=1.
+QWEN35_9B_8L = SparseArch(
+    "qwen3.5-9b-8-blocks-q4k", "qwen35", 8, 4096, 16, 4, 256, 12288, 248320, 262144,
+    qk_norm=True, gated_delta_net=(4, 16, 32, 128, 4),
 )  # fmt: skip
 # NVIDIA-Nemotron-Nano-9B-v2 (its published config.json): hidden 4480, Mamba-2 mixers of 128
 # heads × 80 (d_state 128, 8 groups, conv 4), MLPs of 15,680 (squared ReLU: up and down only),
@@ -236,22 +249,29 @@ def _mamba2_block(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...]
 
 
 def _qwen3next_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
-    """A Qwen3-Next block (llama.cpp's qwen3next.cpp load_block_trunk): gated delta net or
-    gated attention, then 512 experts and a shared expert."""
-    assert spec.gated_delta_net is not None and spec.experts is not None
+    """A Qwen3-Next or Qwen3.5 block (llama.cpp's qwen3next.cpp / qwen35.cpp / qwen35moe.cpp
+    load_block_trunk): gated delta net or gated attention, then experts with a shared expert
+    (Qwen3.5 dense: one FFN). Blocks from n_layer on are multi-token-prediction blocks."""
+    assert spec.gated_delta_net is not None
     d_conv, k_heads, v_heads, head, interval = spec.gated_delta_net
-    n_expert, _, n_ff_exp = spec.experts
     f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
     key_dim, value_dim = k_heads * head, v_heads * head
+    qwen35 = spec.arch in ("qwen35", "qwen35moe")
     tensors = [(blk + "attn_norm.weight", (e,), f32), (blk + "post_attention_norm.weight", (e,), f32)]
-    if (il + 1) % interval:
+    if (il + 1) % interval and il < spec.n_layer:
+        # Qwen3.5 keeps the delta net's beta and alpha projections apart; Qwen3-Next fuses them.
+        beta_alpha = (
+            [(blk + "ssm_beta.weight", (e, v_heads), w), (blk + "ssm_alpha.weight", (e, v_heads), w)]
+            if qwen35
+            else [(blk + "ssm_ba.weight", (e, 2 * v_heads), w)]
+        )
         tensors += [
             (blk + "attn_qkv.weight", (e, 2 * key_dim + value_dim), w),
             (blk + "attn_gate.weight", (e, value_dim), w),
             (blk + "ssm_conv1d.weight", (d_conv, 2 * key_dim + value_dim), f32),
             (blk + "ssm_dt.bias", (v_heads,), f32),
             (blk + "ssm_a", (v_heads,), f32),
-            (blk + "ssm_ba.weight", (e, 2 * v_heads), w),
+            *beta_alpha,
             (blk + "ssm_norm.weight", (head,), f32),
             (blk + "ssm_out.weight", (value_dim, e), w),
         ]
@@ -265,6 +285,21 @@ def _qwen3next_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ..
             (blk + "attn_q_norm.weight", (spec.head_dim,), f32),
             (blk + "attn_k_norm.weight", (spec.head_dim,), f32),
         ]
+    if il >= spec.n_layer:  # a multi-token-prediction block (qwen35.cpp load_block_mtp)
+        tensors += [
+            (blk + "nextn.eh_proj.weight", (2 * e, e), w),
+            (blk + "nextn.enorm.weight", (e,), f32),
+            (blk + "nextn.hnorm.weight", (e,), f32),
+            (blk + "nextn.shared_head_norm.weight", (e,), f32),
+        ]
+    if spec.experts is None:  # Qwen3.5 dense
+        return [
+            *tensors,
+            (blk + "ffn_gate.weight", (e, spec.n_ff), w),
+            (blk + "ffn_up.weight", (e, spec.n_ff), w),
+            (blk + "ffn_down.weight", (spec.n_ff, e), w),
+        ]
+    n_expert, _, n_ff_exp = spec.experts
     shared = n_ff_exp * spec.n_expert_shared
     return [
         *tensors,
@@ -416,6 +451,21 @@ def _kimi_k3_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...]
             (blk + "ffn_up.weight", (e, spec.n_ff), w),
             (blk + "ffn_down.weight", (spec.n_ff, e), w),
         ]
+    if il >= spec.n_layer:  # a multi-token-prediction block (qwen35.cpp load_block_mtp)
+        tensors += [
+            (blk + "nextn.eh_proj.weight", (2 * e, e), w),
+            (blk + "nextn.enorm.weight", (e,), f32),
+            (blk + "nextn.hnorm.weight", (e,), f32),
+            (blk + "nextn.shared_head_norm.weight", (e,), f32),
+        ]
+    if spec.experts is None:  # Qwen3.5 dense
+        return [
+            *tensors,
+            (blk + "ffn_gate.weight", (e, spec.n_ff), w),
+            (blk + "ffn_up.weight", (e, spec.n_ff), w),
+            (blk + "ffn_down.weight", (spec.n_ff, e), w),
+        ]
+    n_expert, _, n_ff_exp = spec.experts
     shared = n_ff_exp * spec.n_expert_shared
     return [
         *tensors,
@@ -581,7 +631,7 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     f32, w = Q.F32, spec.weight_type
     q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
-    for il in range(spec.n_layer):
+    for il in range(spec.n_layer + spec.mtp_layers):
         blk = f"blk.{il}."
         if spec.kimi_k3 is not None:
             tensors += _kimi_k3_block(spec, il)
@@ -706,7 +756,9 @@ def write_sparse_gguf(
     if file_type is not None:
         writer.add_uint32("general.quantization_version", 2)
         writer.add_uint32("general.file_type", file_type)
-    writer.add_uint32(f"{a}.block_count", spec.n_layer)
+    writer.add_uint32(f"{a}.block_count", spec.n_layer + spec.mtp_layers)
+    if spec.mtp_layers:
+        writer.add_uint32(f"{a}.nextn_predict_layers", spec.mtp_layers)
     writer.add_uint32(f"{a}.context_length", spec.n_ctx_train)
     writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
     if spec.nemotron_pattern is None:  # Nemotron-H: a per-block array, below
@@ -797,6 +849,8 @@ def write_sparse_gguf(
             writer.add_uint32(f"{a}.ssm.{key}", value)
         writer.add_uint32(f"{a}.full_attention_interval", interval)
         writer.add_uint32(f"{a}.rope.dimension_count", spec.head_dim // 4)
+        if spec.arch in ("qwen35", "qwen35moe"):  # interleaved M-RoPE: Qwen3.5's mrope_section
+            writer.add_array(f"{a}.rope.dimension_sections", [11, 11, 10, 0])
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.experts[2] * spec.n_expert_shared if spec.experts else 0)
     if spec.experts:
         n_expert, n_used, n_ff_exp = spec.experts

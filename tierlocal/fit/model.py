@@ -38,7 +38,7 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
 _VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gpt-oss")
-_VERIFIED_RECURRENT = ("lfm2", "granitehybrid", "qwen3next", "nemotron_h", "mamba", "falcon-h1", "kimi-linear", "kimi-k3", "rwkv6", "rwkv7", "jamba")
+_VERIFIED_RECURRENT = ("lfm2", "granitehybrid", "qwen3next", "qwen35", "nemotron_h", "mamba", "falcon-h1", "kimi-linear", "kimi-k3", "rwkv6", "rwkv7", "jamba")
 VERIFIED_ARCHS = frozenset(_VERIFIED_DENSE + _VERIFIED_RECURRENT)
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
@@ -165,11 +165,16 @@ def _swa_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_swa: 
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
-def _place(headers: Sequence[GGUFHeader], n_layer: int) -> tuple[PlacedTensor, ...]:
+def _place(headers: Sequence[GGUFHeader], n_layer: int, n_trunk: int) -> tuple[PlacedTensor, ...]:
+    """Every tensor the engine loads, in its layer. Blocks from ``n_trunk`` on are
+    multi-token-prediction blocks, whose tensors llama.cpp skips (TENSOR_SKIP) unless asked to
+    draft with them: not in any buffer, so not placed."""
     placed = []
     for shard, header in enumerate(headers):
         for tensor in header.tensors:
             match = _BLOCK_RE.match(tensor.name)
+            if match and n_trunk <= int(match.group(1)) < n_layer:
+                continue
             if match and int(match.group(1)) < n_layer:
                 layer = int(match.group(1))
             elif tensor.name.startswith("token_embd."):
@@ -209,6 +214,21 @@ def _check_consistent(n_head: Sequence[int], n_head_kv: Sequence[int], source: s
             )
 
 
+def _trunk_layers(metadata: Mapping[str, object], arch: str, n_layer: int, source: str) -> int:
+    """Blocks before the multi-token-prediction ones (``{arch}.nextn_predict_layers``, which
+    llama.cpp counts in block_count and in -ngl's layers but does not run when serving). A
+    file of nothing but MTP blocks (a draft head) is all trunk, as llama.cpp treats it.
+
+    Raises:
+        HeaderError: more MTP blocks than blocks.
+    """
+    value = metadata.get(f"{arch}.nextn_predict_layers", 0)
+    n_nextn = value if isinstance(value, int) and not isinstance(value, bool) else 0
+    if n_nextn < 0 or n_nextn > n_layer:
+        raise HeaderError(source, 0, f"{n_nextn} multi-token-prediction blocks in {n_layer} blocks", hint="the header contradicts itself; re-convert the model")
+    return n_layer if n_nextn in (0, n_layer) else n_layer - n_nextn
+
+
 def _number(metadata: Mapping[str, object], key: str, default: object = 0) -> int:
     """``int()`` of a metadata value (``default`` when absent; 0 when empty)."""
     return int(metadata.get(key, default) or 0)  # type: ignore[call-overload]
@@ -232,15 +252,21 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_ctx_train = _int(metadata, f"{arch}.context_length")
     except KeyError as exc:
         raise HeaderError(source, 0, f"{exc.args[0]} is missing", hint="the estimate needs it; is this a language model?") from None
+    n_trunk = _trunk_layers(metadata, arch, n_layer, source)
     n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
     n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
     _check_consistent(n_head, n_head_kv, source)
+    # The multi-token-prediction blocks keep no KV in the serving context (llama.cpp's
+    # create_memory filters its caches to il < n_layer()).
+    n_head_kv = n_head_kv[:n_trunk] + (0,) * (n_layer - n_trunk)
     max_heads = max(n_head) or 1
     head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
     head_v = metadata.get(f"{arch}.attention.value_length", head_k)
     n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
     n_ff_layers = _per_layer(metadata.get(f"{arch}.feed_forward_length", 0), n_layer, "feed_forward_length", source)
     recurrent = recurrent_facts(metadata, arch, n_layer, n_embd, n_head, n_head_kv, n_ff_layers)
+    # ... nor a recurrent state: only trunk layers are recurrent (qwen35.cpp: i < n_layer()).
+    is_recurrent = tuple(flag and il < n_trunk for il, flag in enumerate(recurrent.is_recurrent))
     tokens = metadata.get("tokenizer.ggml.tokens")
     n_vocab = getattr(tokens, "length", None) or (len(tokens) if isinstance(tokens, list) else 0)
     return ModelSpec(
@@ -256,7 +282,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_ctx_train=n_ctx_train,
         n_vocab=int(n_vocab),
         tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
-        tensors=_place(headers, n_layer),
+        tensors=_place(headers, n_layer, n_trunk),
         n_ff=max(n_ff_layers, default=0),
         n_expert=_number(metadata, f"{arch}.expert_count"),
         n_expert_used=_number(metadata, f"{arch}.expert_used_count"),
@@ -264,7 +290,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         mla=f"{arch}.attention.kv_lora_rank" in metadata and f"{arch}.attention.key_length_mla" in metadata,
         kv_lora_rank=_number(metadata, f"{arch}.attention.kv_lora_rank"),
         head_k_mla=_number(metadata, f"{arch}.attention.key_length_mla"),
-        is_recurrent=recurrent.is_recurrent,
+        is_recurrent=is_recurrent,
         n_embd_r=recurrent.n_embd_r,
         n_embd_s=recurrent.n_embd_s,
         attention_in_recurrent=recurrent.attention_too,
