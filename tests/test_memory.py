@@ -299,6 +299,27 @@ def test_qwen35_with_its_mtp_block_matches_llama_server(assets: Assets, tmp_path
     assert _buffers(_MODEL_LINE, vulkan_log)["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)  # 112.55 MiB
 
 
+def test_qwen35_moe_with_its_mtp_block_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
+    """Qwen3.5-35B-A3B's width in its first 4 blocks plus its MTP block (with experts of its
+    own): 3 delta nets' state, 1 attention block's KV, nothing for the MTP block."""
+    import dataclasses
+
+    from tests.support.sparse_models import QWEN35_35B_A3B_4L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "qwen35moe.gguf", dataclasses.replace(QWEN35_35B_A3B_4L, mtp_layers=1))
+    spec = model_spec(read_headers(str(path)))
+    assert spec.verified and spec.is_recurrent == (True, True, True, False, False) and spec.n_expert == 256
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.56 MiB
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 8 MiB
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 78.0 planned, 74.02 allocated
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
+
+
 def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, tmp_path: Path) -> None:
     """NVIDIA-Nemotron-Nano-9B-v2's first 16 blocks: 8 Mamba-2 mixers keep a state, the one
     attention block a KV cache, and the 7 MLP blocks nothing — as llama.cpp allocates it."""

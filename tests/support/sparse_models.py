@@ -124,6 +124,14 @@ QWEN35_9B_8L = SparseArch(
     "qwen3.5-9b-8-blocks-q4k", "qwen35", 8, 4096, 16, 4, 256, 12288, 248320, 262144,
     qk_norm=True, gated_delta_net=(4, 16, 32, 128, 4),
 )  # fmt: skip
+# Qwen3.5-35B-A3B (its config.json text_config): width 2048, full attention every 4th block (16
+# heads with an output gate, 2 KV heads of 256), gated delta nets elsewhere (16 key and 32 value
+# heads of 128, conv 4), 256 experts (8 used) of 512 plus a shared expert of 512, vocabulary
+# 248,320, untied output. The first 4 of its 40 blocks, width kept.
+QWEN35_35B_A3B_4L = SparseArch(
+    "qwen3.5-35b-a3b-4-blocks-q4k", "qwen35moe", 4, 2048, 16, 2, 256, 512, 248320, 262144,
+    qk_norm=True, experts=(256, 8, 512), n_expert_shared=1, gated_delta_net=(4, 16, 32, 128, 4),
+)  # fmt: skip
 # NVIDIA-Nemotron-Nano-9B-v2 (its published config.json): hidden 4480, Mamba-2 mixers of 128
 # heads × 80 (d_state 128, 8 groups, conv 4), MLPs of 15,680 (squared ReLU: up and down only),
 # attention of 40 heads with 8 KV heads of 128, vocabulary 131,072. The first 16 of its 56
