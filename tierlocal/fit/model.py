@@ -38,7 +38,21 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
 _VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gpt-oss")
-_VERIFIED_RECURRENT = ("lfm2", "granitehybrid", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "mamba", "falcon-h1", "kimi-linear", "kimi-k3", "rwkv6", "rwkv7", "jamba")
+_VERIFIED_RECURRENT = (
+    "lfm2",
+    "granitehybrid",
+    "qwen3next",
+    "qwen35",
+    "qwen35moe",
+    "nemotron_h",
+    "mamba",
+    "falcon-h1",
+    "kimi-linear",
+    "kimi-k3",
+    "rwkv6",
+    "rwkv7",
+    "jamba",
+)
 VERIFIED_ARCHS = frozenset(_VERIFIED_DENSE + _VERIFIED_RECURRENT)
 #: Metadata that marks caches the estimator does not model yet: latent (MLA) KV, recurrent
 #: or linear-attention state, and hybrids of them.
