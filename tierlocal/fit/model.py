@@ -228,6 +228,36 @@ def _check_consistent(n_head: Sequence[int], n_head_kv: Sequence[int], source: s
             )
 
 
+def _sizes(metadata: Mapping[str, object], arch: str, source: str) -> tuple[int, int, int]:
+    """Blocks, embedding width and training context (tokens) the estimate cannot do without.
+
+    Raises:
+        HeaderError: one is missing.
+    """
+    try:
+        return (
+            _int(metadata, f"{arch}.block_count"),
+            _int(metadata, f"{arch}.embedding_length"),
+            _int(metadata, f"{arch}.context_length"),
+        )
+    except KeyError as exc:
+        raise HeaderError(source, 0, f"{exc.args[0]} is missing", hint="the estimate needs it; is this a language model?") from None
+
+
+def _heads(metadata: Mapping[str, object], arch: str, n_layer: int, n_trunk: int, source: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Attention heads and KV heads per layer. The multi-token-prediction blocks (from
+    ``n_trunk`` on) keep no KV in the serving context: llama.cpp's create_memory filters its
+    caches to il < n_layer().
+
+    Raises:
+        HeaderError: the header contradicts itself.
+    """
+    n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
+    n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
+    _check_consistent(n_head, n_head_kv, source)
+    return n_head, n_head_kv[:n_trunk] + (0,) * (n_layer - n_trunk)
+
+
 def _trunk_layers(metadata: Mapping[str, object], arch: str, n_layer: int, source: str) -> int:
     """Blocks before the multi-token-prediction ones (``{arch}.nextn_predict_layers``, which
     llama.cpp counts in block_count and in -ngl's layers but does not run when serving). A
@@ -260,19 +290,9 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     if not isinstance(arch, str):
         raise HeaderError(source, 0, "general.architecture is missing")
     unknown_state = _unmodelled_state(metadata, arch)
-    try:
-        n_layer = _int(metadata, f"{arch}.block_count")
-        n_embd = _int(metadata, f"{arch}.embedding_length")
-        n_ctx_train = _int(metadata, f"{arch}.context_length")
-    except KeyError as exc:
-        raise HeaderError(source, 0, f"{exc.args[0]} is missing", hint="the estimate needs it; is this a language model?") from None
+    n_layer, n_embd, n_ctx_train = _sizes(metadata, arch, source)
     n_trunk = _trunk_layers(metadata, arch, n_layer, source)
-    n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
-    n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
-    _check_consistent(n_head, n_head_kv, source)
-    # The multi-token-prediction blocks keep no KV in the serving context (llama.cpp's
-    # create_memory filters its caches to il < n_layer()).
-    n_head_kv = n_head_kv[:n_trunk] + (0,) * (n_layer - n_trunk)
+    n_head, n_head_kv = _heads(metadata, arch, n_layer, n_trunk, source)
     max_heads = max(n_head) or 1
     head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
     head_v = metadata.get(f"{arch}.attention.value_length", head_k)
