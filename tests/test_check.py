@@ -10,6 +10,10 @@ import math
 import pytest
 
 from tests.support.cli import run_cli
+from tierlocal.catalog import find_model
+from tierlocal.hardware.detect import detect
+from tierlocal.hardware.override import with_gpu_override, with_ram_override
+from tierlocal.recommendation import catalog_recommendation
 
 _GIB = 1024**3
 _STATUSES = {"best", "fits", "tight", "too slow", "no room", "not for long-context"}
@@ -189,3 +193,18 @@ def test_bad_options_are_one_line_errors() -> None:
     assert result.stderr.splitlines() == ["error: --ctx '12' is not a context size", "hint: give tokens (256 to 16777216) or 'max'"]
     result = run_cli("check", "--ram", "lots")
     assert result.returncode == 2 and result.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("order", [("qwen3.5-27b", "qwen3.6-27b"), ("qwen3.6-27b", "qwen3.5-27b")])
+def test_the_newer_release_of_one_shape_wins_the_tie(order: tuple[str, str]) -> None:
+    """Qwen3.6-27B is Qwen3.5-27B's shape retrained: the same plan to the byte and the same
+    speed, so the release date decides, whatever the catalog's order."""
+    entries = [entry for name in order for entry in find_model(f"{name}:q4_k_m")]
+    hardware = with_ram_override(with_gpu_override(detect(), ["RTX 4090"]), "64GiB", None)
+    result = catalog_recommendation(entries, hardware, ctx=8192, parallel=1, min_tokens_per_s=0).to_json()
+    rows = {row["model"]: row for row in result["candidates"]}  # type: ignore[union-attr]
+    old, new = rows["qwen3.5-27b"], rows["qwen3.6-27b"]
+    assert old["file_bytes"] == new["file_bytes"] and old["total_needed_bytes"] == new["total_needed_bytes"]
+    assert old["est_decode_tokens_per_s"] == new["est_decode_tokens_per_s"]
+    assert new["status"] == "best"
+    assert old["status"] == "fits" and old["reason"] == "fits; an older release of the same size"

@@ -20,7 +20,7 @@ eligible entry has one of the same benchmark; otherwise (the usual case today: t
 carries no such figures yet) the largest model, sized dense-equivalent (a mixture of experts
 counts √(total × active) parameters: a 30B-A3B model ranks with ~10B dense ones), then the
 highest precision (bits per weight, counted up to Q6_K's: :data:`PRECISION_CAP_BITS`), then
-the faster. Tight entries are taken only when nothing else fits. Every other row says why it
+the faster, then the newer release (``facts_date``: Qwen3.6 over Qwen3.5 of the same shape). Tight entries are taken only when nothing else fits. Every other row says why it
 lost.
 """
 
@@ -308,12 +308,19 @@ def _status(entry: ModelEntry, fits: bool, speed: float | None, min_speed: float
     return "fits", "fits"
 
 
-def _rank_key(candidate: Candidate, by_quality: bool) -> tuple[float, float, float, float]:
+def _released(entry: ModelEntry) -> float:
+    """``facts_date`` ("YYYY-MM" or "YYYY-MM-DD") as months since year 0; 0 when unreadable."""
+    year, _, rest = entry.facts_date.partition("-")
+    month = rest.partition("-")[0]
+    return int(year) * 12 + int(month) - 1 if year.isdigit() and month.isdigit() else 0.0
+
+
+def _rank_key(candidate: Candidate, by_quality: bool) -> tuple[float, float, float, float, float]:
     quality = candidate.entry.quality.score if by_quality and candidate.entry.quality else 0.0
     speed = candidate.decode_tokens_per_s
     if speed is None:  # unknown: the GPU's bandwidth was not given; whole on the GPU is the fastest way
         speed = math.inf if candidate.where in ("GPU",) or candidate.where.endswith(" GPUs") else 0.0
-    return (quality, candidate.size_params, min(candidate.bits_per_weight, PRECISION_CAP_BITS), speed)
+    return (quality, candidate.size_params, min(candidate.bits_per_weight, PRECISION_CAP_BITS), speed, _released(candidate.entry))
 
 
 def _rank(candidates: list[Candidate]) -> tuple[Candidate, ...]:
@@ -351,4 +358,6 @@ def _lost_to(candidate: Candidate, winner: Candidate, by_quality: bool) -> str:
         return "fits; smaller"
     if min(candidate.bits_per_weight, PRECISION_CAP_BITS) < min(winner.bits_per_weight, PRECISION_CAP_BITS):
         return "fits; lower precision"
+    if candidate.decode_tokens_per_s == winner.decode_tokens_per_s and _released(candidate.entry) < _released(winner.entry):
+        return "fits; an older release of the same size"
     return "fits; slower"
