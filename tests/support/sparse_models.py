@@ -459,21 +459,6 @@ def _kimi_k3_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...]
             (blk + "ffn_up.weight", (e, spec.n_ff), w),
             (blk + "ffn_down.weight", (spec.n_ff, e), w),
         ]
-    if il >= spec.n_layer:  # a multi-token-prediction block (qwen35.cpp load_block_mtp)
-        tensors += [
-            (blk + "nextn.eh_proj.weight", (2 * e, e), w),
-            (blk + "nextn.enorm.weight", (e,), f32),
-            (blk + "nextn.hnorm.weight", (e,), f32),
-            (blk + "nextn.shared_head_norm.weight", (e,), f32),
-        ]
-    if spec.experts is None:  # Qwen3.5 dense
-        return [
-            *tensors,
-            (blk + "ffn_gate.weight", (e, spec.n_ff), w),
-            (blk + "ffn_up.weight", (e, spec.n_ff), w),
-            (blk + "ffn_down.weight", (spec.n_ff, e), w),
-        ]
-    n_expert, _, n_ff_exp = spec.experts
     shared = n_ff_exp * spec.n_expert_shared
     return [
         *tensors,
