@@ -12,7 +12,16 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
-from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, kv_cache, output_buffer_bytes, partial_offload_compute_bytes, server_context, weights_split
+from tierlocal.fit.memory import (
+    ContextParams,
+    compute_buffer_bytes,
+    gpu_layers,
+    kv_cache,
+    output_buffer_bytes,
+    partial_offload_compute_bytes,
+    server_context,
+    weights_split,
+)
 from tierlocal.fit.model import ModelSpec, model_spec
 from tierlocal.gguf.sources import read_headers
 
@@ -225,6 +234,19 @@ def _state_bytes(spec: ModelSpec, layer_bytes: tuple[int, ...]) -> int:
     return sum(size for size, recurrent in zip(layer_bytes, spec.is_recurrent, strict=False) if recurrent)
 
 
+def _served_state_and_kv(assets: Assets, spec: ModelSpec, path: Path, tmp_path: Path) -> tuple[str, ContextParams]:
+    """Serve ``path`` on the CPU build at 4,096 tokens × 2 slots and check its RS buffer against
+    the recurrent layers' share of the estimate and its KV buffer against the rest (MiB, to the
+    hundredth). Returns the load log and the planned context."""
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    state = _state_bytes(spec, kv.layer_bytes)
+    log = _served_log(assets, path, tmp_path)
+    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)
+    return log, params
+
+
 def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
     """Granite-4.0-H-350M: 4 attention blocks with a KV cache and 28 Mamba-2 blocks whose state
     is (d_conv − 1)(d_inner + 2·groups·d_state) + d_state·d_inner float32 values per sequence
@@ -235,12 +257,7 @@ def test_mamba2_hybrid_state_matches_llama_server(assets: Assets, tmp_path: Path
     spec = model_spec(read_headers(str(path)))
     assert sum(spec.is_recurrent) == 28 and spec.recurrent_family == "mamba-2"
     assert (spec.n_embd_r, spec.n_embd_s) == (3 * (1536 + 2 * 128), 128 * 1536)
-    params = server_context(spec, ctx=4096, parallel=2)
-    kv = kv_cache(spec, params)
-    state = _state_bytes(spec, kv.layer_bytes)
-    log = _served_log(assets, path, tmp_path)
-    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 43.15 MiB
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
+    log, params = _served_state_and_kv(assets, spec, path, tmp_path)  # state 43.15 MiB, KV 16 MiB
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # the Mamba-2 step: 26.19 planned, 24.69 allocated
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
@@ -255,12 +272,7 @@ def test_gated_delta_net_state_matches_llama_server(assets: Assets, tmp_path: Pa
     spec = model_spec(read_headers(str(path)))
     assert spec.is_recurrent == (True, True, True, False) and spec.recurrent_family == "gated delta net"
     assert (spec.n_embd_r, spec.n_embd_s) == (3 * (2 * 16 * 128 + 32 * 128), 128 * 32 * 128)
-    params = server_context(spec, ctx=4096, parallel=2)
-    kv = kv_cache(spec, params)
-    state = _state_bytes(spec, kv.layer_bytes)
-    log = _served_log(assets, path, tmp_path)
-    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.56 MiB
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 8 MiB
+    log, params = _served_state_and_kv(assets, spec, path, tmp_path)  # state 12.56 MiB, KV 8 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(actual_compute, rel=0.06)  # 92.0 vs 88.01
 
@@ -278,13 +290,8 @@ def test_qwen35_with_its_mtp_block_matches_llama_server(assets: Assets, tmp_path
     spec = model_spec(read_headers(str(path)))
     assert spec.n_layer == 9 and spec.is_recurrent == (True, True, True, False, True, True, True, False, False)
     assert not any(t.name.startswith("blk.8.") for t in spec.tensors)
-    params = server_context(spec, ctx=4096, parallel=2)
-    kv = kv_cache(spec, params)
-    state = _state_bytes(spec, kv.layer_bytes)
-    log = _served_log(assets, path, tmp_path)
+    log, params = _served_state_and_kv(assets, spec, path, tmp_path)  # state 25.12 MiB: 6 delta nets, not 7; KV 32 MiB: 2 blocks, not 3
     assert "n_layer_all           = 9" in log and "n_layer               = 8" in log
-    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 25.12 MiB: 6 delta nets, not 7
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 32 MiB: 2 blocks, not 3
     # The mapping spans the file, MTP tensors between the trunk and the output included.
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 106.0 planned, 98.02 allocated: the safe side
@@ -309,12 +316,7 @@ def test_qwen35_moe_with_its_mtp_block_matches_llama_server(assets: Assets, tmp_
     path = write_sparse_gguf(tmp_path / "qwen35moe.gguf", dataclasses.replace(QWEN35_35B_A3B_4L, mtp_layers=1))
     spec = model_spec(read_headers(str(path)))
     assert spec.verified and spec.is_recurrent == (True, True, True, False, False) and spec.n_expert == 256
-    params = server_context(spec, ctx=4096, parallel=2)
-    kv = kv_cache(spec, params)
-    state = _state_bytes(spec, kv.layer_bytes)
-    log = _served_log(assets, path, tmp_path)
-    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.56 MiB
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 8 MiB
+    log, params = _served_state_and_kv(assets, spec, path, tmp_path)  # state 12.56 MiB, KV 8 MiB
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 78.0 planned, 74.02 allocated
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
@@ -328,13 +330,9 @@ def test_nemotron_h_mlp_blocks_keep_no_state_on_the_real_engine(assets: Assets, 
     path = write_sparse_gguf(tmp_path / "nemotron.gguf", NEMOTRON_H_9B_16L)
     spec = model_spec(read_headers(str(path)))
     assert spec.is_recurrent == tuple(kind == "M" for kind in "M-M-M-MM-M-M-M*-")
-    params = server_context(spec, ctx=4096, parallel=2)
-    kv = kv_cache(spec, params)
+    kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=2))
     assert [size for size, kind in zip(kv.layer_bytes, "M-M-M-MM-M-M-M*-", strict=True) if kind == "-"] == [0] * 7
-    state = _state_bytes(spec, kv.layer_bytes)
-    log = _served_log(assets, path, tmp_path)
-    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 82.25 MiB
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 16 MiB
+    log, params = _served_state_and_kv(assets, spec, path, tmp_path)  # state 82.25 MiB, KV 16 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]  # 160.75 planned, 157.57 allocated
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.07
 
@@ -385,12 +383,7 @@ def test_kimi_delta_attention_state_and_mla_cache_match_the_real_engine(assets: 
     spec = model_spec(read_headers(str(path)))
     assert spec.is_recurrent == (True, True, True, False) and spec.recurrent_family == "kimi delta attention"
     assert (spec.n_embd_r, spec.n_embd_s) == (3 * 3 * 32 * 128, 128 * 128 * 32)
-    params = server_context(spec, ctx=4096, parallel=2)
-    kv = kv_cache(spec, params)
-    state = _state_bytes(spec, kv.layer_bytes)
-    log = _served_log(assets, path, tmp_path)
-    assert _buffers(_RS_LINE, log)["CPU"] == pytest.approx(state / _MIB, abs=0.006)  # 12.84 MiB
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx((kv.total_bytes - state) / _MIB, abs=0.006)  # 4.50 MiB
+    log, params = _served_state_and_kv(assets, spec, path, tmp_path)  # state 12.84 MiB, KV 4.50 MiB
     assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_buffers(_COMPUTE_LINE, log)["CPU"], rel=0.02)  # 107.5
 
 
