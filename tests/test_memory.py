@@ -486,6 +486,94 @@ def test_gpt_oss_weights_and_sliding_window_kv_match_the_real_engine(assets: Ass
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.3
 
 
+@pytest.mark.parametrize(("name", "compute_over"), [("31b", 1.10), ("26b-a4b", 1.15)])
+def test_gemma4_two_head_sizes_and_their_caches_match_the_real_engine(assets: Assets, tmp_path: Path, name: str, compute_over: float) -> None:
+    """Gemma 4's first 6 blocks, width kept (31B dense; 26B-A4B with its experts): 5 blocks see a
+    1,024-token window with heads of 256, the 6th attends globally with heads of 512 (K doubling
+    as V). The two KV buffers, the mapped weights and the CPU repack match llama.cpp's to the
+    hundredth of a MiB; the compute formula errs high (31B: 193 vs 177.02 MiB; 26B-A4B: 113 vs
+    99.52)."""
+    from tests.support.sparse_models import GEMMA4_26B_A4B_6L, GEMMA4_31B_6L, write_sparse_gguf
+    from tierlocal.engines.llama_server import parse_system_info
+    from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+    from tierlocal.fit.host_memory import host_memory
+
+    shape = {"31b": GEMMA4_31B_6L, "26b-a4b": GEMMA4_26B_A4B_6L}[name]
+    path = write_sparse_gguf(tmp_path / f"gemma4-{name}.gguf", shape)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.verified and spec.is_swa == (True,) * 5 + (False,)
+    assert [spec.n_embd_k_gqa(il) for il in (0, 5)] == [shape.n_head_kv * 256, shape.gemma4[1] * 512]  # type: ignore[index]
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
+    log = _served_log(assets, path, tmp_path)
+    # llama.cpp prints the global cache (4,096 cells × 2 slots) and the windowed one (3,072 cells).
+    assert sorted(float(mib) for _, mib in _KV_LINE.findall(log)) == pytest.approx(
+        sorted([kv.layer_bytes[5] / _MIB, sum(kv.layer_bytes[:5]) / _MIB]), abs=0.006
+    )
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    # The repacked copies, the tied output's (the embedding again) among them, for this build's CPU.
+    machine = Machine(None, None, 0, 0, None, 64 << 30, 64 << 30, 40_000_000_000, 0, 1 << 30, cpu_arch="x86_64", cpu_features=parse_system_info(log))
+    repack = host_memory(spec, plan_run(spec, RunRequest(ctx=4096, parallel=2), machine), machine).repack_bytes
+    assert _buffers(_MODEL_LINE, log)["CPU_REPACK"] == pytest.approx(repack / _MIB, abs=0.006)
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * compute_over
+
+
+def test_a_gemma4_header_sharing_every_blocks_cache_is_refused(tmp_path: Path) -> None:
+    import dataclasses
+
+    from tests.support.sparse_models import GEMMA4_26B_A4B_6L, write_sparse_gguf
+    from tierlocal.errors import HeaderError
+
+    shape = dataclasses.replace(GEMMA4_26B_A4B_6L, extra={"gemma4.attention.shared_kv_layers": 6})
+    with pytest.raises(HeaderError, match="shared_kv_layers is 6 of 6 blocks"):
+        model_spec(read_headers(str(write_sparse_gguf(tmp_path / "gemma4.gguf", shape))))
+
+
+def test_gemma4_blocks_that_share_an_earlier_cache_keep_none_of_their_own(assets: Assets, tmp_path: Path) -> None:
+    """Gemma 4's small models let their last blocks read an earlier block's cache
+    (attention.shared_kv_layers, llama.cpp's n_layer_kv_from_start): 12 blocks of the 26B-A4B's
+    width with the last 6 shared keep the first 6's cache only, to the hundredth of a MiB."""
+    import dataclasses
+
+    from tests.support.sparse_models import GEMMA4_26B_A4B_6L, write_sparse_gguf
+
+    shape = dataclasses.replace(GEMMA4_26B_A4B_6L, n_layer=12, extra={"gemma4.attention.shared_kv_layers": 6})
+    path = write_sparse_gguf(tmp_path / "gemma4-shared.gguf", shape)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.n_head_kv == (8, 8, 8, 8, 8, 2) + (0,) * 6
+    kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=2))
+    log = _served_log(assets, path, tmp_path)
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 136 MiB, as for 6 blocks
+    assert "(  1536 cells,   5 layers," in log and "(  2048 cells,   1 layers," in log
+
+
+def test_gemma4_without_flash_attention_pads_every_v_row_to_the_widest(assets: Assets, tmp_path: Path) -> None:
+    """Gemma-4-31B's first 6 blocks on the Vulkan device (llvmpipe, ``-fa off``, as the Mesa
+    trap needs), ``-ngl 3``: without flash attention llama.cpp stores V transposed and pads the
+    global block's V rows (4 heads of 512) to the local blocks' width (16 of 256), 48 MiB where
+    flash attention keeps 32; the device's weights and the mapped rest match to the hundredth."""
+    from tests.support.sparse_models import GEMMA4_31B_6L, write_sparse_gguf
+
+    path = write_sparse_gguf(tmp_path / "gemma4-31b.gguf", GEMMA4_31B_6L)
+    spec = model_spec(read_headers(str(path)))
+    padded, unpadded = (kv_cache(spec, server_context(spec, ctx=4096, parallel=2, flash_attn=fa)) for fa in (False, True))
+    assert (padded.layer_bytes[5], unpadded.layer_bytes[5]) == (48 * _MIB, 32 * _MIB) and padded.layer_bytes[:5] == unpadded.layer_bytes[:5]
+    on_gpu = gpu_layers(spec, 3)
+    weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "3", "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        log = log_path.read_text()
+    assert "padding V cache to 4096" in log and "offloaded 3/7 layers to GPU" in log
+    kv = _buffers(_KV_LINE, log)
+    assert kv["Vulkan0"] == pytest.approx(sum(b for b, g in zip(padded.layer_bytes, on_gpu, strict=False) if g) / _MIB, abs=0.006)  # 96 MiB
+    assert kv["CPU"] == pytest.approx(sum(b for b, g in zip(padded.layer_bytes, on_gpu, strict=False) if not g) / _MIB, abs=0.006)  # 192 MiB
+    model = _buffers(_MODEL_LINE, log)
+    assert model["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)  # 543.57 MiB
+    assert model["CPU_Mapped"] == pytest.approx(weights.cpu_mapped_bytes / _MIB, abs=0.006)
+
+
 @pytest.mark.parametrize("n_vocab", [65536, 65537])
 def test_an_output_matrix_whose_batch_product_the_device_cannot_bind_stays_in_ram(assets: Assets, tmp_path: Path, n_vocab: int) -> None:
     """llama.cpp tests a weight's operation on a 512-token batch before offloading it: on

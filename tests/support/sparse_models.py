@@ -87,6 +87,11 @@ class SparseArch:
     #: converter writes one): a full-attention block with the nextn projections, which
     #: llama-server skips unless speculative MTP decoding is asked for.
     mtp_layers: int = 0
+    #: Gemma 4 (llama.cpp's gemma4.cpp): (full-attention head size, full-attention KV heads,
+    #: period). Every period-th block is full attention with those, where K doubles as V
+    #: (attention_k_eq_v: no attn_v); the others see sliding_window tokens with head_dim and
+    #: n_head_kv. With experts (26B-A4B), every block runs them beside its dense FFN.
+    gemma4: tuple[int, int, int] | None = None
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -202,6 +207,21 @@ RWKV7_168M = SparseArch(
 GPT_OSS_20B_4L = SparseArch(
     "gpt-oss-20b-4-blocks-mxfp4", "gpt-oss", 4, 2880, 64, 8, 64, 2880, 201088, 131072,
     experts=(32, 4, 2880), gpt_oss=True, sliding_window=128, weight_type=Q.Q8_0, output_type=Q.Q8_0,
+)  # fmt: skip
+# Gemma-4-31B (google/gemma-4-31B config.json text_config): width 5376, 32 heads; 5 of every 6
+# blocks see a 1,024-token window with 16 KV heads of 256, the 6th attends globally with 4 KV
+# heads of 512 whose K is also V; FFN 21,504, vocabulary 262,144, output tied to the embedding.
+# Its first 6 blocks of 60, width kept.
+GEMMA4_31B_6L = SparseArch(
+    "gemma-4-31b-6-blocks-q4k", "gemma4", 6, 5376, 32, 16, 256, 21504, 262144, 262144,
+    tied_output=True, sliding_window=1024, gemma4=(512, 4, 6),
+)  # fmt: skip
+# Gemma-4-26B-A4B (google/gemma-4-26B-A4B config.json text_config): width 2816, 16 heads, 8
+# sliding-window KV heads of 256 and 2 global ones of 512, a dense FFN of 2,112 beside 128
+# experts of 704 (8 used) in every block. Its first 6 blocks of 30, width kept.
+GEMMA4_26B_A4B_6L = SparseArch(
+    "gemma-4-26b-a4b-6-blocks-q4k", "gemma4", 6, 2816, 16, 8, 256, 2112, 262144, 262144,
+    tied_output=True, sliding_window=1024, gemma4=(512, 2, 6), experts=(128, 8, 704),
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -619,13 +639,63 @@ def _mamba1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...],
     ]
 
 
+def _gemma4_full(spec: SparseArch, il: int) -> bool:
+    return spec.gemma4 is not None and (il + 1) % spec.gemma4[2] == 0
+
+
+def _gemma4_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A Gemma 4 block (llama.cpp's gemma4.cpp load_arch_tensors): attention with q/k norms and
+    a post-norm, a layer output scale, a GELU FFN with its post-norm, and with experts a second
+    FFN branch of routed experts (gate and up fused, as the converter writes them)."""
+    assert spec.gemma4 is not None
+    f32, w, e, blk = Q.F32, spec.weight_type, spec.n_embd, f"blk.{il}."
+    full = _gemma4_full(spec, il)
+    head, kv_heads = (spec.gemma4[0], spec.gemma4[1]) if full else (spec.head_dim, spec.n_head_kv)
+    q_dim, kv_dim = spec.n_head * head, kv_heads * head
+    tensors = [
+        (blk + "attn_norm.weight", (e,), f32),
+        (blk + "attn_q.weight", (e, q_dim), w),
+        (blk + "attn_k.weight", (e, kv_dim), w),
+        *([] if full else [(blk + "attn_v.weight", (e, kv_dim), w)]),
+        (blk + "attn_output.weight", (q_dim, e), w),
+        (blk + "attn_q_norm.weight", (head,), f32),
+        (blk + "attn_k_norm.weight", (head,), f32),
+        (blk + "post_attention_norm.weight", (e,), f32),
+        (blk + "layer_output_scale.weight", (1,), f32),
+        (blk + "ffn_norm.weight", (e,), f32),
+        (blk + "ffn_gate.weight", (e, spec.n_ff), w),
+        (blk + "ffn_up.weight", (e, spec.n_ff), w),
+        (blk + "ffn_down.weight", (spec.n_ff, e), _block_quant(w, (spec.n_ff,))),
+        (blk + "post_ffw_norm.weight", (e,), f32),
+    ]
+    if spec.experts is None:
+        return tensors
+    n_expert, _, n_ff_exp = spec.experts
+    return [
+        *tensors,
+        (blk + "ffn_gate_inp.weight", (e, n_expert), f32),
+        (blk + "ffn_gate_inp.scale", (e,), f32),
+        (blk + "pre_ffw_norm_2.weight", (e,), f32),
+        (blk + "post_ffw_norm_1.weight", (e,), f32),
+        (blk + "post_ffw_norm_2.weight", (e,), f32),
+        (blk + "ffn_gate_up_exps.weight", (e, 2 * n_ff_exp, n_expert), w),
+        (blk + "ffn_down_exps.weight", (n_ff_exp, e, n_expert), _block_quant(w, (n_ff_exp,))),
+        (blk + "ffn_down_exps.scale", (n_expert,), f32),
+    ]
+
+
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
     f32, w = Q.F32, spec.weight_type
     q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
+    if spec.gemma4 is not None:  # the proportional rope's frequency factors, first in the converter's file
+        tensors.insert(0, ("rope_freqs.weight", (spec.gemma4[0] // 2,), f32))
     for il in range(spec.n_layer + spec.mtp_layers):
         blk = f"blk.{il}."
+        if spec.gemma4 is not None:
+            tensors += _gemma4_block(spec, il)
+            continue
         if spec.kimi_k3 is not None:
             tensors += _kimi_k3_block(spec, il)
             continue
@@ -814,6 +884,19 @@ def write_sparse_gguf(
                 "inner_size": 2 * spec.n_embd,
             }.items():
                 writer.add_uint32(f"{a}.ssm.{key}", value)
+    elif spec.gemma4 is not None:
+        full_head, full_kv, _ = spec.gemma4
+        writer.add_array(f"{a}.attention.head_count_kv", [full_kv if _gemma4_full(spec, il) else spec.n_head_kv for il in range(spec.n_layer)])
+        writer.add_array(f"{a}.attention.sliding_window_pattern", [not _gemma4_full(spec, il) for il in range(spec.n_layer)])
+        if f"{a}.attention.shared_kv_layers" not in spec.extra:  # else from extra: the last blocks reuse earlier caches
+            writer.add_uint32(f"{a}.attention.shared_kv_layers", 0)
+        writer.add_uint32(f"{a}.embedding_length_per_layer_input", 0)
+        writer.add_uint32(f"{a}.attention.key_length_swa", spec.head_dim)
+        writer.add_uint32(f"{a}.attention.value_length_swa", spec.head_dim)
+        writer.add_uint32(f"{a}.rope.dimension_count", full_head)
+        writer.add_uint32(f"{a}.rope.dimension_count_swa", spec.head_dim)
+        writer.add_float32(f"{a}.rope.freq_base_swa", 10_000.0)
+        writer.add_float32(f"{a}.final_logit_softcapping", 30.0)
     else:
         writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
     if spec.mla:
@@ -828,8 +911,9 @@ def write_sparse_gguf(
         writer.add_uint32(f"{a}.leading_dense_block_count", spec.dense_lead)
         writer.add_float32(f"{a}.expert_weights_scale", 1.0)
     else:
-        writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
-        writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+        head = spec.gemma4[0] if spec.gemma4 is not None else spec.head_dim  # Gemma 4: the full-attention size
+        writer.add_uint32(f"{a}.attention.key_length", head)
+        writer.add_uint32(f"{a}.attention.value_length", head)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     if spec.sliding_window:
         writer.add_uint32(f"{a}.attention.sliding_window", spec.sliding_window)

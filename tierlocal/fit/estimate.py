@@ -163,7 +163,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         ngl = n_cpu_moe = 0
     params = server_context(
         spec, ctx=request.ctx, parallel=request.parallel, n_ubatch=request.n_ubatch, cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v,
-        swa_full=request.swa_full, all_outputs=request.all_outputs,
+        swa_full=request.swa_full, all_outputs=request.all_outputs, flash_attn=request.flash_attn,
     )  # fmt: skip
     on_gpu = gpu_layers(spec, ngl)
     kv = kv_cache(spec, params)

@@ -70,6 +70,8 @@ class ContextParams:
     #: Logits reserved for every token of a micro-batch (llama.cpp's library default, which
     #: llama-cpp-python keeps) instead of one per sequence (llama-server).
     all_outputs: bool = False
+    #: Without flash attention V is stored transposed, each row as wide as the widest layer's.
+    flash_attn: bool = True
 
     @property
     def n_ctx_padded(self) -> int:
@@ -99,6 +101,7 @@ def server_context(
     swa_full: bool = False,
     kv_offload: bool = True,
     all_outputs: bool = False,
+    flash_attn: bool = True,
 ) -> ContextParams:
     """The context llama-server creates for ``-c ctx -np parallel`` (0 / None: its defaults)."""
     if parallel is not None and parallel < 1:
@@ -113,6 +116,7 @@ def server_context(
         swa_full=swa_full,
         kv_offload=kv_offload,
         all_outputs=all_outputs,
+        flash_attn=flash_attn,
     )
 
 
@@ -158,6 +162,8 @@ def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
     the fixed-size recurrent state for recurrent layers (:mod:`tierlocal.fit.recurrent`); a
     Falcon-H1 layer keeps both."""
     cells_full, cells_swa = _cache_cells(spec, params)
+    # Without flash attention V rows are padded to the widest layer's (Gemma 4: 4 × 512 to 16 × 256).
+    v_widest = 0 if params.flash_attn else max((spec.n_embd_v_gqa(il) for il in range(spec.n_layer)), default=0)
     layers = []
     for il in range(spec.n_layer):
         state = 0
@@ -171,7 +177,7 @@ def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
             layers.append(state)
             continue
         cells = cells_swa if spec.is_swa[il] else cells_full
-        v_elements = spec.n_embd_v_gqa(il)
+        v_elements = spec.n_embd_v_gqa(il) and max(spec.n_embd_v_gqa(il), v_widest)
         per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(params.cache_type_v, v_elements) if v_elements else 0)
         layers.append(state + per_cell * cells * params.n_stream)
     return KvCache(cells_full, cells_swa, params.n_stream, tuple(layers))

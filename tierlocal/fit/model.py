@@ -37,7 +37,7 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
-_VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gpt-oss")
+_VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gemma4", "gpt-oss")
 _VERIFIED_RECURRENT = (
     "lfm2",
     "granitehybrid",
@@ -120,6 +120,10 @@ class ModelSpec:
     mamba: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: Attention output elements per token: heads × value head size (the MLA value size for MLA).
     attn_out_dim: int = 0
+    #: Head sizes of the sliding-window layers when they differ ({arch}.attention.key_length_swa:
+    #: Gemma 4's local layers use 256 beside 512 in its global ones); 0: head_k / head_v.
+    head_k_swa: int = 0
+    head_v_swa: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -144,13 +148,21 @@ class ModelSpec:
         """The output layer's own tensors (output projection when untied, output norm …)."""
         return sum(t.n_bytes for t in self.tensors if t.layer == self.n_layer)
 
+    def head_k_at(self, il: int) -> int:
+        """K head size of layer ``il`` (elements): the sliding-window one where it differs."""
+        return self.head_k_swa if self.head_k_swa and self.is_swa[il] else self.head_k
+
+    def head_v_at(self, il: int) -> int:
+        """V head size of layer ``il`` (elements): the sliding-window one where it differs."""
+        return self.head_v_swa if self.head_v_swa and self.is_swa[il] else self.head_v
+
     def n_embd_k_gqa(self, il: int) -> int:
         """K elements per token in layer ``il`` (head size × KV heads)."""
-        return self.head_k * self.n_head_kv[il]
+        return self.head_k_at(il) * self.n_head_kv[il]
 
     def n_embd_v_gqa(self, il: int) -> int:
         """V elements per token in layer ``il`` (none for MLA: V is read from the latent)."""
-        return 0 if self.mla else self.head_v * self.n_head_kv[il]
+        return 0 if self.mla else self.head_v_at(il) * self.n_head_kv[il]
 
 
 def _per_layer(value: object, n_layer: int, key: str, source: str) -> tuple[int, ...]:
@@ -255,7 +267,26 @@ def _heads(metadata: Mapping[str, object], arch: str, n_layer: int, n_trunk: int
     n_head = _per_layer(metadata.get(f"{arch}.attention.head_count"), n_layer, "head_count", source)
     n_head_kv = _per_layer(metadata.get(f"{arch}.attention.head_count_kv", list(n_head)), n_layer, "head_count_kv", source)
     _check_consistent(n_head, n_head_kv, source)
-    return n_head, n_head_kv[:n_trunk] + (0,) * (n_layer - n_trunk)
+    with_kv = min(n_trunk, _layers_with_own_kv(metadata, arch, n_layer, source))
+    return n_head, n_head_kv[:with_kv] + (0,) * (n_layer - with_kv)
+
+
+def _layers_with_own_kv(metadata: Mapping[str, object], arch: str, n_layer: int, source: str) -> int:
+    """Blocks from the first that keep a KV cache of their own: the later ones of Gemma 3n (from
+    block 20) and Gemma 4 ({arch}.attention.shared_kv_layers of them) read an earlier block's
+    cache instead (llama_hparams::n_layer_kv_from_start; llama.cpp's create_memory reuse).
+
+    Raises:
+        HeaderError: more shared blocks than blocks.
+    """
+    if arch == "gemma3n":
+        return min(20, n_layer)
+    if arch not in ("gemma4", "gemma4-assistant"):
+        return n_layer
+    shared = _number(metadata, f"{arch}.attention.shared_kv_layers")
+    if not 0 <= shared < n_layer:
+        raise HeaderError(source, 0, f"{arch}.attention.shared_kv_layers is {shared} of {n_layer} blocks", hint="the file is corrupt or not a Gemma 4 model")
+    return n_layer - shared
 
 
 def _trunk_layers(metadata: Mapping[str, object], arch: str, n_layer: int, source: str) -> int:
@@ -333,4 +364,6 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         unknown_state=unknown_state,
         mamba=recurrent.mamba,
         attn_out_dim=max(n_head) * _number(metadata, f"{arch}.attention.value_length_mla", head_v),
+        head_k_swa=_number(metadata, f"{arch}.attention.key_length_swa"),
+        head_v_swa=_number(metadata, f"{arch}.attention.value_length_swa"),
     )

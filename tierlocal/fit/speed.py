@@ -150,7 +150,7 @@ def _attention(spec: ModelSpec, il: int, depth: int, prompt: int, cache_type_k: 
     cell = cache_type_bytes(cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(cache_type_v, spec.n_embd_v_gqa(il)) if spec.n_embd_v_gqa(il) else 0)
     # mean keys attended over the prompt's positions 1..prompt (capped by the window)
     keys = sum(min(p, window) for p in range(1, prompt + 1)) / prompt if window and window < prompt else (prompt + 1) / 2
-    return float(cell * keys_decode), 2.0 * spec.n_head[il] * (spec.head_k + spec.head_v) * keys
+    return float(cell * keys_decode), 2.0 * spec.n_head[il] * (spec.head_k_at(il) + spec.head_v_at(il)) * keys
 
 
 def _priced(features: Features, table: Mapping[str, float], unit: str, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
