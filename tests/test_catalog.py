@@ -45,7 +45,7 @@ def test_the_catalog_is_current_sourced_and_has_a_header_per_entry() -> None:
             assert header_path(str(family["name"]), str(quant)).is_file(), (family["name"], quant)
     # Dense and MoE, small and large, hybrids: what people run on one machine.
     architectures = {family["architecture"] for family in families}
-    assert {"llama", "qwen3", "qwen3moe", "gemma3", "deepseek2", "qwen3next", "qwen35", "qwen35moe", "lfm2", "nemotron_h"} <= architectures
+    assert {"llama", "qwen3", "qwen3moe", "gemma3", "deepseek2", "qwen3next", "qwen35", "qwen35moe", "gemma4", "lfm2", "nemotron_h"} <= architectures
     assert min(int(f["params"]) for f in families) < 1e9 < 70e9 < max(int(f["params"]) for f in families)  # type: ignore[call-overload]
     # No header without its entry.
     assert {path.name for path in HEADERS.glob("*.json")} == {header_path(str(name), str(quant)).name for name, quant in entries}
@@ -69,7 +69,7 @@ def test_catalog_list_and_show() -> None:
     assert human.returncode == 2 and human.stderr.startswith("error: 'nope-7b' is not in the catalog")
 
 
-@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "gemma-3-12b", "lfm2-1.2b", "qwen3.5-35b-a3b"])
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "qwen3-30b-a3b", "gemma-3-12b", "lfm2-1.2b", "qwen3.5-35b-a3b", "gemma-4-26b-a4b"])
 def test_a_catalog_entry_is_planned_as_its_file(name: str, tmp_path: Path) -> None:
     """The compact header written back as a GGUF and planned by `check FILE` (real GGUF bytes
     through the parser) gives the plan `check NAME:QUANT` gives from the catalog."""
@@ -102,10 +102,10 @@ def test_the_generated_gemma_header_is_the_real_files(assets: Assets, tmp_path: 
 
 def test_checked_in_headers_are_what_llama_quantize_says(assets: Assets) -> None:
     """Regenerating a few entries with the real tool changes nothing (the generator's --check)."""
-    names = ["qwen3-30b-a3b", "gemma-3-4b", "deepseek-v2-lite", "nemotron-nano-9b-v2", "qwen3.5-9b"]
+    names = ["qwen3-30b-a3b", "gemma-3-4b", "deepseek-v2-lite", "nemotron-nano-9b-v2", "qwen3.5-9b", "gemma-4-26b-a4b"]
     result = subprocess.run(
         [sys.executable, "-m", "tests.support.catalog_headers", "--check", "--quantize", str(assets.llama_quantize), *(f"--only={n}" for n in names)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("same ") == 15
+    assert result.stdout.count("same ") == 18
