@@ -530,22 +530,45 @@ def test_a_gemma4_header_sharing_every_blocks_cache_is_refused(tmp_path: Path) -
         model_spec(read_headers(str(write_sparse_gguf(tmp_path / "gemma4.gguf", shape))))
 
 
-def test_gemma4_blocks_that_share_an_earlier_cache_keep_none_of_their_own(assets: Assets, tmp_path: Path) -> None:
-    """Gemma 4's small models let their last blocks read an earlier block's cache
-    (attention.shared_kv_layers, llama.cpp's n_layer_kv_from_start): 12 blocks of the 26B-A4B's
-    width with the last 6 shared keep the first 6's cache only, to the hundredth of a MiB."""
-    import dataclasses
+def test_gemma4_e4b_per_layer_embeddings_stay_in_ram_and_shared_blocks_keep_no_cache(assets: Assets, tmp_path: Path) -> None:
+    """Gemma-4-E4B's first 12 blocks, the last 6 reading earlier caches (shared_kv_layers):
+    the per-layer embedding table is an input tensor (RAM), its projection block 0's, and only
+    the first 6 blocks keep a cache. CPU build: both KV buffers, the mapping, the repack
+    exact, the compute buffer 98 vs 96.02 MiB; Vulkan ``-ngl 3 -fa off``: the device's weights
+    (the last 2 blocks and the output) and the KV, all kept by blocks 0–5 in RAM, exact."""
+    from tests.support.sparse_models import GEMMA4_E4B_12L, write_sparse_gguf
+    from tierlocal.engines.llama_server import parse_system_info
+    from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+    from tierlocal.fit.host_memory import host_memory
 
-    from tests.support.sparse_models import GEMMA4_26B_A4B_6L, write_sparse_gguf
-
-    shape = dataclasses.replace(GEMMA4_26B_A4B_6L, n_layer=12, extra={"gemma4.attention.shared_kv_layers": 6})
-    path = write_sparse_gguf(tmp_path / "gemma4-shared.gguf", shape)
+    path = write_sparse_gguf(tmp_path / "gemma4-e4b.gguf", GEMMA4_E4B_12L)
     spec = model_spec(read_headers(str(path)))
-    assert spec.n_head_kv == (8, 8, 8, 8, 8, 2) + (0,) * 6
-    kv = kv_cache(spec, server_context(spec, ctx=4096, parallel=2))
+    assert spec.n_head_kv == (2,) * 6 + (0,) * 6 and spec.n_embd_per_layer == 256
+    assert {t.name: t.layer for t in spec.tensors if "per_layer" in t.name} == {
+        "per_layer_token_embd.weight": -1, "per_layer_model_proj.weight": 0, "per_layer_proj_norm.weight": 0,
+    }  # fmt: skip
+    params = server_context(spec, ctx=4096, parallel=2)
+    kv = kv_cache(spec, params)
     log = _served_log(assets, path, tmp_path)
-    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 136 MiB, as for 6 blocks
-    assert "(  1536 cells,   5 layers," in log and "(  2048 cells,   1 layers," in log
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 36 MiB
+    assert sorted(re.findall(r"cells,\s+(\d+) layers,", log)) == ["1", "5"]  # blocks 6–11 keep none
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    machine = Machine(None, None, 0, 0, None, 64 << 30, 64 << 30, 40_000_000_000, 0, 1 << 30, cpu_arch="x86_64", cpu_features=parse_system_info(log))
+    repack = host_memory(spec, plan_run(spec, RunRequest(ctx=4096, parallel=2), machine), machine).repack_bytes
+    assert _buffers(_MODEL_LINE, log)["CPU_REPACK"] == pytest.approx(repack / _MIB, abs=0.006)  # 977.34 MiB
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
+    assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.05
+    padded = kv_cache(spec, server_context(spec, ctx=4096, parallel=2, flash_attn=False))
+    weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "3", "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        vulkan_log = log_path.read_text()
+    assert "offloaded 3/13 layers to GPU" in vulkan_log
+    model = _buffers(_MODEL_LINE, vulkan_log)
+    assert model["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)  # 106.99 MiB
+    assert model["CPU_Mapped"] == pytest.approx(weights.cpu_mapped_bytes / _MIB, abs=0.006)
+    assert _buffers(_KV_LINE, vulkan_log) == {"CPU": pytest.approx(padded.total_bytes / _MIB, abs=0.006)}  # 46 MiB
 
 
 def test_gemma4_without_flash_attention_pads_every_v_row_to_the_widest(assets: Assets, tmp_path: Path) -> None:

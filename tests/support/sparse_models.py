@@ -88,10 +88,14 @@ class SparseArch:
     #: llama-server skips unless speculative MTP decoding is asked for.
     mtp_layers: int = 0
     #: Gemma 4 (llama.cpp's gemma4.cpp): (full-attention head size, full-attention KV heads,
-    #: period). Every period-th block is full attention with those, where K doubles as V
-    #: (attention_k_eq_v: no attn_v); the others see sliding_window tokens with head_dim and
-    #: n_head_kv. With experts (26B-A4B), every block runs them beside its dense FFN.
-    gemma4: tuple[int, int, int] | None = None
+    #: period, K doubles as V). Every period-th block is full attention with those, without
+    #: attn_v where K doubles as V (attention_k_eq_v = 1); the others see sliding_window tokens
+    #: with head_dim and n_head_kv. With experts (26B-A4B), every block runs them beside its
+    #: dense FFN.
+    gemma4: tuple[int, int, int, int] | None = None
+    #: Gemma 4 E2B/E4B per-layer embeddings (hidden_size_per_layer_input): a second embedding
+    #: table of that width per block, projected into every block.
+    per_layer_embd: int = 0
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -214,14 +218,23 @@ GPT_OSS_20B_4L = SparseArch(
 # Its first 6 blocks of 60, width kept.
 GEMMA4_31B_6L = SparseArch(
     "gemma-4-31b-6-blocks-q4k", "gemma4", 6, 5376, 32, 16, 256, 21504, 262144, 262144,
-    tied_output=True, sliding_window=1024, gemma4=(512, 4, 6),
+    tied_output=True, sliding_window=1024, gemma4=(512, 4, 6, 1),
 )  # fmt: skip
 # Gemma-4-26B-A4B (google/gemma-4-26B-A4B config.json text_config): width 2816, 16 heads, 8
 # sliding-window KV heads of 256 and 2 global ones of 512, a dense FFN of 2,112 beside 128
 # experts of 704 (8 used) in every block. Its first 6 blocks of 30, width kept.
 GEMMA4_26B_A4B_6L = SparseArch(
     "gemma-4-26b-a4b-6-blocks-q4k", "gemma4", 6, 2816, 16, 8, 256, 2112, 262144, 262144,
-    tied_output=True, sliding_window=1024, gemma4=(512, 2, 6), experts=(128, 8, 704),
+    tied_output=True, sliding_window=1024, gemma4=(512, 2, 6, 1), experts=(128, 8, 704),
+)  # fmt: skip
+# Gemma-4-E4B (google/gemma-4-E4B config.json text_config): width 2560, 8 heads and 2 KV heads
+# (256 in the 1-in-6 sliding-window blocks' place, 512 in the global ones, K and V apart), a
+# 512-token window, FFN 10,240, per-layer embeddings of 256, the last 18 of 42 blocks reading
+# earlier caches. Its first 12 blocks, the last 6 sharing.
+GEMMA4_E4B_12L = SparseArch(
+    "gemma-4-e4b-12-blocks-q4k", "gemma4", 12, 2560, 8, 2, 256, 10240, 262144, 131072,
+    tied_output=True, sliding_window=512, gemma4=(512, 2, 6, 0), per_layer_embd=256,
+    extra={"gemma4.attention.shared_kv_layers": 6},
 )  # fmt: skip
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
@@ -656,7 +669,7 @@ def _gemma4_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...],
         (blk + "attn_norm.weight", (e,), f32),
         (blk + "attn_q.weight", (e, q_dim), w),
         (blk + "attn_k.weight", (e, kv_dim), w),
-        *([] if full else [(blk + "attn_v.weight", (e, kv_dim), w)]),
+        *([] if full and spec.gemma4[3] else [(blk + "attn_v.weight", (e, kv_dim), w)]),
         (blk + "attn_output.weight", (q_dim, e), w),
         (blk + "attn_q_norm.weight", (head,), f32),
         (blk + "attn_k_norm.weight", (head,), f32),
@@ -668,6 +681,9 @@ def _gemma4_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...],
         (blk + "ffn_down.weight", (spec.n_ff, e), _block_quant(w, (spec.n_ff,))),
         (blk + "post_ffw_norm.weight", (e,), f32),
     ]
+    if spec.per_layer_embd:
+        pl = spec.per_layer_embd
+        tensors += [(blk + "inp_gate.weight", (e, pl), w), (blk + "proj.weight", (pl, e), w), (blk + "post_norm.weight", (e,), f32)]
     if spec.experts is None:
         return tensors
     n_expert, _, n_ff_exp = spec.experts
@@ -691,6 +707,13 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     if spec.gemma4 is not None:  # the proportional rope's frequency factors, first in the converter's file
         tensors.insert(0, ("rope_freqs.weight", (spec.gemma4[0] // 2,), f32))
+    if spec.per_layer_embd:
+        pl_all = spec.per_layer_embd * spec.n_layer
+        tensors += [
+            ("per_layer_token_embd.weight", (pl_all, spec.n_vocab), w),
+            ("per_layer_model_proj.weight", (spec.n_embd, pl_all), w),
+            ("per_layer_proj_norm.weight", (spec.per_layer_embd,), f32),
+        ]
     for il in range(spec.n_layer + spec.mtp_layers):
         blk = f"blk.{il}."
         if spec.gemma4 is not None:
@@ -885,12 +908,12 @@ def write_sparse_gguf(
             }.items():
                 writer.add_uint32(f"{a}.ssm.{key}", value)
     elif spec.gemma4 is not None:
-        full_head, full_kv, _ = spec.gemma4
+        full_head, full_kv, _, _ = spec.gemma4
         writer.add_array(f"{a}.attention.head_count_kv", [full_kv if _gemma4_full(spec, il) else spec.n_head_kv for il in range(spec.n_layer)])
         writer.add_array(f"{a}.attention.sliding_window_pattern", [not _gemma4_full(spec, il) for il in range(spec.n_layer)])
         if f"{a}.attention.shared_kv_layers" not in spec.extra:  # else from extra: the last blocks reuse earlier caches
             writer.add_uint32(f"{a}.attention.shared_kv_layers", 0)
-        writer.add_uint32(f"{a}.embedding_length_per_layer_input", 0)
+        writer.add_uint32(f"{a}.embedding_length_per_layer_input", spec.per_layer_embd)
         writer.add_uint32(f"{a}.attention.key_length_swa", spec.head_dim)
         writer.add_uint32(f"{a}.attention.value_length_swa", spec.head_dim)
         writer.add_uint32(f"{a}.rope.dimension_count", full_head)

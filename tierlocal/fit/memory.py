@@ -264,7 +264,7 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
             gpu_read += read_per_token(tensor)
         else:
             cpu_tensors.append(tensor)
-    embedding = next((t for t in spec.tensors if t.layer == -1 and len(t.shape) >= 2), None)
+    embedding = spec.embedding
     if spec.tied_output and on_gpu[spec.n_layer] and (embedding is None or fits_device(embedding)):
         gpu += spec.token_embd_bytes
     mapped = 0
@@ -328,7 +328,8 @@ def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: 
         ffn_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd + 3 * spec.n_embd + attn_out
     else:
         ffn_floats = 3 * spec.n_ff + 3 * spec.n_embd + attn_out
-    ffn_floats = max(ffn_floats, _mamba_floats(spec))
+    # Per-layer input embeddings stay live through every block: two rows of n_layer × width.
+    ffn_floats = max(ffn_floats, _mamba_floats(spec)) + 2 * spec.n_embd_per_layer * spec.n_layer
     # With logits for every token of the micro-batch the output step can be the peak: the
     # n_tokens × n_vocab f32 logits beside two hidden states (llama-cpp-python, measured exact
     # on Gemma 3 270M).

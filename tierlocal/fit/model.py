@@ -35,6 +35,11 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 }
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+#: Tensors outside the blocks that llama.cpp loads as input (LLM_TENSOR_LAYER_INPUT: kept in
+#: RAM) or as block 0's (repeating tensors created with index 0: Gemma 4's per-layer input
+#: projection); any other goes with the output layer.
+_INPUT_LAYER = ("token_embd.", "per_layer_token_embd.")
+_FIRST_BLOCK = ("per_layer_model_proj.", "per_layer_proj_norm.")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
 _VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gemma4", "gpt-oss")
@@ -124,6 +129,8 @@ class ModelSpec:
     #: Gemma 4's local layers use 256 beside 512 in its global ones); 0: head_k / head_v.
     head_k_swa: int = 0
     head_v_swa: int = 0
+    #: Per-layer input embeddings (Gemma 3n, Gemma 4 E2B/E4B): their width per block (floats).
+    n_embd_per_layer: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -140,8 +147,14 @@ class ModelSpec:
         return tuple(sizes)
 
     @property
+    def embedding(self) -> PlacedTensor | None:
+        """The token embedding matrix (the tied output's weights), if the header has one."""
+        return next((t for t in self.tensors if t.name.startswith("token_embd.") and len(t.shape) >= 2), None)
+
+    @property
     def token_embd_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors if t.layer == -1)
+        """The token embedding's bytes (not the per-layer embeddings beside it in RAM)."""
+        return sum(t.n_bytes for t in self.tensors if t.layer == -1 and t.name.startswith("token_embd."))
 
     @property
     def output_layer_bytes(self) -> int:
@@ -203,8 +216,10 @@ def _place(headers: Sequence[GGUFHeader], n_layer: int, n_trunk: int) -> tuple[P
                 continue
             if match and int(match.group(1)) < n_layer:
                 layer = int(match.group(1))
-            elif tensor.name.startswith("token_embd."):
+            elif tensor.name.startswith(_INPUT_LAYER):
                 layer = -1
+            elif tensor.name.startswith(_FIRST_BLOCK):
+                layer = 0
             else:
                 layer = n_layer
             placed.append(PlacedTensor(tensor.name, layer, shard, tensor.offset, tensor.n_bytes, tensor.ggml_type, tensor.shape))
@@ -366,4 +381,5 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         attn_out_dim=max(n_head) * _number(metadata, f"{arch}.attention.value_length_mla", head_v),
         head_k_swa=_number(metadata, f"{arch}.attention.key_length_swa"),
         head_v_swa=_number(metadata, f"{arch}.attention.value_length_swa"),
+        n_embd_per_layer=_number(metadata, f"{arch}.embedding_length_per_layer_input"),
     )

@@ -120,7 +120,7 @@ def run_features(
             continue  # the embedding is a row lookup; norms and biases are in the per-layer cost
         account(tensor, "host" if id(tensor) in on_host else "gpu", tensor.layer == spec.n_layer)
     if spec.tied_output:  # the output projection multiplies by the embedding matrix
-        embedding = next((t for t in spec.tensors if t.layer == -1 and _is_matrix(t)), None)
+        embedding = spec.embedding
         if embedding is not None:
             fits = device_binds(embedding, max_tensor_bytes)
             account(embedding, "gpu" if layer_on_gpu[spec.n_layer] and fits else "host", True)

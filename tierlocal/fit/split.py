@@ -43,7 +43,7 @@ def weights_by_device(spec: ModelSpec, devices: Sequence[int], n_devices: int, *
         kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and EXPERT_TENSOR.search(tensor.name) is not None
         if tensor.layer >= 0 and devices[tensor.layer] >= 0 and not kept_on_cpu and device_binds(tensor, max_tensor_bytes, spec.n_expert_used or 1):
             sizes[devices[tensor.layer]] += tensor.n_bytes
-    embedding = next((t for t in spec.tensors if t.layer == -1 and len(t.shape) >= 2), None)
+    embedding = spec.embedding
     output_device = devices[spec.n_layer]
     if spec.tied_output and output_device >= 0 and (embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)):
         sizes[output_device] += spec.token_embd_bytes
