@@ -229,6 +229,26 @@ def _served_log(assets: Assets, path: Path, tmp_path: Path) -> str:
         return log_path.read_text()
 
 
+def _vulkan_log(assets: Assets, path: Path, tmp_path: Path, *, ngl: int) -> str:
+    """The load log of the Vulkan llama-server (llvmpipe, ``-fa off`` as the Mesa trap needs)
+    serving ``path`` with ``-ngl ngl``, 4096 tokens and 2 slots."""
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", str(ngl), "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
+        return log_path.read_text()
+
+
+def _planned_repack(spec: ModelSpec, log: str) -> int:
+    """The CPU_REPACK bytes planned for a 4096-token, 2-slot CPU load by the build whose
+    ``log`` this is (its CPU features decide what is repacked)."""
+    from tierlocal.engines.llama_server import parse_system_info
+    from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+    from tierlocal.fit.host_memory import host_memory
+
+    machine = Machine(None, None, 0, 0, None, 64 << 30, 64 << 30, 40_000_000_000, 0, 1 << 30, cpu_arch="x86_64", cpu_features=parse_system_info(log))
+    return host_memory(spec, plan_run(spec, RunRequest(ctx=4096, parallel=2), machine), machine).repack_bytes
+
+
 def _state_bytes(spec: ModelSpec, layer_bytes: tuple[int, ...]) -> int:
     """The recurrent layers' share of a KV-and-state estimate."""
     return sum(size for size, recurrent in zip(layer_bytes, spec.is_recurrent, strict=False) if recurrent)
@@ -298,10 +318,7 @@ def test_qwen35_with_its_mtp_block_matches_llama_server(assets: Assets, tmp_path
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.09
     # -ngl 3 offloads blocks 7 and 8 and the output layer; block 8 brings nothing.
     weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "3", "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
-        vulkan_log = log_path.read_text()
+    vulkan_log = _vulkan_log(assets, path, tmp_path, ngl=3)
     assert "offloaded 3/10 layers to GPU" in vulkan_log
     assert _buffers(_MODEL_LINE, vulkan_log)["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)  # 112.55 MiB
 
@@ -494,9 +511,6 @@ def test_gemma4_two_head_sizes_and_their_caches_match_the_real_engine(assets: As
     hundredth of a MiB; the compute formula errs high (31B: 193 vs 177.02 MiB; 26B-A4B: 113 vs
     99.52)."""
     from tests.support.sparse_models import GEMMA4_26B_A4B_6L, GEMMA4_31B_6L, write_sparse_gguf
-    from tierlocal.engines.llama_server import parse_system_info
-    from tierlocal.fit.estimate import Machine, RunRequest, plan_run
-    from tierlocal.fit.host_memory import host_memory
 
     shape = {"31b": GEMMA4_31B_6L, "26b-a4b": GEMMA4_26B_A4B_6L}[name]
     path = write_sparse_gguf(tmp_path / f"gemma4-{name}.gguf", shape)
@@ -512,8 +526,7 @@ def test_gemma4_two_head_sizes_and_their_caches_match_the_real_engine(assets: As
     )
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
     # The repacked copies, the tied output's (the embedding again) among them, for this build's CPU.
-    machine = Machine(None, None, 0, 0, None, 64 << 30, 64 << 30, 40_000_000_000, 0, 1 << 30, cpu_arch="x86_64", cpu_features=parse_system_info(log))
-    repack = host_memory(spec, plan_run(spec, RunRequest(ctx=4096, parallel=2), machine), machine).repack_bytes
+    repack = _planned_repack(spec, log)
     assert _buffers(_MODEL_LINE, log)["CPU_REPACK"] == pytest.approx(repack / _MIB, abs=0.006)
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * compute_over
@@ -537,9 +550,6 @@ def test_gemma4_e4b_per_layer_embeddings_stay_in_ram_and_shared_blocks_keep_no_c
     exact, the compute buffer 98 vs 96.02 MiB; Vulkan ``-ngl 3 -fa off``: the device's weights
     (the last 2 blocks and the output) and the KV, all kept by blocks 0–5 in RAM, exact."""
     from tests.support.sparse_models import GEMMA4_E4B_12L, write_sparse_gguf
-    from tierlocal.engines.llama_server import parse_system_info
-    from tierlocal.fit.estimate import Machine, RunRequest, plan_run
-    from tierlocal.fit.host_memory import host_memory
 
     path = write_sparse_gguf(tmp_path / "gemma4-e4b.gguf", GEMMA4_E4B_12L)
     spec = model_spec(read_headers(str(path)))
@@ -553,17 +563,13 @@ def test_gemma4_e4b_per_layer_embeddings_stay_in_ram_and_shared_blocks_keep_no_c
     assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv.total_bytes / _MIB, abs=0.006)  # 36 MiB
     assert sorted(re.findall(r"cells,\s+(\d+) layers,", log)) == ["1", "5"]  # blocks 6–11 keep none
     assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
-    machine = Machine(None, None, 0, 0, None, 64 << 30, 64 << 30, 40_000_000_000, 0, 1 << 30, cpu_arch="x86_64", cpu_features=parse_system_info(log))
-    repack = host_memory(spec, plan_run(spec, RunRequest(ctx=4096, parallel=2), machine), machine).repack_bytes
+    repack = _planned_repack(spec, log)
     assert _buffers(_MODEL_LINE, log)["CPU_REPACK"] == pytest.approx(repack / _MIB, abs=0.006)  # 977.34 MiB
     actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert actual_compute <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * 1.05
     padded = kv_cache(spec, server_context(spec, ctx=4096, parallel=2, flash_attn=False))
     weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "3", "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
-        vulkan_log = log_path.read_text()
+    vulkan_log = _vulkan_log(assets, path, tmp_path, ngl=3)
     assert "offloaded 3/13 layers to GPU" in vulkan_log
     model = _buffers(_MODEL_LINE, vulkan_log)
     assert model["Vulkan0"] == pytest.approx(weights.gpu_bytes / _MIB, abs=0.006)  # 106.99 MiB
@@ -584,10 +590,7 @@ def test_gemma4_without_flash_attention_pads_every_v_row_to_the_widest(assets: A
     assert (padded.layer_bytes[5], unpadded.layer_bytes[5]) == (48 * _MIB, 32 * _MIB) and padded.layer_bytes[:5] == unpadded.layer_bytes[:5]
     on_gpu = gpu_layers(spec, 3)
     weights = weights_split(spec, 3, max_tensor_bytes=LLVMPIPE_MAX_TENSOR_BYTES)
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_vulkan, path, port, "-ngl", "3", "-fa", "off", "--no-warmup", ctx=4096, parallel=2)
-    with running(argv, tmp_path / "vulkan.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
-        log = log_path.read_text()
+    log = _vulkan_log(assets, path, tmp_path, ngl=3)
     assert "padding V cache to 4096" in log and "offloaded 3/7 layers to GPU" in log
     kv = _buffers(_KV_LINE, log)
     assert kv["Vulkan0"] == pytest.approx(sum(b for b, g in zip(padded.layer_bytes, on_gpu, strict=False) if g) / _MIB, abs=0.006)  # 96 MiB
