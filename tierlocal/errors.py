@@ -38,6 +38,7 @@ __all__ = [
     "PartialDownload",
     "DiskFullError",
     "Interrupted",
+    "CalibrationFailed",
 ]
 
 
@@ -100,6 +101,10 @@ class EngineError(TierlocalError):
 
 class EngineFailed(EngineError):
     """The engine died or never became healthy."""
+
+
+class CalibrationFailed(EngineError):
+    """The engine's timings on this machine do not determine the speed figures."""
 
 
 class AllocationFailed(EngineFailed):

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx2
 
 from .. import constants
-from ..errors import EngineFailed, UsageError
+from ..errors import CalibrationFailed, EngineFailed, UsageError
 from ..fit.calibration import TimedRun, fit_device_speed
 from ..fit.device_speed import DeviceSpeed
 from ..fit.model import model_spec
@@ -157,11 +157,33 @@ def calibrate_cpu(
     """Time every probe (``repeats`` timed requests each, the median kept) and fit this CPU's
     figures. Returns them and the raw timings.
 
+    Timings skewed by other work on the machine can leave a weight type's rate undetermined
+    (the fit drives it to zero): then every probe is timed once more and the fit sees both
+    rounds.
+
     Raises:
         EngineFailed: the engine failed a probe.
+        CalibrationFailed: two rounds of timings still do not determine every rate.
     """
     runs: list[TimedRun] = []
     raw: list[dict[str, object]] = []
+    quick = ", one timed run per probe" if repeats == 1 else ""
+    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate{quick})"
+    for attempt in range(2):
+        _time_probes(binary, probes, repeats, runs, raw, say)
+        try:
+            return fit_device_speed(runs, device="cpu", note=note), raw
+        except ValueError as exc:
+            if attempt:
+                raise CalibrationFailed(
+                    f"the timings do not fit: {exc}", hint="other work on this machine skews them; run `tierlocal hw --calibrate` again when it is idle"
+                ) from None
+            say(f"{exc} (a busy machine?); timing the probes once more")
+    raise AssertionError("unreachable")
+
+
+def _time_probes(binary: Path, probes: tuple[Probe, ...], repeats: int, runs: list[TimedRun], raw: list[dict[str, object]], say: Callable[[str], None]) -> None:
+    """Time every probe, appending to ``runs`` and ``raw``."""
     with tempfile.TemporaryDirectory(prefix="tierlocal-calibrate-") as scratch:
         directory = Path(scratch)
         for index, probe in enumerate(probes, 1):
@@ -176,9 +198,6 @@ def calibrate_cpu(
                 f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s ({time.monotonic() - started:.0f} s)"
             )
             path.unlink()
-    quick = ", one timed run per probe" if repeats == 1 else ""
-    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate{quick})"
-    return fit_device_speed(runs, device="cpu", note=note), raw
 
 
 def _cache_path() -> Path:
