@@ -20,8 +20,8 @@ eligible entry has one of the same benchmark; otherwise (the usual case today: t
 carries no such figures yet) the largest model, sized dense-equivalent (a mixture of experts
 counts √(total × active) parameters: a 30B-A3B model ranks with ~10B dense ones), then the
 highest precision (bits per weight, counted up to Q6_K's: :data:`PRECISION_CAP_BITS`), then
-the faster, then the newer release (``facts_date``: Qwen3.6 over Qwen3.5 of the same shape). Tight entries are taken only when nothing else fits. Every other row says why it
-lost.
+the faster, then the newer release (``facts_date``: Qwen3.6 over Qwen3.5 of the same shape).
+Tight entries are taken only when nothing else fits. Every other row says why it lost.
 """
 
 from __future__ import annotations

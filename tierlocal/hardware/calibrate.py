@@ -169,17 +169,17 @@ def calibrate_cpu(
     raw: list[dict[str, object]] = []
     quick = ", one timed run per probe" if repeats == 1 else ""
     note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate{quick})"
-    for attempt in range(2):
-        _time_probes(binary, probes, repeats, runs, raw, say)
-        try:
-            return fit_device_speed(runs, device="cpu", note=note), raw
-        except ValueError as exc:
-            if attempt:
-                raise CalibrationFailed(
-                    f"the timings do not fit: {exc}", hint="other work on this machine skews them; run `tierlocal hw --calibrate` again when it is idle"
-                ) from None
-            say(f"{exc} (a busy machine?); timing the probes once more")
-    raise AssertionError("unreachable")
+    _time_probes(binary, probes, repeats, runs, raw, say)
+    try:
+        return fit_device_speed(runs, device="cpu", note=note), raw
+    except ValueError as exc:
+        say(f"{exc} (a busy machine?); timing the probes once more")
+    _time_probes(binary, probes, repeats, runs, raw, say)
+    try:
+        return fit_device_speed(runs, device="cpu", note=note), raw
+    except ValueError as exc:
+        hint = "other work on this machine skews them; run `tierlocal hw --calibrate` again when it is idle"
+        raise CalibrationFailed(f"the timings do not fit: {exc}", hint=hint) from None
 
 
 def _time_probes(binary: Path, probes: tuple[Probe, ...], repeats: int, runs: list[TimedRun], raw: list[dict[str, object]], say: Callable[[str], None]) -> None:
