@@ -229,10 +229,12 @@ def test_fallback_matrix(case: str, tmp_path: Path, local_engine: Engine, hosted
                 assert len(first.seen) == 1 and again.headers["x-tierlocal-target"] == hosted_engine.url
                 health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["qwen3-14b"][0]
                 assert health["state"] == "cooldown" and health["cooldown_s"] > 0
+                # Without the hint a 429 cools for 5 s; the margins leave a loaded machine time
+                # between the 429 and this read (CI once took 10 s).
                 if case == "overloaded-429":
-                    assert 25 < health["cooldown_s"] <= 30  # Retry-After honoured
+                    assert 5 < health["cooldown_s"] <= 30  # Retry-After honoured
                 if case == "rpm-429-after-n-seconds":
-                    assert 15 < health["cooldown_s"] <= 20  # "try again after 20 seconds" honoured
+                    assert 5 < health["cooldown_s"] <= 20  # "try again after 20 seconds" honoured
             else:
                 assert len(first.seen) == 2 and again.headers["x-tierlocal-target"] == first.url + "/v1", gw.log_text()
 
