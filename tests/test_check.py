@@ -193,6 +193,14 @@ def test_bad_options_are_one_line_errors() -> None:
     assert result.stderr.splitlines() == ["error: --ctx '12' is not a context size", "hint: give tokens (256 to 16777216) or 'max'"]
     result = run_cli("check", "--ram", "lots")
     assert result.returncode == 2 and result.stderr.startswith("error: ")
+    # click's own checks (ranges, choices, unknown options) read the same: no usage block.
+    for argv, message in [
+        (["--min-speed", "-3"], "error: Invalid value for '--min-speed': -3.0 is not in the range x>=0."),
+        (["--for", "poetry"], "error: Invalid value for '--for': 'poetry' is not one of 'chat', 'code', 'long-context'."),
+        (["--bogus"], "error: No such option '--bogus'. Did you mean '--gpu'?"),
+    ]:
+        result = run_cli("check", *argv)
+        assert (result.returncode, result.stderr.splitlines()) == (2, [message, "hint: see 'tierlocal check --help'"])
 
 
 @pytest.mark.parametrize("order", [("qwen3.5-27b", "qwen3.6-27b"), ("qwen3.6-27b", "qwen3.5-27b")])

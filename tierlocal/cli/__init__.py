@@ -70,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("error: interrupted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:  # a bad option or argument: one line, like every other error
+        command = exc.ctx.command_path if exc.ctx is not None else "tierlocal"
+        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"hint: see '{command} --help'", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
