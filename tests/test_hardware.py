@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
-from tierlocal.errors import HardwareError
+from tierlocal.errors import HardwareError, UsageError
 from tierlocal.hardware.detect import detect, probe_amd_sysfs, probe_nvml
 from tierlocal.hardware.override import parse_gpu_override
 
@@ -119,15 +119,23 @@ def test_gpu_override(values: list[str], expected: list[tuple[str, int]]) -> Non
     assert [(device.name, device.total_bytes) for device in parse_gpu_override(values)] == expected
 
 
-def test_named_gpu_override_carries_backend_and_bandwidth() -> None:
-    (device,) = parse_gpu_override(["rtx-4090"])
-    assert (device.backend, device.bandwidth_bytes_per_s) == ("cuda", 1008 * 10**9)
+@pytest.mark.parametrize("name", ["rtx-4090", "rtx4090", "RTX_4090", "GeForce RTX 4090", "4090"])
+def test_named_gpu_override_carries_backend_and_bandwidth(name: str) -> None:
+    (device,) = parse_gpu_override([name])
+    assert (device.name, device.backend, device.bandwidth_bytes_per_s) == ("RTX 4090", "cuda", 1008 * 10**9)
 
 
-@pytest.mark.parametrize("value", ["Voodoo 5", "0GiB", "0xH100", "5000xH100", "-3GB"])
+@pytest.mark.parametrize("value", ["Voodoo 5", "0GiB", "0xH100", "5000xH100", "-3GB", "24"])
 def test_bad_gpu_override(value: str) -> None:
-    with pytest.raises(HardwareError):
+    with pytest.raises((HardwareError, UsageError)) as caught:
         parse_gpu_override([value])
+    assert caught.value.exit_code == 2 and (caught.value.hint or "0xH100" in value or "5000" in value)
+
+
+def test_a_misspelt_gpu_gets_the_nearest_names() -> None:
+    with pytest.raises(HardwareError) as caught:
+        parse_gpu_override(["rtx 4009"])
+    assert str(caught.value) == "--gpu 'rtx 4009' is neither a size nor a GPU we know (did you mean RTX 4090, RTX 4080 or RTX 4060 Ti 16GB?)"
 
 
 def test_bad_gpu_override_on_the_command_line() -> None:
@@ -136,6 +144,8 @@ def test_bad_gpu_override_on_the_command_line() -> None:
     lines = result.stderr.splitlines()
     assert lines[0] == "error: --gpu 'Voodoo 5' is neither a size nor a GPU we know"
     assert lines[1].startswith("hint: give a size such as 24GiB, or one of: B300, GB300, B200, H200, H100")
+    bare = run_cli("check", "--ram", "16")
+    assert (bare.returncode, bare.stderr.splitlines()) == (2, ["error: --ram '16' has no unit", "hint: write 16GiB (binary) or 16GB (decimal)"])
     override = json.loads(run_cli("hw", "--gpu", "2xH100", "--json").stdout)
     assert override["overridden"] is True
     assert [gpu["name"] for gpu in override["gpus"]] == ["H100 #0", "H100 #1"]

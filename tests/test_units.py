@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tierlocal.errors import UsageError
-from tierlocal.units import format_bytes, format_count, format_decimal_bytes, format_duration, parse_bandwidth, parse_bytes, parse_count
+from tierlocal.units import format_bytes, format_count, format_decimal_bytes, format_duration, parse_bandwidth, parse_bytes, parse_count, parse_memory_size
 
 
 @pytest.mark.parametrize(
@@ -35,6 +35,22 @@ def test_bad_values_say_how_to_write_them(parse: object, text: str) -> None:
     with pytest.raises(UsageError) as caught:
         parse(text)  # type: ignore[operator]
     assert caught.value.hint and caught.value.hint.startswith("write")
+
+
+@pytest.mark.parametrize(
+    ("text", "error", "hint"),
+    [
+        ("16", "--ram '16' has no unit", "write 16GiB (binary) or 16GB (decimal)"),
+        ("0.5", "--ram '0.5' has no unit", "write 0.5GiB (binary) or 0.5GB (decimal)"),
+        ("0GiB", "--ram '0GiB': the size must be positive", "give the memory it has, e.g. --ram 24GiB"),
+    ],
+)
+def test_a_memory_size_needs_a_unit_and_a_positive_value(text: str, error: str, hint: str) -> None:
+    """``--ram 16`` once planned for 16 bytes of RAM: a bare number is refused, not guessed."""
+    with pytest.raises(UsageError) as caught:
+        parse_memory_size(text, "--ram")
+    assert (str(caught.value), caught.value.hint) == (error, hint)
+    assert parse_memory_size("16GiB", "--ram") == 16 * 2**30
 
 
 def test_formatting() -> None:

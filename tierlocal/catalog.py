@@ -8,7 +8,9 @@ the error that names the file), and splitting it per file would spread that know
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -369,13 +371,25 @@ def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> Device
     return gpu_device_speed(named, rows, datasheet_bytes_per_s=bandwidth_bytes_per_s, datasheet=datasheet)
 
 
+def _gpu_key(name: str) -> str:
+    """A GPU name with case, spaces and punctuation dropped: ``RTX-4090`` and ``rtx4090`` → ``rtx4090``."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
 def find_gpu(name: str) -> GpuSpec | None:
-    """The GPU whose name or alias matches ``name`` (case, spaces and dashes ignored)."""
-    wanted = normalise_gpu_name(name)
+    """The GPU whose name or alias matches ``name`` (case, spaces and punctuation ignored)."""
+    wanted = _gpu_key(name)
     for spec in load_gpus():
-        if wanted == normalise_gpu_name(spec.name) or wanted in {normalise_gpu_name(alias) for alias in spec.aliases}:
+        if wanted in {_gpu_key(spec.name), *(_gpu_key(alias) for alias in spec.aliases)}:
             return spec
     return None
+
+
+def close_gpu_names(name: str, limit: int = 3) -> list[str]:
+    """Names of the known GPUs nearest to ``name`` (a misspelling's likely meaning), best first."""
+    by_key = {_gpu_key(label): spec.name for spec in load_gpus() for label in (spec.name, *spec.aliases)}
+    matches = difflib.get_close_matches(_gpu_key(name), list(by_key), n=limit * 3, cutoff=0.6)
+    return list(dict.fromkeys(by_key[key] for key in matches))[:limit]
 
 
 @cache

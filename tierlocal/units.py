@@ -6,7 +6,7 @@ import re
 
 from .errors import UsageError
 
-__all__ = ["parse_bytes", "parse_count", "parse_bandwidth", "format_bytes", "format_decimal_bytes", "format_count", "format_duration"]
+__all__ = ["parse_bytes", "parse_memory_size", "parse_count", "parse_bandwidth", "format_bytes", "format_decimal_bytes", "format_count", "format_duration"]
 
 _UNIT_BYTES = {
     "": 1,
@@ -44,6 +44,23 @@ def parse_bytes(text: str) -> int:
             hint="write a number with a unit, e.g. 24GiB, 24GB or 24000MiB",
         )
     return int(float(match.group(1)) * _UNIT_BYTES[unit])
+
+
+def parse_memory_size(text: str, option: str) -> int:
+    """A memory or disk size a user gives for ``option`` (``--ram``, ``--gpu``): a positive
+    number with a unit. A bare number is refused rather than read as bytes (``--ram 16`` is
+    16 GiB or 16 GB, never 16 bytes, and tierlocal does not guess which).
+
+    Raises:
+        UsageError: no unit, not a size, or not positive.
+    """
+    match = _SIZE_RE.match(text)
+    if match is not None and match.group(2) == "":
+        raise UsageError(f"{option} {text.strip()!r} has no unit", hint=f"write {match.group(1)}GiB (binary) or {match.group(1)}GB (decimal)")
+    size = parse_bytes(text)
+    if size <= 0:
+        raise UsageError(f"{option} {text.strip()!r}: the size must be positive", hint=f"give the memory it has, e.g. {option} 24GiB")
+    return size
 
 
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([kKmMbBgGtT]?)\s*$")

@@ -15,7 +15,7 @@ from ..errors import Interrupted, UsageError
 from ..fetch.download import DownloadedFile, partial_paths
 from ..fetch.hf import PlannedFile, PullPlan, check_disk, parse_hf_pull, plan_hf_pull, run_pull
 from ..fetch.resolve import catalog_choice
-from ..units import format_bytes, parse_bytes
+from ..units import format_bytes, parse_memory_size
 from .common import console, gpu_option, machine, print_json
 
 __all__ = ["pull"]
@@ -72,7 +72,7 @@ def pull(source: str | None, quant: str | None, directory: Path | None, keep_fre
         quant = quant or chosen_quant
     spec = parse_hf_pull(source)
     plan = plan_hf_pull(spec, quant=None if spec.filename else quant, dest_dir=directory)
-    check_disk(plan, parse_bytes(keep_free))
+    check_disk(plan, parse_memory_size(keep_free, "--keep-free"))
     if not as_json:
         if reason:
             click.echo(f"pulling {reason}", err=True)

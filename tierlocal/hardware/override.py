@@ -8,9 +8,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..catalog import find_gpu, load_gpus
+from ..catalog import close_gpu_names, find_gpu, load_gpus
 from ..errors import HardwareError, UsageError
-from ..units import parse_bytes
+from ..units import parse_bytes, parse_memory_size
 from .types import Device, Hardware
 
 __all__ = ["parse_gpu_override", "with_gpu_override", "with_ram_override"]
@@ -18,6 +18,8 @@ __all__ = ["parse_gpu_override", "with_gpu_override", "with_ram_override"]
 _MAX_OVERRIDE_COUNT = 1024
 _VENDOR_BACKEND = {"nvidia": "cuda", "amd": "rocm", "apple": "metal"}
 _COUNT_PREFIX = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)
+#: A number with no unit or a size unit (``24``, ``24GiB``, ``0.5 TB``): read as a size, not a name.
+_SIZE_LIKE = re.compile(r"^\s*\d+(?:\.\d+)?\s*(?:[kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 
 
 def parse_gpu_override(values: Sequence[str]) -> list[Device]:
@@ -39,19 +41,23 @@ def parse_gpu_override(values: Sequence[str]) -> list[Device]:
             backend = _VENDOR_BACKEND.get(spec.vendor, spec.vendor)
             device = Device(spec.name, backend, spec.memory_bytes, spec.memory_bytes, spec.bandwidth_bytes_per_s, "--gpu")
         else:
-            try:
-                size = parse_bytes(what)
-            except UsageError:
+            if _SIZE_LIKE.match(what):
+                size = parse_memory_size(what, "--gpu")
+            else:
+                close = close_gpu_names(what)
                 known = ", ".join(gpu.name for gpu in load_gpus())
                 raise HardwareError(
-                    f"--gpu {value!r} is neither a size nor a GPU we know",
+                    f"--gpu {value!r} is neither a size nor a GPU we know" + (f" (did you mean {_either(close)}?)" if close else ""),
                     hint=f"give a size such as 24GiB, or one of: {known}",
-                ) from None
-            if size <= 0:
-                raise HardwareError(f"--gpu {value!r}: the size must be positive")
+                )
             device = Device(f"{what} GPU", "override", size, size, None, "--gpu")
         devices.extend(replace(device, name=f"{device.name} #{index}") if count > 1 else device for index in range(count))
     return devices
+
+
+def _either(names: list[str]) -> str:
+    """``A``, ``A or B``, ``A, B or C``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def with_gpu_override(hardware: Hardware, values: Sequence[str]) -> Hardware:
@@ -77,9 +83,7 @@ def with_ram_override(hardware: Hardware, ram: str | None, bandwidth: str | None
     if ram is None and bandwidth is None:
         return hardware
     if ram is not None:
-        size = parse_bytes(ram)
-        if size <= 0:
-            raise UsageError(f"--ram {ram!r}: the size must be positive", hint="e.g. --ram 32GiB")
+        size = parse_memory_size(ram, "--ram")
         hardware = replace(hardware, ram_total_bytes=size, ram_available_bytes=size, ram_overridden=True, overridden=True)
     if bandwidth is not None:
         text = bandwidth.strip()
