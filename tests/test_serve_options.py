@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import run_cli
 from tierlocal import constants
 from tierlocal.cli.common import serve_argv
 from tierlocal.engines.flags import check_engine_args, parse_help
@@ -62,3 +63,26 @@ def test_a_units_command_line_keeps_what_differs_from_the_defaults(tmp_path: Pat
         "--chat-template", str(template), "--cache-type-k", "q8_0", "--flash-attn", "off", "--ubatch", "1024",
     ]  # fmt: skip
     assert "--ngl" not in serve_argv(ServeOptions(Path("m.gguf")))  # auto: planned where it runs
+
+
+def test_a_missing_llama_server_says_where_it_looked_and_how_to_build_one(tmp_path: Path) -> None:
+    """Checked before the model is read: the binary named by the environment, then none at all."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    named = run_cli("serve", str(model), env={"TIERLOCAL_LLAMA_SERVER": str(tmp_path / "nonexistent")})
+    assert (named.returncode, named.stderr.splitlines()) == (
+        2,
+        [
+            f"error: TIERLOCAL_LLAMA_SERVER={tmp_path / 'nonexistent'}: no such file",
+            "hint: point it at a llama-server binary, unset it, or build one: tierlocal engine build",
+        ],
+    )
+    home = tmp_path / "home"
+    nowhere = run_cli("serve", str(model), env={"PATH": "/nonexistent-bin", "TIERLOCAL_HOME": str(home)})
+    assert (nowhere.returncode, nowhere.stderr.splitlines()) == (
+        2,
+        [
+            f"error: no llama-server found (none on PATH, none in {home / 'engines'})",
+            "hint: build one: tierlocal engine build (or pass --llama-server PATH, or set TIERLOCAL_LLAMA_SERVER)",
+        ],
+    )

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from .. import constants
-from ..engines.llama_server import find_llama_server
+from ..engines.llama_server import find_llama_server, llama_server_missing
 from ..errors import TierlocalError, UsageError
 from ..serve.exposure import check_exposure, check_ollama_exposure, is_loopback
 from ..serve.run import ServeOptions
@@ -77,7 +77,7 @@ def install_serve(
         return
     binary = find_llama_server(options.llama_server)
     if binary is None:
-        raise UsageError("no llama-server binary found", hint="pass --llama-server PATH")
+        raise llama_server_missing(options.llama_server)
     api_key_file = options.api_key_file
     if api_key_file is not None:
         check_exposure(options.host, api_key_file.resolve())

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import constants
-from ..errors import EngineError
+from ..errors import EngineError, UsageError
 from .flags import EngineFlags, parse_help
 
 __all__ = [
@@ -59,6 +59,21 @@ def find_llama_server(explicit: str | None = None) -> Path | None:
             if not path.parent.parent.name.startswith("."):  # a build in progress
                 return path
     return None
+
+
+def llama_server_missing(explicit: str | Path | None = None) -> UsageError:
+    """The error for "no llama-server": which of ``--llama-server``, ``$TIERLOCAL_LLAMA_SERVER``,
+    PATH and the engine directory was looked at, and how to get one."""
+    build = "build one: tierlocal engine build"
+    if explicit:
+        return UsageError(f"--llama-server {explicit}: no such file", hint=f"give the path of a llama-server binary, or {build}")
+    configured = constants.llama_server_override()
+    if configured:
+        return UsageError(f"{constants.ENV_LLAMA_SERVER}={configured}: no such file", hint=f"point it at a llama-server binary, unset it, or {build}")
+    return UsageError(
+        f"no llama-server found (none on PATH, none in {constants.engine_dir()})",
+        hint=f"{build} (or pass --llama-server PATH, or set {constants.ENV_LLAMA_SERVER})",
+    )
 
 
 def parse_list_devices(output: str) -> list[EngineDevice]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import constants
 from ..engines.flags import EngineFlags, check_engine_args, launch_argv
-from ..engines.llama_server import find_llama_server, read_engine_flags
+from ..engines.llama_server import find_llama_server, llama_server_missing, read_engine_flags
 from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
 from ..gguf import summarize
@@ -34,10 +34,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     """
     binary = find_llama_server(options.llama_server)
     if binary is None:
-        raise UsageError(
-            "no llama-server binary found" + (f" at {options.llama_server}" if options.llama_server else ""),
-            hint="pass --llama-server PATH, set TIERLOCAL_LLAMA_SERVER, or put llama-server on PATH",
-        )
+        raise llama_server_missing(options.llama_server)
     if not options.model.is_file():
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     key_file = check_exposure(options.host, options.api_key_file)
