@@ -247,3 +247,14 @@ def test_human_report_answers_first_and_shows_sources() -> None:
         assert section in text
     assert "Kimi K3 facts: Moonshot AI model card" in text and "(2026-08)" in text
     assert "API prices: Moonshot AI pricing page (via shared/MISSION.md) (2026-08)" in text
+
+
+def test_pulling_a_model_that_never_fits_points_at_plan() -> None:
+    result = run_cli("pull", "kimi-k3")
+    assert (result.returncode, result.stderr.splitlines()) == (
+        2,
+        [
+            "error: 'kimi-k3' never fits one machine: the catalog has no GGUF of it to pull",
+            "hint: see `tierlocal plan kimi-k3` for the cluster that serves it (tier 1) and the hosted API (tier 3)",
+        ],
+    )

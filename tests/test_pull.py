@@ -279,11 +279,27 @@ def test_serve_a_catalog_name_takes_what_check_recommends(repo_dir: Path, tmp_pa
     served = tmp_path / "served"
     served.mkdir()
     (served / f"{best['model']}-{best['quant']}.gguf").symlink_to(repo_dir / FILE)
-    with fake_hub([HubRepo(best["gguf_repo"], served)]) as (endpoint, _):
+    with fake_hub([HubRepo(best["gguf_repo"], served)]) as (endpoint, state):
         result = run_cli("serve", "llama-3.1-8b", "--gpu", "8GiB", env=_env(endpoint, tmp_path))
+        assert state.requests == []  # said from the local cache alone: the hub was not asked
+        pulled = run_cli("pull", "llama-3.1-8b", "--gpu", "8GiB", env=_env(endpoint, tmp_path))
+        assert pulled.returncode == 0, pulled.stderr
     assert result.returncode == 2, result.stderr
     assert f"llama-3.1-8b: {best['model']} {best['quant']}: recommended for this machine" in result.stderr
-    assert "not downloaded yet" in result.stderr and "--pull" in result.stderr
+    assert result.stderr.splitlines()[-2:] == ["error: llama-3.1-8b: not downloaded yet", "hint: add --pull, or run `tierlocal pull llama-3.1-8b` first"]
+    # Downloaded: found in the hub cache with the hub gone and offline mode on. The model
+    # resolved, so what stops serve is the next thing it needs (no llama-server in this test).
+    offline = run_cli("serve", "llama-3.1-8b", "--gpu", "8GiB", env=_env(endpoint, tmp_path, HF_HUB_OFFLINE="1"))
+    assert offline.returncode == 2 and offline.stderr.splitlines()[-2].startswith("error: no llama-server found"), offline.stderr
+    # Not downloaded, --pull, offline: one line that says why, no traceback.
+    elsewhere = run_cli("serve", "llama-3.1-8b", "--gpu", "8GiB", "--pull", env=_env(endpoint, tmp_path / "other", HF_HUB_OFFLINE="1"))
+    assert (elsewhere.returncode, elsewhere.stderr.splitlines()[-2:]) == (
+        2,
+        [
+            f"error: hf://{best['gguf_repo']}: HF_HUB_OFFLINE is set, and this needs the hub",
+            "hint: unset HF_HUB_OFFLINE to reach the hub, or give a local GGUF file",
+        ],
+    )
 
 
 def test_progress_bar_on_a_terminal_only(repo_dir: Path, tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from ..gguf.parse import parse_header
 from ..gguf.sources import LocalFileReader
 from ..units import format_bytes
 from .download import DownloadedFile, download_file, partial_bytes
-from .hub import RepoFile, list_gguf_files, locate_file, select_files
+from .hub import RepoFile, RepoListing, list_gguf_files, locate_file, select_files
 
-__all__ = ["HfPullSpec", "PlannedFile", "PullPlan", "parse_hf_pull", "plan_hf_pull", "check_disk", "run_pull"]
+__all__ = ["HfPullSpec", "PlannedFile", "PullPlan", "parse_hf_pull", "cached_gguf", "plan_hf_pull", "check_disk", "run_pull"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,26 @@ def parse_hf_pull(text: str) -> HfPullSpec:
 
 def _repo_cache_dir(repo_id: str) -> Path:
     return Path(hf_constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+
+
+def cached_gguf(spec: HfPullSpec, *, quant: str | None) -> Path | None:
+    """The file ``spec`` (and ``quant``) names — the first of a split set — when the local hub
+    cache already holds the whole set at the revision it was pulled at (``main`` or
+    ``spec.revision``), found without asking the hub; None when any of it is missing."""
+    cache_dir = _repo_cache_dir(spec.repo_id)
+    revision = spec.revision or "main"
+    ref = cache_dir / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    snapshot = cache_dir / "snapshots" / commit
+    if not snapshot.is_dir():
+        return None
+    present = [path for path in sorted(snapshot.rglob("*.gguf")) if path.is_file()]  # a link to a blob that is there
+    listing = RepoListing(spec.repo_id, commit, tuple(RepoFile(path.relative_to(snapshot).as_posix(), path.stat().st_size, None) for path in present))
+    try:
+        chosen = select_files(listing, quant=quant, filename=spec.filename)
+    except UsageError:
+        return None
+    return snapshot / chosen[0].path
 
 
 def plan_hf_pull(spec: HfPullSpec, *, quant: str | None, dest_dir: Path | None) -> PullPlan:

@@ -78,6 +78,10 @@ def hub_errors(name: str, revision: str | None = None) -> Iterator[None]:
         raise SourceError(
             name, "file not found in the repo", hint="check the file name; `tierlocal pull hf://OWNER/REPO --quant ?` lists what it has"
         ) from None
+    except hf_errors.OfflineModeIsEnabled:
+        raise SourceError(
+            name, "HF_HUB_OFFLINE is set, and this needs the hub", hint="unset HF_HUB_OFFLINE to reach the hub, or give a local GGUF file"
+        ) from None
     except hf_errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else 0
         raise SourceError(name, f"the hub answered HTTP {status}", hint="try again later, or check HF_ENDPOINT") from None

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import constants
-from ..catalog import ModelEntry, find_model, load_models
+from ..catalog import ModelEntry, find_frontier, find_model, load_models
 from ..errors import UsageError
 from ..hardware.detect import detect
 from ..hardware.types import Hardware
 from ..recommendation import catalog_recommendation
 from ..units import format_bytes
-from .hf import parse_hf_pull, plan_hf_pull, run_pull
+from .hf import cached_gguf, parse_hf_pull, plan_hf_pull, run_pull
 from .ollama_store import ollama_store_blob
 
 __all__ = ["catalog_choice", "resolve_model"]
@@ -44,10 +44,14 @@ def resolve_model(source: str, *, pull: bool, say: Callable[[str], None], hardwa
         spec = parse_hf_pull(repo)
     else:
         spec, quant = parse_hf_pull(source), None
-    plan = plan_hf_pull(spec, quant=None if spec.filename else quant, dest_dir=None)
+    wanted_quant = None if spec.filename else quant
+    cached = cached_gguf(spec, quant=wanted_quant)  # the hub is asked only when something is missing
+    if cached is not None:
+        return cached
+    if not pull:
+        raise UsageError(f"{source}: not downloaded yet", hint=f"add --pull, or run `tierlocal pull {source}` first")
+    plan = plan_hf_pull(spec, quant=wanted_quant, dest_dir=None)
     if not all(planned.present for planned in plan.files):
-        if not pull:
-            raise UsageError(f"{source}: not downloaded yet", hint=f"add --pull, or run `tierlocal pull {source}` first")
         say(f"pulling {plan.source}: {', '.join(f.repo_file.path for f in plan.files)}")
         run_pull(plan)
     return plan.files[0].final_path
@@ -63,6 +67,11 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int) -> tuple[st
     """
     if source is not None:
         entries = [entry for entry in find_model(source) if entry.gguf_repo]
+        if not entries and find_frontier(source) is not None:
+            raise UsageError(
+                f"{source!r} never fits one machine: the catalog has no GGUF of it to pull",
+                hint=f"see `tierlocal plan {source}` for the cluster that serves it (tier 1) and the hosted API (tier 3)",
+            )
         if not entries:
             raise UsageError(
                 f"{source!r} is not a pull source", hint="give hf://OWNER/REPO --quant Q4_K_M, hf://OWNER/REPO/FILE.gguf, ollama://TAG or a catalog model"
