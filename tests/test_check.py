@@ -87,7 +87,7 @@ def test_kimi_k3_never_fits() -> None:
 @pytest.mark.parametrize(
     ("gpu", "low", "high"),
     [
-        # MISSION.md: 16 GB → 7B with room for long context; 24 GB → 14B; 48 GB → 32B; 80 GB →
+        # The tier-2 rule of thumb: 16 GB → 7B with room for long context; 24 GB → 14B; 48 GB → 32B; 80 GB →
         # 70B at 4-bit. The estimator may show better (a bigger model fits at 8k); never worse,
         # and then it says why.
         ("RTX 4080", 7e9, 33e9),

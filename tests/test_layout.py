@@ -273,3 +273,16 @@ def test_the_library_api_names_resolve_lazily() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     assert done.stdout.split() == ["[]", "[]", "True"]
+
+
+def test_what_ships_cites_primary_sources_not_the_team_notes() -> None:
+    """The package, its recipes and its unit templates reach users (``plan --sources``, ``usage``,
+    the dashboard, a unit's header): none may cite the team's notes outside the product."""
+    shipped = [path for folder in ("tierlocal", "recipes", "systemd") for path in (REPO_ROOT / folder).rglob("*") if path.is_file() and path.suffix != ".pyc"]
+    assert len(shipped) > 50
+    citing = [
+        str(path.relative_to(REPO_ROOT))
+        for path in shipped
+        if any(word in path.read_text(errors="replace") for word in ("shared/", "MISSION.md", "shared notes"))
+    ]
+    assert citing == []

@@ -1,5 +1,5 @@
 """``tierlocal plan``: every figure checked against arithmetic done here by hand from the
-published facts (shared/MISSION.md), for the defaults, other GPUs, other prices and other
+published facts (recipes/, each with its source and date), for the defaults, other GPUs, other prices and other
 token mixes; GGUF and hub sources; errors."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_monthly_cost_hours_and_precision_overrides() -> None:
     assert _count(fp8, "B300") == math.ceil(3e12 / 288e9)
 
 
-# The guides' own tables (shared/MISSION.md), as published: a month is 720 hours at $2.50 per
+# The deployment guides' own tables, as published: a month is 720 hours at $2.50 per
 # GPU-hour, and ~1.4 TB of weights ÷ the card's marketed size in decimal GB, rounded up.
 GUIDES_RENTAL_USD = {"1 GPU always on": 1_800, "8 GPUs 4 h/day": 2_400, "8 GPUs always on": 14_400, "32 GPUs always on": 57_600}
 GUIDES_GPUS_FOR_WEIGHTS = {"H100": 18, "H200": 10, "B200": 8, "GB300": 5}
@@ -246,7 +246,7 @@ def test_human_report_answers_first_and_shows_sources() -> None:
     ):
         assert section in text
     assert "Kimi K3 facts: Moonshot AI model card" in text and "(2026-08)" in text
-    assert "API prices: Moonshot AI pricing page (via shared/MISSION.md) (2026-08)" in text
+    assert "API prices: Moonshot AI pricing page, platform.kimi.ai/docs/pricing/chat-k3" in text and "(2026-08)" in text
 
 
 def test_pulling_a_model_that_never_fits_points_at_plan() -> None:

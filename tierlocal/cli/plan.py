@@ -111,7 +111,7 @@ def plan(
     api = next((entry for entry in load_apis() if entry.model == facts.name), None)
     sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
     sources += [f"{spec.name}: {spec.memory_bytes / 1024**3:g} GiB, recipes/gpus.toml ({spec.spec_date})" for spec in specs]
-    sources.append("bytes per weight: recipes/precisions.toml (shared/MISSION.md, 2026-08)")
+    sources.append("bytes per weight: recipes/precisions.toml (OCP MX v1.0 for MXFP4, OCP OFP8 for fp8, 2023)")
     if api is not None:
         sources.append(f"API prices: {api.source} ({api.prices_date})")
     options = PlanOptions(

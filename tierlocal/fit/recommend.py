@@ -3,7 +3,7 @@
 Every catalog entry with a compact header (recipes/headers/) is planned exactly as ``check
 FILE`` plans the file (:func:`~tierlocal.fit.source.check_source`: largest ``-ngl`` that fits,
 MoE experts to RAM when that is faster, the CPU alone when the GPU is too small). An entry
-without a header gets MISSION.md's rule of thumb, labelled so.
+without a header gets the tier-2 rule of thumb (fit/rule_of_thumb.py), labelled so.
 
 Each planned entry then gets a status:
 

@@ -1,4 +1,4 @@
-"""Which catalog model fits a machine: MISSION.md's tier-2 rule of thumb. Pure.
+"""Which catalog model fits a machine: the tier-2 rule of thumb (README, "The catalog"). Pure.
 
     needed = weights + KV cache (bytes/token × ctx × parallel) + runtime overhead
     fits   = needed + margin ≤ memory of the device that holds the model

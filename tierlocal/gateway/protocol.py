@@ -2,7 +2,9 @@
 which upstream failures fall back and which go back to the client, the wait an upstream asks
 for, and scrubbing account ids and keys out of upstream text.
 
-Failure rules (shared/notes/gateway-anchors.md): connection errors, timeouts, 5xx, 503 while a
+Failure rules (OpenAI's error codes guide: 401 invalid authentication, 429 rate limit; the
+openai-python client retries 408, 409, 429 and 5xx; Moonshot's API error codes, 429 and 500
+with backoff; Retry-After as RFC 9110 §10.2.3 defines it): connection errors, timeouts, 5xx, 503 while a
 local engine loads, 429 ``engine_overloaded_error`` / ``rate_limit_reached_error`` and 408/409
 fall back to the next target (429s also cool the target down); llama-server's 400
 ``exceed_context_size_error`` goes on to a target with a larger context; 401/403, 429
