@@ -370,6 +370,8 @@ def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted
         statuses = [answer.status_code for answer in burst]
         assert set(statuses) == {200, 429} and statuses.count(429) > 0, statuses
         assert all(answer.json()["error"]["code"] == "budget_exceeded" for answer in burst if answer.status_code == 429)
+        refused = next(answer.json()["error"]["message"] for answer in burst if answer.status_code == 429)
+        assert " of $0.005 this day is spent or held" in refused  # a budget under a cent keeps its digits (it once read $0.00)
         # After reconciliation the budget frees up: sequential requests are admitted until the
         # remaining budget is below one request's worst case, and never beyond the budget.
         served = statuses.count(200)

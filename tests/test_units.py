@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from tierlocal.errors import UsageError
-from tierlocal.units import format_bytes, format_count, format_decimal_bytes, format_duration, parse_bandwidth, parse_bytes, parse_count, parse_memory_size
+from tierlocal.units import (
+    format_bytes,
+    format_count,
+    format_decimal_bytes,
+    format_duration,
+    format_usd,
+    parse_bandwidth,
+    parse_bytes,
+    parse_count,
+    parse_memory_size,
+)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +61,14 @@ def test_a_memory_size_needs_a_unit_and_a_positive_value(text: str, error: str, 
         parse_memory_size(text, "--ram")
     assert (str(caught.value), caught.value.hint) == (error, hint)
     assert parse_memory_size("16GiB", "--ram") == 16 * 2**30
+
+
+@pytest.mark.parametrize(
+    ("amount", "text"),
+    [(0, "$0.00"), (0.002, "$0.002"), (0.0016, "$0.0016"), (0.000016, "$0.000016"), (12.5, "$12.50"), (1234.5678, "$1,234.5678"), (-0.25, "-$0.25")],
+)
+def test_dollars_keep_the_digits_a_small_budget_is_made_of(amount: float, text: str) -> None:
+    assert format_usd(amount) == text
 
 
 def test_formatting() -> None:

@@ -6,7 +6,17 @@ import re
 
 from .errors import UsageError
 
-__all__ = ["parse_bytes", "parse_memory_size", "parse_count", "parse_bandwidth", "format_bytes", "format_decimal_bytes", "format_count", "format_duration"]
+__all__ = [
+    "parse_bytes",
+    "parse_memory_size",
+    "parse_count",
+    "parse_bandwidth",
+    "format_bytes",
+    "format_decimal_bytes",
+    "format_usd",
+    "format_count",
+    "format_duration",
+]
 
 _UNIT_BYTES = {
     "": 1,
@@ -106,6 +116,15 @@ def _format_scaled(n_bytes: float, base: int, units: tuple[str, ...], digits: in
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.{digits}f} {unit}"
         value /= base
     return f"{value:.{digits}f} {units[-1]}"
+
+
+def format_usd(amount: float) -> str:
+    """Dollars with the digits that matter: cents at least (``$12.50``), and the smaller
+    figures a budget of a fraction of a dollar is made of (``$0.002``, ``$0.0016``), up to
+    micro-dollars; never rounded to ``$0.00`` unless it is zero."""
+    text = f"{abs(amount):,.6f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"{'-' if amount < 0 else ''}${whole}.{cents.ljust(2, '0')}"
 
 
 def format_decimal_bytes(n_bytes: float) -> str:

@@ -14,6 +14,7 @@ from ..gateway.config import GatewayConfig, default_config, load_config, name_pr
 from ..gateway.protocol import printable
 from ..gateway.store import open_store
 from ..gateway.usage_report import PERIODS, usage_report
+from ..units import format_usd
 from .common import print_json
 
 __all__ = ["gateway", "usage"]
@@ -149,12 +150,12 @@ def _render_usage(report: dict[str, Any]) -> None:
         click.echo(f"{label}:")
         for name, row in report[label].items():
             click.echo(
-                f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  ${row['cost_usd']:.4f}"
+                f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  {format_usd(row['cost_usd'])}"
             )
     for kind, row in report["by_kind"].items():
-        click.echo(f"{kind} targets: {row['requests']} requests, {row['prompt_tokens'] + row['completion_tokens']} tokens, ${row['cost_usd']:.4f}")
+        click.echo(f"{kind} targets: {row['requests']} requests, {row['prompt_tokens'] + row['completion_tokens']} tokens, {format_usd(row['cost_usd'])}")
     for name, budget in report["budgets"].items():
-        click.echo(f"budget {printable(name)}: ${budget['spent_usd']:.4f} of ${budget['budget_usd']:.2f} this {budget['budget_period']}")
+        click.echo(f"budget {printable(name)}: {format_usd(budget['spent_usd'])} of {format_usd(budget['budget_usd'])} this {budget['budget_period']}")
     for model, verdict in report["break_even"].items():
         click.echo(
             f"{model}: at the measured volume (~{verdict['tokens_per_month']:,.0f} tokens/month) the API costs ${verdict['api_usd_per_month']:,.2f}/month;"

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ..tiers.arithmetic import ApiPrices
+from ..units import format_usd
 from . import protocol
 from .config import GatewayConfig, Route, Target, User
 from .metrics import Metrics
@@ -107,7 +108,7 @@ class Ledger:
             spent = await self.call(self.store.spent, user.name, user.budget_period)
             self.metrics.requests.labels(route.model, "429").inc()
             raise Reject(
-                429, f"budget reached for user {user.name!r}: ${spent:.4f} of ${user.budget_usd:.2f} this {user.budget_period} is spent or held, and this request may cost up to ${worst:.4f}",
+                429, f"budget reached for user {user.name!r}: {format_usd(spent)} of {format_usd(user.budget_usd)} this {user.budget_period} is spent or held, and this request may cost up to {format_usd(worst)}",
                 "insufficient_quota", "budget_exceeded", should_retry=False,
             )  # fmt: skip
         return int(reservation)

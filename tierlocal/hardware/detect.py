@@ -121,7 +121,9 @@ def probe_llama_server(binary: Path | None = None) -> tuple[list[Device], Probe]
     """Every non-CPU device that ``llama-server --list-devices`` reports."""
     path = binary or find_llama_server()
     if path is None:
-        return [], Probe("llama-server", "absent", "no llama-server found (build one: tierlocal engine build; or set TIERLOCAL_LLAMA_SERVER, or put it on PATH)")
+        return [], Probe(
+            "llama-server", "absent", "no llama-server found (build one: tierlocal engine build; or set TIERLOCAL_LLAMA_SERVER, or put it on PATH)"
+        )
     engine_devices = list_devices(path)
     devices = [
         Device(

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from ..units import format_usd
 from .plan_view import device_bars
 from .svg import break_even_chart, memory_bars
 
@@ -270,7 +271,7 @@ def _budget_bar(budget: Mapping[str, Any]) -> str:
         f'<span class="budget" data-spent="{spent}" data-budget="{limit}">'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="120" height="10" viewBox="0 0 120 10" role="img"><title>{share:.0%} of the budget</title>'
         f'<rect width="120" height="10" fill="#e5e5e5"/><rect class="spent" data-value="{spent}" width="{120 * share:.2f}" height="10" fill="{"#e15759" if share >= 0.9 else "#4e79a7"}"/></svg>'
-        f" ${spent:.4f} of ${limit:.2f} this {_text(budget.get('budget_period'))}</span>"
+        f" {format_usd(spent)} of {format_usd(limit)} this {_text(budget.get('budget_period'))}</span>"
     )
 
 
