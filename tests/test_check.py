@@ -77,11 +77,12 @@ def test_kimi_k3_never_fits() -> None:
     assert k3["fits"] is False
     assert k3["params"] == 2_779_900_000_000
     # 2.7799T parameters × 0.5 byte (MXFP4, as the published tables count it) against the
-    # largest single accelerator we know (B300, 288 GiB): ≥ 5 just to hold the weights.
+    # largest single accelerator we know (B300, 288 GB as marketed, counted as `plan` counts):
+    # ≥ 5 just to hold the weights.
     assert k3["floor_bytes"] == 2_779_900_000_000 // 2
-    assert k3["gpus_for_floor"] == math.ceil(1.38995e12 / (288 * _GIB)) == 5
+    assert k3["gpus_for_floor"] == math.ceil(1.38995e12 / 288e9) == 5
     human = run_cli("check", "--gpu", "80GiB").stdout
-    assert "kimi-k3: not tier 2" in human
+    assert "kimi-k3: not tier 2" in human and "≥ 5 × B300 (288 GB each)" in " ".join(human.split())
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,12 @@ def test_kimi_k3_defaults() -> None:
     assert _count(payload, "H200") == math.ceil(K3_WEIGHTS_MXFP4 / 141e9) == 10
     assert _count(payload, "H100") == math.ceil(K3_WEIGHTS_MXFP4 / 80e9) == 18
     assert _count(payload, "B300") == math.ceil(K3_WEIGHTS_MXFP4 / 288e9) == 5
+    # ... and to hold the 1.56 TB of files as shipped (block scales, unquantised layers, the
+    # vision encoder): 6 B300, 20 H100. Both are shown, labelled.
+    b300 = next(row for row in payload["gpus_for_weights"] if row["gpu"] == "B300")
+    assert b300["shipped_count"] == math.ceil(1.56e12 / 288e9) == 6
+    assert next(row for row in payload["gpus_for_weights"] if row["gpu"] == "H100")["shipped_count"] == math.ceil(1.56e12 / 80e9) == 20
+    assert "≥ 5 × B300" in payload["headline"] and "(6 × B300 for the 1.56 TB of files as shipped)" in payload["headline"]
     # ... and where the driver's usable memory is on record, the count it gives: H100 81559 MiB.
     h100 = next(row for row in payload["gpus_for_weights"] if row["gpu"] == "H100")
     assert (h100["usable_bytes"], h100["usable_count"]) == (81559 * 2**20, math.ceil(K3_WEIGHTS_MXFP4 / (81559 * 2**20)))
@@ -145,7 +151,7 @@ def test_the_guides_tables_come_out_by_default() -> None:
     assert (rack["name"], rack["count"], rack["memory_bytes"], rack["clears_floor"]) == ("GB300 NVL72", 72, 72 * 288 * 10**9, True)
     human = run_cli("plan", "kimi-k3").stdout
     assert "4. Rental at $2.50 per GPU-hour (on demand $2–5 in 2026" in human
-    assert "Counted as the guides count: weights ÷ the card's marketed memory (decimal GB)" in human.replace("\n", "")
+    assert "Counted as the guides count: bytes ÷ the card's marketed memory (decimal GB), rounded up, for the weights alone and for the files as shipped" in human.replace("\n", "")
 
 
 def test_a_quoted_monthly_cost_with_a_mix_gives_the_blended_break_even() -> None:

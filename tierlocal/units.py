@@ -13,6 +13,7 @@ __all__ = [
     "parse_bandwidth",
     "format_bytes",
     "format_decimal_bytes",
+    "format_marketed_bytes",
     "format_usd",
     "format_count",
     "format_duration",
@@ -130,6 +131,15 @@ def format_usd(amount: float) -> str:
 def format_decimal_bytes(n_bytes: float) -> str:
     """Render bytes in decimal units, as the industry quotes model and disk sizes: ``1.56 TB``."""
     return _format_scaled(n_bytes, 1000, ("B", "KB", "MB", "GB", "TB", "PB"), 2)
+
+
+def format_marketed_bytes(n_bytes: float) -> str:
+    """A size as a vendor markets it, decimal and without padding: ``288 GB``, ``80 GB``,
+    ``2.3 TB`` (one unit for a GPU's memory everywhere tierlocal names it)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.4g} {unit}"
+    return f"{n_bytes:.0f} B"
 
 
 def format_duration(seconds: float) -> str:

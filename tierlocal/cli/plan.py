@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..tiers.arithmetic import PublishedConfig
 from ..tiers.facts import gpu_options, resolve_model_facts
 from ..tiers.plan import KV_MEASURE_PROCEDURE, ModelFacts, PlanOptions, TierPlan, build_plan, headline
-from ..units import format_bytes, format_count, format_decimal_bytes, format_duration, parse_bandwidth, parse_count
+from ..units import format_bytes, format_count, format_decimal_bytes, format_duration, format_marketed_bytes, parse_bandwidth, parse_count
 from .common import console, print_json
 
 __all__ = ["plan", "render_plan"]
@@ -110,7 +110,9 @@ def plan(
     rental = load_rental_defaults()
     api = next((entry for entry in load_apis() if entry.model == facts.name), None)
     sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
-    sources += [f"{spec.name}: {spec.memory_bytes / 1024**3:g} GiB, recipes/gpus.toml ({spec.spec_date})" for spec in specs]
+    sources += [
+        f"{spec.name}: {format_marketed_bytes(spec.marketed_bytes or spec.memory_bytes)} (marketed), recipes/gpus.toml ({spec.spec_date})" for spec in specs
+    ]
     sources.append("bytes per weight: recipes/precisions.toml (OCP MX v1.0 for MXFP4, OCP OFP8 for fp8, 2023)")
     if api is not None:
         sources.append(f"API prices: {api.source} ({api.prices_date})")
@@ -196,16 +198,20 @@ def _print_weights(out: Console, plan: TierPlan) -> None:
         weights.add_row(line.precision, f"{line.bytes_per_weight:g}", format_decimal_bytes(line.weights_bytes), scales)
     out.print("1. Weights by precision (decimal units)")
     out.print(weights)
-    counts = _table("GPU", "memory", "GPUs to hold the weights (a floor, not a target)", "usable (driver)", "GPUs by usable")
+    shipped = plan.facts.shipped_bytes
+    shipped_header = [f"files as shipped ({format_decimal_bytes(shipped)})"] if shipped else []
+    counts = _table("GPU", "memory", "weights (the guides' floor)", *shipped_header, "usable (driver)", "weights by usable")
     for count in plan.gpus_for_weights:
         usable = format_bytes(count.usable_bytes) if count.usable_bytes else "-"
         differs = str(count.usable_count) if count.usable_count is not None and count.usable_count != count.count else ""
-        counts.add_row(count.gpu, format_decimal_bytes(count.memory_bytes), str(count.count), usable, differs)
-    out.print(f"2. GPUs just to hold {format_decimal_bytes(plan.weights_bytes)} of {plan.precision.name} weights")
+        shipped_cell = [str(count.shipped_count)] if shipped else []
+        counts.add_row(count.gpu, format_marketed_bytes(count.memory_bytes), str(count.count), *shipped_cell, usable, differs)
+    out.print(f"2. GPUs just to hold {format_decimal_bytes(plan.weights_bytes)} of {plan.precision.name} weights (a floor, not a target)")
     out.print(counts)
     out.print(
-        "   Counted as the guides count: weights ÷ the card's marketed memory (decimal GB), rounded up. usable: what the "
-        "driver reports (GiB), where a reading is on record; its count is shown where it differs."
+        "   Counted as the guides count: bytes ÷ the card's marketed memory (decimal GB), rounded up"
+        + (", for the weights alone and for the files as shipped" if shipped else "")
+        + ". usable: what the driver reports (GiB), where a reading is on record; its count is shown where it differs."
     )
     floor_kind = "published" if plan.serving_floor_published else "weights + KV at 32k for one user + 2 GiB overhead"
     out.print(f"   Serving floor {format_decimal_bytes(plan.serving_floor_bytes)} ({floor_kind}); clusters that clear it:")

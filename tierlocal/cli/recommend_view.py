@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..fit.recommend import Candidate, CatalogRecommendation
 from ..fit.source import SourceCheck
-from ..units import format_bytes, format_count, format_decimal_bytes
+from ..units import format_bytes, format_count, format_decimal_bytes, format_marketed_bytes
 from .common import console
 
 __all__ = ["render_catalog_recommendation"]
@@ -105,6 +105,6 @@ def _print_frontier(out: Console, recommendation: CatalogRecommendation) -> None
         out.print(
             f"[bold]{entry.family}[/bold]: not tier 2 — never fits one machine. Memory floor {format_decimal_bytes(verdict.floor_bytes)} "
             f"of weights alone ({format_count(entry.params)} parameters at {entry.quant}); ≥ {verdict.gpus_for_floor} × {verdict.largest_gpu} "
-            f"({format_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
+            f"({format_marketed_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
             f"(tier 3): `tierlocal plan {entry.family}` sizes both."
         )

@@ -179,14 +179,15 @@ def fit_entry(entry: ModelEntry, budget: Budget, host: HostDefaults, *, ctx: int
 
 def frontier_verdict(entry: ModelEntry, gpus: Sequence[GpuSpec]) -> FrontierVerdict:
     """How far ``entry`` is from one machine: the weights floor against the largest GPU we know."""
-    largest = max(gpus, key=lambda gpu: gpu.memory_bytes)
+    largest = max(gpus, key=lambda gpu: gpu.marketed_bytes or gpu.memory_bytes)
+    marketed = largest.marketed_bytes or largest.memory_bytes  # counted as `tierlocal plan` counts: the vendor's decimal GB
     return FrontierVerdict(
         entry=entry,
         fits=False,
         floor_bytes=entry.floor_bytes,
         largest_gpu=largest.name,
-        largest_gpu_bytes=largest.memory_bytes,
-        gpus_for_floor=math.ceil(entry.floor_bytes / largest.memory_bytes),
+        largest_gpu_bytes=marketed,
+        gpus_for_floor=math.ceil(entry.floor_bytes / marketed),
     )
 
 

@@ -94,13 +94,16 @@ class WeightsLine:
 @dataclass(frozen=True)
 class GpuCount:
     """How many of one GPU it takes to hold ``bytes`` (a floor: no KV, no overhead), counted
-    with its marketed memory; and with the usable memory the driver reports, when known."""
+    with its marketed memory; with the usable memory the driver reports, when known; and to
+    hold the files as shipped (weights plus what ships beside them: block scales, unquantised
+    layers, a vision encoder), when their size is published."""
 
     gpu: str
     memory_bytes: int
     count: int
     usable_bytes: int | None = None
     usable_count: int | None = None
+    shipped_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,9 @@ def weights_by_precision(params: int, precisions: Sequence[Precision]) -> list[W
     return [WeightsLine(p.name, p.bytes_per_weight, weights_bytes(params, p), weights_bytes(params, p, with_scales=True)) for p in precisions]
 
 
-def gpus_for_weights(n_bytes: int, gpus: Sequence[GpuOption]) -> list[GpuCount]:
-    """ceil(bytes ÷ marketed memory) per GPU type (and ÷ usable memory, where known), fewest first."""
+def gpus_for_weights(n_bytes: int, gpus: Sequence[GpuOption], shipped_bytes: int | None = None) -> list[GpuCount]:
+    """ceil(bytes ÷ marketed memory) per GPU type (and ÷ usable memory, where known; and
+    ``shipped_bytes`` ÷ marketed memory, when given), fewest first."""
     counts = [
         GpuCount(
             gpu.name,
@@ -153,6 +157,7 @@ def gpus_for_weights(n_bytes: int, gpus: Sequence[GpuOption]) -> list[GpuCount]:
             math.ceil(n_bytes / gpu.memory_bytes),
             gpu.usable_bytes,
             math.ceil(n_bytes / gpu.usable_bytes) if gpu.usable_bytes else None,
+            math.ceil(shipped_bytes / gpu.memory_bytes) if shipped_bytes else None,
         )
         for gpu in gpus
     ]

@@ -151,7 +151,14 @@ class TierPlan:
                 for line in self.weights_by_precision
             ],
             "gpus_for_weights": [
-                {"gpu": c.gpu, "memory_bytes": c.memory_bytes, "count": c.count, "usable_bytes": c.usable_bytes, "usable_count": c.usable_count}
+                {
+                    "gpu": c.gpu,
+                    "memory_bytes": c.memory_bytes,
+                    "count": c.count,
+                    "usable_bytes": c.usable_bytes,
+                    "usable_count": c.usable_count,
+                    "shipped_count": c.shipped_count,
+                }
                 for c in self.gpus_for_weights
             ],
             "serving_floor_bytes": self.serving_floor_bytes,
@@ -286,7 +293,7 @@ def build_plan(facts: ModelFacts, options: PlanOptions, precisions: Sequence[Pre
         weights_bytes=weights,
         weights_with_scales_bytes=with_scales,
         weights_by_precision=weights_by_precision(facts.params, precisions),
-        gpus_for_weights=gpus_for_weights(weights, options.gpus),
+        gpus_for_weights=gpus_for_weights(weights, options.gpus, facts.shipped_bytes),
         serving_floor_bytes=floor,
         serving_floor_published=floor_published,
         serving_configs=configs,
@@ -318,6 +325,9 @@ def headline(plan: TierPlan) -> str:
                 examples.append(f"{count.count} × {count.gpu}")
         tier = "tier 1 (a cluster)" if plan.gpus_for_weights[0].count > 1 else "one GPU may do (tier 2)"
         parts.append(f": {tier}, ≥ {', '.join(examples)} just to hold them")
+        fewest = plan.gpus_for_weights[0]
+        if facts.shipped_bytes and fewest.shipped_count is not None and fewest.shipped_count != fewest.count:
+            parts.append(f" ({fewest.shipped_count} × {fewest.gpu} for the {format_decimal_bytes(facts.shipped_bytes)} of files as shipped)")
     even = plan.break_even
     if even is not None:
         parts.append(
