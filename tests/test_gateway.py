@@ -245,8 +245,14 @@ def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byt
         body = route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + route("gone", local(dead), hosted(hosted_engine.url)) + PRICES_TOML
         with gateway(tmp_path, body, env=ENV) as gw:
             health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]
-            assert health["gone"][0]["state"] == "down"
+            assert health["gone"][0]["state"] == "down" and health["gone"][1]["state"] == "unknown"  # hosted: not polled
             assert httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "gone"}, headers=gw.headers(), timeout=60).status_code == 200
+            # Skipped without an attempt is a fallback all the same: logged with why, counted, kept.
+            assert usage_rows(gw)[-1]["fallback_reason"] == "engine_down"
+            assert "model=gone" in gw.log_text() and "fallback=engine_down" in gw.log_text()
+            metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers()).text
+            assert 'tierlocal_gateway_fallbacks_total{model="gone",reason="engine_down"} 1.0' in metrics
+            assert httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["gone"][1]["state"] == "up"  # it answered
             # Cut after one byte: nothing reached the client, so the stream falls back whole.
             first.queue(Fault(cut_after=1))
             with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "stream": True}, headers=gw.headers(), timeout=60) as response:
@@ -326,6 +332,23 @@ def test_missing_upstream_key_names_the_variable(tmp_path: Path, hosted_engine: 
         response = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=30)
         assert response.status_code == 503 and "HOSTED_KEY" in response.json()["error"]["message"]
         assert "HOSTED_KEY is not set" in gw.log_text()
+        # A configuration error: retrying cannot help, so the SDKs are told not to.
+        assert response.headers["x-should-retry"] == "false" and "retry-after" not in response.headers
+
+
+def test_an_upstream_that_does_not_resolve_fails_once_and_says_not_to_retry(tmp_path: Path) -> None:
+    """The built-in kimi-k3 route against an API host that does not resolve once made 6 attempts
+    over 10.8 s and answered a retryable 503, which the openai client then retried whole."""
+    with gateway(tmp_path, route("kimi-k3", hosted("http://api.no-such-host.invalid/v1")), env=ENV) as gw:
+        started = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as caught:
+            client(gw, max_retries=2).chat.completions.create(**{**CHAT, "model": "kimi-k3"})
+        assert time.monotonic() - started < 10
+        assert caught.value.status_code == 503 and caught.value.response.headers["x-should-retry"] == "false"
+        assert "dns_error" in caught.value.message
+        rows = usage_rows(gw)
+        assert [(row["status"], row["fallback_reason"]) for row in rows] == [(503, "dns_error")]  # one request, not three
+        assert "attempts=1 " in gw.log_text()
 
 
 # --- capacity, limits, budgets ----------------------------------------------------------------------
@@ -339,6 +362,10 @@ def test_capacity_spills_to_the_next_target_instead_of_queueing(tmp_path: Path, 
             answers = list(pool.map(lambda _: httpx2.post(gw.url + "/chat/completions", json=body, headers=gw.headers(), timeout=120), range(3)))
         targets = sorted(answer.headers["x-tierlocal-target"] for answer in answers)
         assert targets == sorted([local_engine.url, local_engine.url, hosted_engine.url])
+        spilled = [row for row in usage_rows(gw) if row["target"].startswith(hosted_engine.url)]
+        assert [row["fallback_reason"] for row in spilled] == ["slots_full"]
+        metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers()).text
+        assert 'tierlocal_gateway_fallbacks_total{model="qwen3-14b",reason="slots_full"} 1.0' in metrics
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from .backends import DOWN, TargetState, now, poll_target, resolve_key
+from .backends import DOWN, LOADING, UP, TargetState, now, poll_target, resolve_key
 from .config import GatewayConfig, Route, Target, User
 from .ledger import Ledger
 from .limits import RateLimiter, Ticket
@@ -44,6 +44,9 @@ ENDPOINTS = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/c
 BACKOFF_BASE_S = 0.25
 BACKOFF_CAP_S = 8.0
 MAX_ATTEMPTS = 6
+#: Failures that trying the same target again within one request cannot mend: the target is not
+#: tried again for it, and when nothing else answered the 503 says not to retry.
+UNFIXABLE_BY_RETRY = frozenset({"dns_error", "no_key"})
 #: Seconds between health polls of local targets; seconds an authenticated key is cached.
 POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
@@ -297,21 +300,26 @@ class Gateway:
         deadline = time.monotonic() + self.config.server.retry_deadline_s
         excluded: set[Target] = set()  # wrong for this request (e.g. its context is too small)
         failed: set[Target] = set()  # failed once; tried again only after the others, with backoff
+        passed_over: set[Target] = set()  # earlier in the route, skipped without an attempt: counted once
         last_failure: AttemptFailed | None = None
         try:
             while time.monotonic() < deadline and exchange.attempts < MAX_ATTEMPTS:
                 state = await self._next_target(route, excluded, failed, exchange, deadline)
                 if state is None:
                     break
+                self._count_passed_over(route, state, excluded, failed, passed_over, exchange)
                 exchange.attempts += 1
                 try:
-                    return await self.relay.attempt(request, body, endpoint, exchange, state, reservation)
+                    response = await self.relay.attempt(request, body, endpoint, exchange, state, reservation)
+                    if state.target.hosted:
+                        state.health = UP  # not polled: an answer is what says it is up
+                    return response
                 except AttemptFailed as failure:
                     last_failure = failure
                     exchange.reasons.append(failure.verdict.reason)
                     self.metrics.fallbacks.labels(route.model, failure.verdict.reason).inc()
                     failed.add(state.target)
-                    if failure.verdict.reason == "context_exceeded":
+                    if failure.verdict.reason == "context_exceeded" or failure.verdict.reason in UNFIXABLE_BY_RETRY:
                         excluded.add(state.target)
                     state.cool_down(failure.verdict.cooldown_s, failure.verdict.reason, now())
                     log.warning(
@@ -328,6 +336,23 @@ class Gateway:
             if exchange.status == 0:  # ended by an exception we did not expect: still settle
                 exchange.status = 500
                 await self.ledger.settle(exchange, reservation)
+
+    def _count_passed_over(
+        self, route: Route, chosen: TargetState, excluded: set[Target], failed: set[Target], passed_over: set[Target], exchange: Exchange
+    ) -> None:
+        """Every target ahead of ``chosen`` in the route that this request skips without trying
+        it is a fallback too (the local engine down or busy, a target cooling down): logged,
+        counted in ``tierlocal_gateway_fallbacks_total`` and kept in the usage row, with why."""
+        moment = now()
+        for target in route.targets:
+            if target == chosen.target:
+                return
+            if target in failed or target in passed_over:
+                continue  # its failed attempt was counted with its own reason
+            passed_over.add(target)
+            reason = _passed_over_reason(self.states[target], target in excluded, moment)
+            exchange.reasons.append(reason)
+            self.metrics.fallbacks.labels(route.model, reason).inc()
 
     async def _next_target(self, route: Route, excluded: set[Target], failed: set[Target], exchange: Exchange, deadline: float) -> TargetState | None:
         """The next target to try: the best one not yet failed; once every target has failed
@@ -366,7 +391,25 @@ class Gateway:
         detail = f"; last failure: {last_failure.verdict.reason} ({last_failure.detail})" if last_failure else ""
         if missing and len(missing) == len(route.targets):
             detail = f"; the upstream key is not set (set {missing[0]} in the gateway's environment)"
+        # A configuration the operator must fix (no key, a host name that does not resolve) is
+        # not worth the client's retries: the SDKs honour x-should-retry: false.
+        unfixable = (bool(missing) and len(missing) == len(route.targets)) or (bool(exchange.reasons) and set(exchange.reasons) <= UNFIXABLE_BY_RETRY)
         return Reject(
             503, f"no upstream for {route.model!r} answered after {exchange.attempts} attempt(s){detail}", "service_unavailable_error", "no_upstream",
-            retry_after_s=min(waits) if waits else 1.0, should_retry=True,
+            retry_after_s=None if unfixable else (min(waits) if waits else 1.0), should_retry=not unfixable,
         )  # fmt: skip
+
+
+def _passed_over_reason(state: TargetState, excluded: bool, moment: float) -> str:
+    """Why a target was not tried for a request, as the usage log and the metric name it."""
+    if excluded:
+        return "context_exceeded"
+    if state.missing_key:
+        return "no_key"
+    if state.cooling(moment):
+        return f"cooling_down:{state.last_error}" if state.last_error else "cooling_down"
+    if state.health == DOWN:
+        return "engine_down"
+    if state.health == LOADING:
+        return "engine_loading"
+    return "slots_full" if state.full() else "passed_over"

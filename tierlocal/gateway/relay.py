@@ -75,6 +75,11 @@ class Relay:
             except TimeoutError:
                 self.metrics.upstream.labels(state.label, "timeout").inc()
                 raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "timeout"), "no answer in time") from None
+            except aiohttp.ClientConnectorDNSError as exc:  # the host name does not resolve: no retry of this request fixes it
+                self.metrics.upstream.labels(state.label, "dns_error").inc()
+                raise AttemptFailed(
+                    protocol.Verdict(True, self.config.server.error_cooldown_s, "dns_error"), self._clean(str(exc) or type(exc).__name__)
+                ) from None
             except aiohttp.ClientError as exc:
                 self.metrics.upstream.labels(state.label, "connect_error").inc()
                 raise AttemptFailed(
