@@ -151,7 +151,10 @@ def test_the_guides_tables_come_out_by_default() -> None:
     assert (rack["name"], rack["count"], rack["memory_bytes"], rack["clears_floor"]) == ("GB300 NVL72", 72, 72 * 288 * 10**9, True)
     human = run_cli("plan", "kimi-k3").stdout
     assert "4. Rental at $2.50 per GPU-hour (on demand $2–5 in 2026" in human
-    assert "Counted as the guides count: bytes ÷ the card's marketed memory (decimal GB), rounded up, for the weights alone and for the files as shipped" in human.replace("\n", "")
+    assert (
+        "Counted as the guides count: bytes ÷ the card's marketed memory (decimal GB), rounded up, for the weights alone and for the files as shipped"
+        in human.replace("\n", "")
+    )
 
 
 def test_a_quoted_monthly_cost_with_a_mix_gives_the_blended_break_even() -> None:
