@@ -30,7 +30,8 @@ def _install(assets: Assets, tmp_path: Path, *extra: str) -> tuple[Path, str]:
     port = free_port()
     result = run_cli(
         "service", "install", "serve", str(assets.gemma_gguf), "--llama-server", str(assets.llama_server_cpu),
-        "--ctx", "2048", "--host", "0.0.0.0", "--port", str(port), "--api-key-file", str(key_file), "--dir", str(tmp_path / "units"), *extra,
+        "--ctx", "2048", "--host", "0.0.0.0", "--port", str(port), "--api-key-file", str(key_file), "--dir", str(tmp_path / "units"),
+        "--no-access-check", *extra,  # the files live under the test's /tmp, which the unit's PrivateTmp hides (see test_unit_access)
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return tmp_path / "units" / "tierlocal-serve.service", str(port)
@@ -52,7 +53,9 @@ def test_unit_passes_systemd_analyze(assets: Assets, tmp_path: Path) -> None:
     exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart="))
     assert "--api-key" not in exec_start and KEY not in text
     # --dry-run prints exactly what install writes.
-    dry = run_cli("service", "install", "serve", str(assets.gemma_gguf), *shlex.split(exec_start)[3:], "--api-key-file", str(tmp_path / "key"), "--dry-run")
+    dry = run_cli(
+        "service", "install", "serve", str(assets.gemma_gguf), *shlex.split(exec_start)[3:], "--api-key-file", str(tmp_path / "key"), "--dry-run", "--no-access-check"
+    )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout == text
 
@@ -133,7 +136,18 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
         f'[server]\nport = {gateway_port}\nstate_dir = "{tmp_path / "state"}"\n'
         f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }} ]\n'
     )
-    result = run_cli("service", "install", "gateway", "--config", str(config), "--credential", f"MOONSHOT_API_KEY={key_file}", "--dir", str(tmp_path / "units"))
+    result = run_cli(
+        "service",
+        "install",
+        "gateway",
+        "--config",
+        str(config),
+        "--credential",
+        f"MOONSHOT_API_KEY={key_file}",
+        "--dir",
+        str(tmp_path / "units"),
+        "--no-access-check",
+    )
     assert result.returncode == 0, result.stderr
     unit = tmp_path / "units" / "tierlocal-gateway.service"
     text = unit.read_text()
@@ -209,11 +223,11 @@ def test_ngl_reaches_the_unit_as_typed(tmp_path: Path) -> None:
     """The unit keeps `--ngl all` as typed, so it is resolved on the machine the service starts on."""
     model = tmp_path / "model.gguf"
     model.write_bytes(b"")
-    unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "all", "--dry-run")
+    unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "all", "--dry-run", "--no-access-check")
     assert unit.returncode == 0, unit.stderr
     exec_start = next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart="))
     assert exec_start.endswith("--ngl all")
-    auto = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "auto", "--dry-run")
+    auto = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--ngl", "auto", "--dry-run", "--no-access-check")
     assert "--ngl" not in next(line for line in auto.stdout.splitlines() if line.startswith("ExecStart="))
 
 
@@ -223,6 +237,6 @@ def test_chat_template_reaches_the_unit_a_file_by_its_resolved_path(tmp_path: Pa
     (tmp_path / "mine.jinja").write_text("{{ messages[0].content }}")
     (tmp_path / "sub").mkdir()
     for given, expected in (("llama3", "--chat-template llama3"), (f"{tmp_path}/sub/../mine.jinja", f"--chat-template {tmp_path / 'mine.jinja'}")):
-        unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--chat-template", given, "--dry-run")
+        unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--chat-template", given, "--dry-run", "--no-access-check")
         assert unit.returncode == 0, unit.stderr
         assert next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart=")).endswith(expected)

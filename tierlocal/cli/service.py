@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import click
 from .. import constants
 from ..engines.llama_server import find_llama_server, llama_server_missing
 from ..errors import TierlocalError, UsageError
+from ..fetch.resolve import resolve_model
 from ..serve.exposure import check_exposure, check_ollama_exposure, is_loopback
 from ..serve.run import ServeOptions
 from ..serve.systemd import (
@@ -27,8 +30,10 @@ from ..serve.systemd import (
     render_gateway_unit,
     render_ollama_dropin,
     render_serve_unit,
+    tierlocal_command,
     write_unit,
 )
+from ..serve.unit_access import Needed, Sandbox, ServiceAccount, blocked_paths
 from .common import ollama_port, print_json, serve_argv, serve_options, serve_options_from
 
 __all__ = ["service"]
@@ -45,7 +50,7 @@ def install() -> None:
 
 
 @install.command("serve")
-@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("source")
 @serve_options
 @click.option(
     "--engine",
@@ -57,20 +62,29 @@ def install() -> None:
 @click.option("--user", default="tierlocal", show_default=True, help="The account the service runs as.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
+@click.option(
+    "--no-access-check",
+    "skip_access_check",
+    is_flag=True,
+    help="Write the unit even when --user seems unable to reach a file it names (an ACL or a drop-in with BindReadOnlyPaths= the check cannot see).",
+)
 def install_serve(
-    model: Path,
+    source: str,
     engine: str,
     user: str,
     directory: Path,
     dry_run: bool,
+    skip_access_check: bool,
     **served: Any,
 ) -> None:
-    """Write tierlocal-serve.service: Type=notify (READY=1 once the load is verified),
-    Restart=on-failure with start limits, KillMode=mixed, a dedicated user, ProtectSystem=strict,
-    GPU device access, the key as a credential (never on a command line)."""
-    model = model.resolve()
+    """Write tierlocal-serve.service for SOURCE (a GGUF file, or a catalog name or hf:// model
+    already pulled): Type=notify (READY=1 once the load is verified), Restart=on-failure with
+    start limits, KillMode=mixed, a dedicated user, ProtectSystem=strict, GPU device access, the
+    key as a credential (never on a command line). Refused when --user could not reach the
+    interpreter, tierlocal, the engine or the model under the unit's sandboxing."""
+    model = resolve_model(source, pull=False, say=lambda line: click.echo(line, err=True), pull_option=False).resolve()
     if not model.is_file():
-        raise UsageError(f"{model}: no such model file", hint="pull it first: tierlocal pull …, then give its path")
+        raise UsageError(f"{model}: no such model file", hint="give a GGUF file, or pull a catalog model first: tierlocal pull NAME")
     options = serve_options_from(model, served, engine=engine)
     if engine == "ollama":
         _install_ollama_dropin(options, directory, dry_run)
@@ -84,6 +98,8 @@ def install_serve(
     elif not is_loopback(options.host):
         check_exposure(options.host, None)
     args = ["--llama-server", str(binary.resolve()), *serve_argv(options)]
+    if not skip_access_check:
+        _check_access(user, [*_runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the model", model), *_path_arguments(args)])
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None, _memory_lines(options, binary))
     text = render_serve_unit(unit)
     if dry_run:
@@ -96,6 +112,53 @@ def install_serve(
     except KeyError:
         click.echo(f"create the account first: useradd --system --home-dir /var/lib/tierlocal --shell /usr/sbin/nologin {user}", err=True)
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-serve", err=True)
+
+
+def _runtime_files() -> list[Needed]:
+    """What any tierlocal unit runs before it reads a model: the command in ExecStart=, the
+    interpreter behind it, the standard library and the tierlocal package."""
+    command = tierlocal_command()
+    return [
+        Needed("the unit's command", Path(command[0]), execute=True),
+        Needed("the Python interpreter", Path(sys.executable), execute=True),
+        Needed("Python's standard library", Path(os.__file__)),
+        Needed("the tierlocal package", Path(constants.__file__)),
+    ]
+
+
+def _path_arguments(args: list[str]) -> list[Needed]:
+    """Files named in the serve arguments (an mmproj, a chat template file)."""
+    return [
+        Needed(f"{flag} {value}", Path(value))
+        for flag, value in itertools.pairwise(args)
+        if flag.startswith("--") and value.startswith("/") and Path(value).is_file()
+    ]
+
+
+def _check_access(user: str, needed: list[Needed]) -> None:
+    """Refuse, with what to change, a unit whose account could not reach a file it names.
+
+    Raises:
+        UsageError: the first blocked file, how many more there are, and the fix for its cause.
+    """
+    unique = list({item.path.resolve(): item for item in reversed(needed)}.values())[::-1]  # one entry per file, its first name
+    blocked = blocked_paths(unique, ServiceAccount.lookup(user), Sandbox(private_tmp=True, protect_home="read-only"))
+    if not blocked:
+        return
+    first = blocked[0]
+    more = f" (and {len(blocked) - 1} more: {', '.join(b.needed.what for b in blocked[1:])})" if len(blocked) > 1 else ""
+    hints = {
+        "private_tmp": "move it out of /tmp and /var/tmp (e.g. models under /var/lib/tierlocal/models, tierlocal under /opt/tierlocal)",
+        "home": (
+            "install tierlocal and what it serves outside home directories (python3 -m venv /opt/tierlocal; "
+            "models under /var/lib/tierlocal/models), or run the service as the account that owns them (--user NAME)"
+        ),
+        "permissions": f"let {user} read it (chmod o+x on each directory on the way, o+r on the file), or choose an account that can (--user NAME)",
+    }
+    raise UsageError(
+        f"the service account {user!r} could not reach {first.needed.what} {first.needed.path}: {first.why}{more}",
+        hint=hints[first.cause] + "; or --no-access-check if an ACL or a drop-in opens it",
+    )
 
 
 def _memory_lines(options: ServeOptions, binary: Path) -> str:
@@ -151,6 +214,7 @@ def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool
 @click.option("--user", default="tierlocal", show_default=True, help="The account the service runs as.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("/etc/systemd/system"), show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print the unit instead of writing it.")
+@click.option("--no-access-check", "skip_access_check", is_flag=True, help="Write the unit even when --user seems unable to reach a file it names.")
 def install_gateway(
     config_path: Path | None,
     host: str | None,
@@ -160,6 +224,7 @@ def install_gateway(
     user: str,
     directory: Path,
     dry_run: bool,
+    skip_access_check: bool,
 ) -> None:
     """Write tierlocal-gateway.service: Type=notify, Restart=on-failure, a dedicated user,
     ProtectSystem=strict with the state directory writable, PrivateDevices, and each upstream
@@ -186,6 +251,8 @@ def install_gateway(
         args += ["--port", str(port)]
     args += ["--workers", str(workers or os.cpu_count() or 1)]
     state_dir = config.server.state_dir if config_path is not None else Path("/var/lib/tierlocal/gateway")
+    if not skip_access_check:
+        _check_access(user, [*_runtime_files(), *([Needed("the gateway's config", config_path.resolve())] if config_path is not None else [])])
     text = render_gateway_unit(GatewayUnit(tuple(args), config_path, user, state_dir, tuple(pairs)))
     if needed:
         click.echo(f"note: no --credential for {', '.join(needed)}: those upstreams will be unreachable until the key is handed over", err=True)

@@ -20,11 +20,13 @@ from .ollama_store import ollama_store_blob
 __all__ = ["catalog_choice", "resolve_model"]
 
 
-def resolve_model(source: str, *, pull: bool, say: Callable[[str], None], hardware: Hardware | None = None, ctx: int = constants.DEFAULT_CTX) -> Path:
+def resolve_model(
+    source: str, *, pull: bool, say: Callable[[str], None], hardware: Hardware | None = None, ctx: int = constants.DEFAULT_CTX, pull_option: bool = True
+) -> Path:
     """A local GGUF path for SOURCE: the path itself, an ollama:// tag's blob in Ollama's store,
     or an hf:// / catalog model from the hub cache (downloaded first when ``pull``). A catalog
     name is taken at the quantisation the recommendation picks for ``hardware`` (None: this
-    machine) at ``ctx`` tokens.
+    machine) at ``ctx`` tokens. ``pull_option``: the command has ``--pull`` (the hint names it).
 
     Raises:
         UsageError: an unknown name, a malformed source, or a model not downloaded yet.
@@ -49,7 +51,7 @@ def resolve_model(source: str, *, pull: bool, say: Callable[[str], None], hardwa
     if cached is not None:
         return cached
     if not pull:
-        raise UsageError(f"{source}: not downloaded yet", hint=f"add --pull, or run `tierlocal pull {source}` first")
+        raise UsageError(f"{source}: not downloaded yet", hint=("add --pull, or run " if pull_option else "run ") + f"`tierlocal pull {source}` first")
     plan = plan_hf_pull(spec, quant=wanted_quant, dest_dir=None)
     if not all(planned.present for planned in plan.files):
         say(f"pulling {plan.source}: {', '.join(f.repo_file.path for f in plan.files)}")
