@@ -135,6 +135,26 @@ def test_an_unmodelled_state_is_named_and_the_architecture_labelled_unverified(t
     assert "Unverified: unverified architecture (minimax-01)" in human and "linear_attention.head_dim" in human
 
 
+def test_a_context_past_the_trained_one_is_said_with_the_rope_scaling_it_needs(tmp_path: Path) -> None:
+    """--ctx 40000 on a model trained for 4,096 once said "fits" and nothing else."""
+    import numpy as np
+
+    from tests.support.small_gguf import write_small_gguf
+
+    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4}
+    path = write_small_gguf(tmp_path / "short.gguf", "llama", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
+    within = json.loads(run_cli("check", str(path), "--ctx", "4096", "--json").stdout)
+    assert within["model"]["n_ctx_train"] == 4096 and within["context_note"] is None
+    beyond = json.loads(run_cli("check", str(path), "--ctx", "8192", "--json").stdout)
+    assert beyond["fits"] is True
+    assert beyond["context_note"] == (
+        "8,192 tokens per slot is more than the 4,096 the model was trained for: past that its answers degrade unless the engine stretches "
+        "RoPE (YaRN, ×2: add -- --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 4096); the memory is planned either way"
+    )
+    human = " ".join(run_cli("check", str(path), "--ctx", "8192").stdout.split())
+    assert "Beyond training: 8,192 tokens per slot is more than the 4,096" in human
+
+
 def test_a_modelled_hybrid_is_planned_with_its_state(tmp_path: Path) -> None:
     """Nemotron-H's Mamba-2 blocks: planned, the state in the KV column (no refusal)."""
     import numpy as np

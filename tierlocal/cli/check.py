@@ -184,6 +184,8 @@ def render_source_check(check: SourceCheck) -> None:
     out.print(f"Verdict: {verdict}; {_speed_line(check)}.")
     if check.unverified_note:
         out.print(f"[bold yellow]Unverified[/bold yellow]: {escape(check.unverified_note)}.")
+    if check.context_note:
+        out.print(f"[bold yellow]Beyond training[/bold yellow]: {escape(check.context_note)}.")
     spilled = estimate.layers_total - estimate.layers_offloaded
     all_on_gpu = check.speed.all_on_gpu_tokens_per_s if check.speed else None
     if spilled and estimate.layers_offloaded and estimate.est_decode_tokens_per_s and all_on_gpu:

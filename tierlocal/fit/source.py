@@ -77,6 +77,23 @@ class SourceCheck:
     #: generic estimate); the header keys of a state the estimate could not size.
     verified: bool = True
     unknown_state: tuple[str, ...] = ()
+    #: The context length the model was trained for (tokens; its header's ``context_length``).
+    n_ctx_train: int = 0
+
+    @property
+    def context_note(self) -> str | None:
+        """What planning past the trained context means: llama.cpp runs it (the memory is as
+        planned), but positions beyond training are ones the model never saw, so answers
+        degrade unless the engine stretches RoPE (YaRN) — which tierlocal does not add for you."""
+        if self.estimate is None or not self.n_ctx_train or self.estimate.params.n_ctx_seq <= self.n_ctx_train:
+            return None
+        per_slot = self.estimate.params.n_ctx_seq
+        factor = per_slot / self.n_ctx_train
+        return (
+            f"{per_slot:,} tokens per slot is more than the {self.n_ctx_train:,} the model was trained for: past that its answers degrade "
+            f"unless the engine stretches RoPE (YaRN, ×{factor:.3g}: add -- --rope-scaling yarn --rope-scale {factor:.3g} --yarn-orig-ctx {self.n_ctx_train}); "
+            "the memory is planned either way"
+        )
 
     @property
     def unverified_note(self) -> str | None:
@@ -101,6 +118,7 @@ class SourceCheck:
                 "verified": self.verified,
                 "unverified_note": self.unverified_note,
                 "unknown_state": list(self.unknown_state),
+                "n_ctx_train": self.n_ctx_train,
             },
             "fits": bool(estimate and estimate.fits),
             "reason": self.reason,
@@ -122,6 +140,7 @@ class SourceCheck:
             "n_ubatch": request.n_ubatch,
         }
         payload["devices"] = [device.to_json() for device in estimate.devices]
+        payload["context_note"] = self.context_note
         payload["layers_offloaded"] = estimate.layers_offloaded
         payload["layers_total"] = estimate.layers_total
         payload["est_decode_tokens_per_s"] = None if estimate.est_decode_tokens_per_s is None else round(estimate.est_decode_tokens_per_s, 1)
@@ -299,6 +318,7 @@ def check_source(
         cpu_features=machine.cpu_features,
         verified=spec.verified,
         unknown_state=spec.unknown_state,
+        n_ctx_train=spec.n_ctx_train,
     )
 
 
