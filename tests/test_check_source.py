@@ -155,6 +155,27 @@ def test_a_context_past_the_trained_one_is_said_with_the_rope_scaling_it_needs(t
     assert "Beyond training: 8,192 tokens per slot is more than the 4,096" in human
 
 
+def test_the_prompt_cache_is_capped_at_what_the_plan_leaves(tmp_path: Path) -> None:
+    """llama-server keeps saved prompts up to 8 GiB (--cache-ram) after the plan is loaded: on a
+    machine with less left than that, the command caps it there, so the plan holds under use."""
+    import numpy as np
+
+    from tests.support.small_gguf import write_small_gguf
+
+    metadata = {"{arch}.block_count": 2, "{arch}.context_length": 4096, "{arch}.embedding_length": 64, "{arch}.attention.head_count": 4}
+    path = write_small_gguf(tmp_path / "small.gguf", "llama", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
+    roomy = json.loads(run_cli("check", str(path), "--ctx", "4096", "--ram", "64GiB", "--json").stdout)
+    assert "--cache-ram" not in roomy["command"] and roomy["host_memory"]["modes"][0]["grows_by_bytes"] == 8 * 2**30
+    tight = json.loads(run_cli("check", str(path), "--ctx", "4096", "--ram", "3GiB", "--json").stdout)
+    in_use = tight["host_memory"]["modes"][0]["in_use_bytes"]
+    left_mib = (3 * 2**30 - in_use - 1024 * 2**20) // 2**20  # recipes/gpus.toml: fit_margin_mib = 1024 kept free
+    command = tight["command"]
+    assert command[command.index("--cache-ram") + 1] == str(left_mib) and 1900 < left_mib < 2048
+    assert all(mode["grows_by_bytes"] == left_mib * 2**20 for mode in tight["host_memory"]["modes"])
+    human = " ".join(run_cli("check", str(path), "--ctx", "4096", "--ram", "3GiB").stdout.split())
+    assert "(--cache-ram: the RAM the plan leaves, below the 8 GiB default)" in human
+
+
 def test_a_modelled_hybrid_is_planned_with_its_state(tmp_path: Path) -> None:
     """Nemotron-H's Mamba-2 blocks: planned, the state in the KV column (no refusal)."""
     import numpy as np

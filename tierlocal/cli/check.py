@@ -14,6 +14,7 @@ from .. import constants
 from ..catalog import find_model, gpu_speed_for, load_host_defaults, load_models
 from ..errors import UsageError
 from ..fit.estimate import RunEstimate, RunRequest
+from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..fit.recommend import PURPOSES
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..gguf.sources import read_headers
@@ -292,5 +293,10 @@ def _render_host_memory(out: Console, check: SourceCheck) -> None:
         table.add_row(memory.load_mode, *(format_bytes(size) for size in sizes))
     out.print(table)
     out.print(
-        f"In use adds the compute buffer as prompts fill it; llama-server's prompt cache may add up to {format_bytes(check.host_memory[0].grows_by_bytes)} (--cache-ram)."
+        f"In use adds the compute buffer as prompts fill it; llama-server's prompt cache may add up to {format_bytes(check.host_memory[0].grows_by_bytes)}"
+        + (
+            " (--cache-ram: the RAM the plan leaves, below the 8 GiB default)."
+            if check.host_memory[0].grows_by_bytes < PROMPT_CACHE_DEFAULT_BYTES
+            else " (--cache-ram)."
+        )
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from .. import constants
 from ..errors import EngineError, UsageError
 from ..fit.estimate import RunEstimate
+from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 
 __all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv", "check_engine_args", "PLANNED_OPTIONS"]
 
@@ -88,14 +89,22 @@ def parse_help(help_text: str, version_text: str = "") -> EngineFlags:
     )
 
 
-def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_takes_value: bool = True, template_args: tuple[str, ...] = ()) -> list[str]:
+def server_args(
+    estimate: RunEstimate,
+    *,
+    host_only: bool = False,
+    flash_attn_takes_value: bool = True,
+    template_args: tuple[str, ...] = (),
+    cache_ram_bytes: int | None = None,
+) -> list[str]:
     """The planned options after ``-m MODEL``: context, ``-dev none`` for a CPU-only plan on a
     machine with a GPU, slots (none for llama-server's auto), layers (and each GPU's share, ``-ts``,
     when several hold them), flash attention (as
     ``-fa on|off``, or a bare ``-fa`` for binaries whose flag takes no value), experts on the
     CPU, cache types and micro-batch when not the defaults, the multimodal projector (with
-    ``--no-mmproj-offload`` when it is planned in system RAM), then the chat template's options
-    (:class:`tierlocal.engines.prompt_formats.TemplateChoice`)."""
+    ``--no-mmproj-offload`` when it is planned in system RAM), the prompt cache's cap
+    (``--cache-ram`` MiB, when the RAM left is less than llama-server's 8 GiB default), then the
+    chat template's options (:class:`tierlocal.engines.prompt_formats.TemplateChoice`)."""
     request, params = estimate.request, estimate.params
     args = ["-c", str(params.n_ctx_padded)]
     args += ["-dev", "none"] if host_only else []
@@ -115,12 +124,16 @@ def server_args(estimate: RunEstimate, *, host_only: bool = False, flash_attn_ta
         source = request.projector.source
         args += ["--mmproj", "<mmproj path after download>" if source.startswith(("http://", "https://", "hf://")) else source]
         args += ["--no-mmproj-offload"] if estimate.projector is not None and not estimate.projector.on_gpu else []
+    if cache_ram_bytes is not None and cache_ram_bytes < PROMPT_CACHE_DEFAULT_BYTES:
+        args += ["--cache-ram", str(cache_ram_bytes // 2**20)]
     return args + list(template_args)
 
 
-def planned_command(model_path: str, estimate: RunEstimate, *, host_only: bool = False, template_args: tuple[str, ...] = ()) -> list[str]:
+def planned_command(
+    model_path: str, estimate: RunEstimate, *, host_only: bool = False, template_args: tuple[str, ...] = (), cache_ram_bytes: int | None = None
+) -> list[str]:
     """The command ``check`` prints: ``llama-server -m MODEL`` and the planned options."""
-    return ["llama-server", "-m", model_path, *server_args(estimate, host_only=host_only, template_args=template_args)]
+    return ["llama-server", "-m", model_path, *server_args(estimate, host_only=host_only, template_args=template_args, cache_ram_bytes=cache_ram_bytes)]
 
 
 def launch_argv(
@@ -136,6 +149,7 @@ def launch_argv(
     threads: int | None = None,
     template_args: tuple[str, ...] = (),
     engine_args: tuple[str, ...] = (),
+    cache_ram_bytes: int | None = None,
 ) -> list[str]:
     """The planned run as ``binary`` takes it: the planned options in its spelling, the bind
     address, ``--fit off`` so llama.cpp does not re-plan what we planned, verbose load lines
@@ -151,7 +165,13 @@ def launch_argv(
         str(binary),
         "-m",
         str(model),
-        *server_args(estimate, host_only=host_only, flash_attn_takes_value=flags.flash_attn_takes_value, template_args=template_args),
+        *server_args(
+            estimate,
+            host_only=host_only,
+            flash_attn_takes_value=flags.flash_attn_takes_value,
+            template_args=template_args,
+            cache_ram_bytes=cache_ram_bytes if flags.knows("--cache-ram") else None,
+        ),
     ]
     argv += ["--host", host, "--port", str(port)]
     if flags.knows("--fit"):

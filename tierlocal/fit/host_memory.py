@@ -34,7 +34,7 @@ from .estimate import Machine, RunEstimate
 from .memory import gpu_layers, weights_split
 from .model import ModelSpec, PlacedTensor
 
-__all__ = ["HostMemory", "host_memory", "repacked_bytes", "repack_rules", "LOAD_MODES", "ENGINE_FILE_BYTES", "PROMPT_CACHE_DEFAULT_BYTES"]
+__all__ = ["HostMemory", "host_memory", "prompt_cache_cap", "repacked_bytes", "repack_rules", "LOAD_MODES", "ENGINE_FILE_BYTES", "PROMPT_CACHE_DEFAULT_BYTES"]
 
 #: llama-server's --load-mode values tierlocal plans for.
 LOAD_MODES = ("mmap", "none", "mlock")
@@ -117,6 +117,14 @@ class HostMemory:
             "locked_bytes": self.locked_bytes,
             "grows_by_bytes": self.grows_by_bytes,
         }
+
+
+def prompt_cache_cap(in_use_bytes: int, host_free_bytes: int, margin_bytes: int) -> int:
+    """How much RAM llama-server's prompt cache may take (``--cache-ram``, bytes, whole MiB):
+    what the host has left once the plan's process is in use and the margin is kept, at most the
+    engine's 8 GiB default — so a plan that fits at load still fits once saved prompts pile up."""
+    left = max(host_free_bytes - in_use_bytes - margin_bytes, 0)
+    return min(left, PROMPT_CACHE_DEFAULT_BYTES) // 2**20 * 2**20
 
 
 def host_memory(spec: ModelSpec, estimate: RunEstimate, machine: Machine, load_mode: str = "mmap") -> HostMemory:

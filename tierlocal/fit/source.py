@@ -16,7 +16,7 @@ from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
 from .device_speed import DeviceSpeed
 from .estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
-from .host_memory import LOAD_MODES, HostMemory, host_memory
+from .host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
 from .model import ModelSpec, model_spec
 from .speed import DecodeSpeed, SpeedEstimate, decode_speed, estimate_speed
 from .split import split_ratio
@@ -299,7 +299,10 @@ def check_source(
             estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
     template = template or default_template(summary)
     model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
-    command = planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args) if estimate else []
+    memory = _host_memory(spec, estimate, machine)
+    cache_ram = prompt_cache_cap(memory[0].in_use_bytes, machine.host_free_bytes, machine.margin_bytes) if memory else None
+    memory = tuple(replace(mode, grows_by_bytes=cache_ram) for mode in memory if cache_ram is not None)
+    command = planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args, cache_ram_bytes=cache_ram) if estimate else []
     return SourceCheck(
         source=source,
         architecture=spec.architecture,
@@ -314,7 +317,7 @@ def check_source(
         host_only=host_only,
         chat_template=summary.chat_template,
         template=template,
-        host_memory=_host_memory(spec, estimate, machine),
+        host_memory=memory,
         cpu_features=machine.cpu_features,
         verified=spec.verified,
         unknown_state=spec.unknown_state,

@@ -104,6 +104,7 @@ def _run_once(session: ServeSession, binary: Path, flags: EngineFlags, key_file:
         threads=options.threads,
         template_args=check.template.engine_args,
         engine_args=options.engine_args,
+        cache_ram_bytes=check.host_memory[0].grows_by_bytes if check.host_memory else None,
     )
     key = key_file.read_text().split()[0] if key_file is not None else None
     headers = {"Authorization": f"Bearer {key}"} if key else None
