@@ -19,6 +19,7 @@ import httpx2
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import first_json_document, free_port, running
+from tests.support.systemd_container import booted_systemd
 
 KEY = "tl-service-key-9876543210"
 
@@ -240,3 +241,40 @@ def test_chat_template_reaches_the_unit_a_file_by_its_resolved_path(tmp_path: Pa
         unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--chat-template", given, "--dry-run", "--no-access-check")
         assert unit.returncode == 0, unit.stderr
         assert next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart=")).endswith(expected)
+
+
+def test_the_installed_unit_starts_under_a_real_systemd_and_answers(assets: Assets, tmp_path: Path) -> None:
+    """The unit `service install serve` writes, started by systemd 252 itself (booted in its own
+    namespaces, tests/support/systemd_container.py): READY=1 makes `systemctl start` return, the
+    server answers on loopback and STATUS= says the plan held. The same unit for an account that
+    cannot reach the interpreter (written with --no-access-check) verifies but never starts —
+    the case the access check refuses."""
+    with booted_systemd(tmp_path / "systemd") as systemd:
+        port = free_port()
+        argv = ("service", "install", "serve", str(assets.gemma_gguf), "--llama-server", str(assets.llama_server_cpu), "--ctx", "2048", "--port", str(port))
+        written = run_cli(*argv, "--user", "root", "--dir", str(systemd.units))
+        assert written.returncode == 0, written.stderr
+        assert systemd.run("systemctl", "daemon-reload").returncode == 0
+        started = systemd.run("systemctl", "start", "tierlocal-serve")
+        journal = systemd.run("journalctl", "-u", "tierlocal-serve", "--no-pager").stdout
+        assert started.returncode == 0, started.stderr + journal[-3000:]
+        assert systemd.run("systemctl", "is-active", "tierlocal-serve").stdout.strip() == "active"
+        answer = httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)
+        assert answer.status_code == 200
+        shown = systemd.run("systemctl", "show", "tierlocal-serve", "--property=StatusText,User").stdout
+        assert "StatusText=serving gemma-3-270m-q4_k_m.gguf" in shown and "User=root" in shown
+        assert systemd.run("systemctl", "stop", "tierlocal-serve").returncode == 0
+
+        refused = run_cli(*argv, "--user", "nobody", "--dir", str(systemd.units))
+        assert refused.returncode == 2 and "could not reach" in refused.stderr
+        forced = run_cli(*argv, "--user", "nobody", "--dir", str(systemd.units), "--no-access-check")
+        assert forced.returncode == 0, forced.stderr
+        verify = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", str(systemd.units / "tierlocal-serve.service")], capture_output=True, text=True, check=False
+        )
+        assert verify.returncode == 0, verify.stderr  # systemd's offline check passes it...
+        systemd.run("systemctl", "daemon-reload")
+        failed = systemd.run("systemctl", "start", "tierlocal-serve")
+        assert failed.returncode != 0  # ... and it cannot start
+        journal = systemd.run("journalctl", "-u", "tierlocal-serve", "--no-pager", "-n", "20").stdout
+        assert "status=203/EXEC" in journal and "Permission denied" in journal, journal[-2000:]  # /root is closed to nobody

@@ -9,7 +9,9 @@ way out. Without ``$NOTIFY_SOCKET`` (not under systemd) :func:`notify` does noth
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import re
 import socket
 import sys
@@ -79,6 +81,35 @@ class ServeUnit:
     memory: str = ""
 
 
+#: The groups that open GPU device nodes: DRM render nodes (render) and older /dev/dri, NVIDIA's
+#: nodes on some distributions (video).
+GPU_GROUPS = ("render", "video")
+
+
+def primary_group(user: str) -> str:
+    """The account's primary group (``nobody``'s is ``nogroup`` on Debian); for an account not
+    created yet, the group of its own name that ``useradd`` makes with it."""
+    try:
+        return grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name
+    except KeyError:
+        return user
+
+
+def gpu_groups_line() -> str:
+    """SupplementaryGroups= with the GPU groups this machine has: systemd refuses to start a unit
+    that names a group that does not exist (216/GROUP; no ``render`` without GPU drivers)."""
+    present = []
+    for name in GPU_GROUPS:
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            continue
+        present.append(name)
+    if not present:
+        return f"# No SupplementaryGroups: none of {', '.join(GPU_GROUPS)} exists on the machine this unit was written on."
+    return f"SupplementaryGroups={' '.join(present)}"
+
+
 def render_serve_unit(unit: ServeUnit) -> str:
     """The unit text."""
     template = (templates_dir() / "tierlocal-serve.service.in").read_text()
@@ -88,6 +119,8 @@ def render_serve_unit(unit: ServeUnit) -> str:
         description=unit.model.name,
         exec_start=exec_start,
         user=unit.user,
+        group=primary_group(unit.user),
+        supplementary_groups=gpu_groups_line(),
         environment="",
         credentials=credentials,
         memory=unit.memory,
@@ -137,6 +170,7 @@ def render_gateway_unit(unit: GatewayUnit) -> str:
         config="built-in configuration" if unit.config is None else unit.config.name,
         exec_start=exec_start,
         user=unit.user,
+        group=primary_group(unit.user),
         state_dir=systemd_quote(str(unit.state_dir)),
         credentials=credentials.rstrip("\n") or "# (none given: add --credential NAME=FILE)",
     )
