@@ -131,6 +131,46 @@ def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Pa
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
 
 
+def test_a_gpu_the_engine_does_not_see_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
+    """`--gpu 24GiB` with an engine that sees no GPU once started -ngl 19 and said "plan held"."""
+    result = run_cli(
+        "serve", str(assets.gemma_gguf), "--gpu", "24GiB", "--ctx", "2048", "--port", str(free_port()),
+        env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
+    )  # fmt: skip
+    assert (result.returncode, result.stderr.splitlines()[-2:]) == (
+        2,
+        [
+            "error: --gpu 24GiB plans 1 GPU(s), and the engine here sees no GPU: nothing was started",
+            "hint: drop --gpu to plan for this machine (`tierlocal check --gpu …` plans another one), or build an engine for the GPU: tierlocal engine build",
+        ],
+    )
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
+
+
+def test_a_plan_on_a_gpu_holds_only_if_the_gpu_buffers_are_in_the_log(gemma: Path) -> None:
+    """The real CPU build's load log (tests/fixtures/loadlogs/cpu-gemma-np2.log) with the line
+    "offloaded 19/19 layers to GPU" a build without a GPU backend can print: the layer count
+    matches a plan of 19 layers on a 24 GiB GPU, and still the plan did not hold."""
+    from tierlocal.catalog import load_host_defaults
+    from tierlocal.engines.loadlog import parse_load_log
+    from tierlocal.fit.estimate import RunRequest
+    from tierlocal.fit.source import check_source, machine_for
+    from tierlocal.fit.verify import verify_load
+    from tierlocal.gguf.sources import read_headers
+    from tierlocal.hardware.detect import detect
+    from tierlocal.hardware.override import with_gpu_override
+
+    machine = machine_for(with_gpu_override(detect(), ["24GiB"]), load_host_defaults())
+    check = check_source(str(gemma), read_headers(str(gemma)), machine, ctx=4096, parallel=2, request=RunRequest())
+    assert check.estimate is not None and check.estimate.layers_offloaded == 19
+    text = (Path(__file__).parent / "fixtures" / "loadlogs" / "cpu-gemma-np2.log").read_text()
+    report = parse_load_log(text + "load_tensors: offloaded 19/19 layers to GPU\n")
+    assert report.layers_offloaded == 19 and report.gpu_buffers() == {}
+    verification = verify_load(check.estimate, report)
+    assert not verification.ok
+    assert "planned buffers on 1 GPU(s) (24GiB GPU); the load log shows GPU buffers on none" in verification.problems
+
+
 def test_killed_engine_is_reported(assets: Assets, tmp_path: Path) -> None:
     with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port())) as (process, ready):
         os.kill(ready["engine_pid"], signal.SIGKILL)

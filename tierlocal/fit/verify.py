@@ -96,6 +96,12 @@ def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callabl
         result.problems.append(f"planned {params.n_seq_max} slots, llama-server made {report.n_slots}")
     gpu_planned = [device for device in plan.devices if device.backend != "cpu"]
     gpu_actual = report.gpu_buffers()
+    holding = [device for device in gpu_planned if device.weights_bytes + device.kv_bytes + device.compute_bytes > 0]
+    if len(gpu_actual) < len(holding):
+        # "offloaded 19/19 layers to GPU" is printed by a build with no GPU backend as well: the
+        # buffers are what show the memory went there.
+        found = ", ".join(sorted(gpu_actual)) or "none"
+        result.problems.append(f"planned buffers on {len(holding)} GPU(s) ({', '.join(d.name for d in holding)}); the load log shows GPU buffers on {found}")
     if gpu_planned and gpu_actual:
         # Every GPU together (a layer split over several is planned per device): the overhead
         # is the runtime's, not a llama.cpp buffer.

@@ -179,8 +179,22 @@ def plan_for(
 
 def detected_machine(options: ServeOptions, *, llama_server: Path | None = None) -> Machine:
     """The planner's view of this machine as detected (asking ``llama_server`` for its devices,
-    if given), with the ``--gpu`` override."""
-    return machine_for(with_gpu_override(detect(llama_server=llama_server), options.gpus), load_host_defaults())
+    if given), with the ``--gpu`` override — refused when it names more GPUs than the machine
+    has, since nothing would be allocated on a GPU that is not there.
+
+    Raises:
+        UsageError: ``--gpu`` plans GPUs the engine would not find.
+    """
+    hardware = detect(llama_server=llama_server)
+    present = len(hardware.gpus)
+    overridden = with_gpu_override(hardware, options.gpus)
+    if options.gpus and len(overridden.gpus) > present:
+        seen = f"{present} GPU(s)" if present else "no GPU"
+        raise UsageError(
+            f"--gpu {' '.join(options.gpus)} plans {len(overridden.gpus)} GPU(s), and the engine here sees {seen}: nothing was started",
+            hint="drop --gpu to plan for this machine (`tierlocal check --gpu …` plans another one), or build an engine for the GPU: tierlocal engine build",
+        )
+    return machine_for(overridden, load_host_defaults())
 
 
 @contextmanager
