@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -185,6 +186,30 @@ def test_kill_9_of_tierlocal_leaves_no_engine(assets: Assets, tmp_path: Path) ->
         process.kill()
         process.wait(10)
         assert process_gone(ready["engine_pid"], 15), "llama-server outlived tierlocal"
+
+
+def test_an_engine_that_ignores_sigterm_cannot_outlive_a_killed_tierlocal(assets: Assets, tmp_path: Path) -> None:
+    """A Vulkan llama-server once hung in its SIGTERM shutdown after kill -9 of tierlocal and
+    never exited. Here the engine is a shell that ignores SIGTERM and runs the real llama-server
+    as its child: the kernel's SIGTERM (PR_SET_PDEATHSIG) does nothing to it, and the watchdog
+    SIGKILLs the whole group once the grace period (constants.ENGINE_STOP_GRACE_S) is over."""
+    import psutil
+
+    from tierlocal import constants
+
+    stubborn = tmp_path / "llama-server"
+    stubborn.write_text(f"#!/bin/sh\ntrap '' TERM\n'{assets.llama_server_cpu}' \"$@\"\n")
+    stubborn.chmod(0o755)
+    with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port()), extra_env={"TIERLOCAL_LLAMA_SERVER": str(stubborn)}) as (process, ready):
+        shell = psutil.Process(ready["engine_pid"])
+        (server,) = shell.children()
+        assert server.name() == "llama-server"
+        process.kill()
+        process.wait(10)
+        time.sleep(2)
+        assert shell.is_running() and shell.status() != psutil.STATUS_ZOMBIE  # SIGTERM alone did not end it
+        _gone, alive = psutil.wait_procs([shell, server], timeout=constants.ENGINE_STOP_GRACE_S + 10)
+        assert not alive, f"{[p.pid for p in alive]} outlived tierlocal"
 
 
 def test_engine_that_dies_while_loading_is_reported_with_its_log(assets: Assets, tmp_path: Path) -> None:

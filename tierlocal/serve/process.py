@@ -1,7 +1,9 @@
 """Running an engine as a child: its output drained continuously into a log file and a line
 callback (a full pipe would stall it), readiness by polling its health URL, a graceful stop
 (one SIGTERM, a bounded wait, then SIGKILL), and no orphan: the child is in its own process
-group and gets SIGTERM from the kernel if tierlocal dies, even by kill -9 (PR_SET_PDEATHSIG).
+group and gets SIGTERM from the kernel if tierlocal dies, even by kill -9 (PR_SET_PDEATHSIG),
+and a watchdog (:mod:`.watchdog`) SIGKILLs the group after the grace period if that SIGTERM
+did not end it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import httpx2
 
 from .. import constants
+from .watchdog import Watchdog, start_watchdog
 
 __all__ = ["EngineChild", "Readiness", "start_child"]
 
@@ -53,8 +56,9 @@ class Readiness:
 class EngineChild:
     """A started engine process."""
 
-    def __init__(self, process: subprocess.Popen[bytes], log_path: Path, on_line: Callable[[str], None] | None) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], log_path: Path, on_line: Callable[[str], None] | None, watchdog: Watchdog | None = None) -> None:
         self.process = process
+        self.watchdog = watchdog
         self.log_path = log_path
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._on_line = on_line
@@ -136,6 +140,8 @@ class EngineChild:
                 except ProcessLookupError:
                     pass
                 self.process.wait()
+        if self.watchdog is not None:
+            self.watchdog.release()
         self.wait_output()
         return self.process.returncode
 
@@ -152,4 +158,4 @@ def start_child(argv: list[str], log_path: Path, *, env: dict[str, str] | None =
         start_new_session=True,
         preexec_fn=_die_with_parent(os.getpid()),
     )
-    return EngineChild(process, log_path, on_line)
+    return EngineChild(process, log_path, on_line, start_watchdog(process.pid, constants.ENGINE_STOP_GRACE_S))
