@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import openai
 
 from tests.support.assets import Assets
-from tests.support.cli import run_cli
+from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.engines import free_port, process_gone
 from tests.support.serving import serving
 
@@ -170,6 +172,64 @@ def test_a_plan_on_a_gpu_holds_only_if_the_gpu_buffers_are_in_the_log(gemma: Pat
     verification = verify_load(check.estimate, report)
     assert not verification.ok
     assert "planned buffers on 1 GPU(s) (24GiB GPU); the load log shows GPU buffers on none" in verification.problems
+
+
+def test_status_says_a_server_is_starting_until_it_serves(assets: Assets, tmp_path: Path) -> None:
+    """Between /health answering and the state file (the load checked, a first answer) status
+    said "no serve running"; now it says what the server is doing, then the state."""
+    port = free_port()
+    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--port", str(port), "--threads", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            result = run_cli("status", "--port", str(port), env={"TIERLOCAL_HOME": str(tmp_path)})
+            seen.append("serving" if result.returncode == 0 else result.stderr.splitlines()[0])
+            if result.returncode == 0:
+                break
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+    phases = list(dict.fromkeys(seen))
+    assert phases[-1] == "serving" and any("is still starting (loading the model" in phase for phase in phases), phases
+    starting = phases.index(next(phase for phase in phases if "still starting" in phase))
+    assert not any(phase.startswith("error: no tierlocal serve is running") for phase in phases[starting:]), phases
+    gone = run_cli("status", "--port", str(port), env={"TIERLOCAL_HOME": str(tmp_path)})
+    assert gone.stderr.startswith("error: no tierlocal serve is running") and not list((tmp_path / "run").glob("starting-*.json"))
+
+
+def test_status_live_counts_the_tokens_of_an_answer_in_progress(assets: Assets, tmp_path: Path) -> None:
+    """llama-server counts a request's tokens when it finishes: a long answer being written read
+    0.0 tok/s with its slot busy."""
+    import threading
+
+    import httpx2
+
+    port = free_port()
+    with serving(assets, tmp_path, "--ctx", "4096", "--port", str(port)) as (_process, _ready):
+        body = {"prompt": "Count from one to a thousand: one, two,", "max_tokens": 3000, "ignore_eos": True, "temperature": 0}
+        answers: list[int] = []
+
+        def write() -> None:
+            try:
+                answers.append(httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=300).status_code)
+            except httpx2.HTTPError:
+                answers.append(0)  # the server stopped under it at the end of the test
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        time.sleep(1.0)
+        live = run_cli("status", "--live", "--window", "3", "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
+        assert live.returncode == 0, live.stderr
+        (engine,) = json.loads(live.stdout)["engines"]
+        assert engine["slots_busy"] == 1 and writer.is_alive() and not answers  # still the one answer, unfinished
+        # Every token counted in the window is from the answer in progress (llama-server's own
+        # counter moves only when it ends): any rate above 0 says it is counted as written.
+        assert engine["decode_tokens_per_s"] > 0, engine
 
 
 def test_killed_engine_is_reported(assets: Assets, tmp_path: Path) -> None:

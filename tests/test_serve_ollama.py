@@ -80,6 +80,9 @@ def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:
         (engine,) = json.loads(live.stdout)["engines"]
         assert (engine["engine"], engine["error"]) == ("ollama", None)
         assert [(model["name"], model["context_length"]) for model in engine["models"]] == [(loaded.model, 2048)]
+        human = run_cli("status", env={"TIERLOCAL_HOME": str(tmp_path / "tl")})  # once a KeyError: 'devices'
+        assert human.returncode == 0, human.stderr
+        assert human.stdout.startswith(f"serving {actual['ollama_model']} through Ollama at ") and "plan held" in human.stdout
         engine_pid = ready["engine_pid"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0

@@ -1,5 +1,6 @@
-"""`tierlocal serve --engine python`: llama-cpp-python's server (the wheel tests/assets compiled
-from the pinned sdist) started with the plan, verified from its own llama.cpp load log, served
+"""`tierlocal serve --engine python`: llama-cpp-python's server (the pinned sdist's Python code in
+a wheel that carries the CPU engine's own libllama, as tests/assets/prepare.py makes it) started
+with the plan, verified from its own llama.cpp load log, served
 to the openai client, with the key kept off its command line."""
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ def test_python_engine_serves_the_plan_and_keeps_the_key_off_its_command_line(as
         status = run_cli("status", "--port", str(port), "--json")
         assert status.returncode == 0, status.stderr
         assert '"engine": "llama-cpp-python"' in status.stdout
+        human = run_cli("status", "--port", str(port))
+        assert human.returncode == 0 and "None" not in human.stdout, human.stdout  # once "context 2048 = None slot(s) × None"
+        assert "layers on the GPU: 0/" in human.stdout and "context 2048" in human.stdout
     finally:
         process.send_signal(signal.SIGTERM)
         _out, err = process.communicate(timeout=60)

@@ -16,7 +16,7 @@ from ..errors import TierlocalError, UsageError
 from ..fetch.resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
-from ..serve.state import running_servers
+from ..serve.state import running_servers, starting_servers
 from .common import machine, ollama_port, print_json, serve_options, serve_options_from
 
 __all__ = ["serve", "status"]
@@ -124,9 +124,8 @@ def _render_status(payload: dict[str, object]) -> None:
     actual = payload["actual"]
     assert isinstance(delta, dict) and isinstance(actual, dict)
     click.echo(f"serving {payload['url']}  ({payload['engine']} pid {payload['engine_pid']}, log {payload['log']})")
-    click.echo(
-        f"layers on the GPU: {actual['layers_offloaded']}/{actual['layers_total'] or '-'}   context {actual['n_ctx']} = {actual['parallel']} slot(s) × {actual['n_ctx_per_slot']}"
-    )
+    slots = f" = {actual['parallel']} slot(s) × {actual['n_ctx_per_slot']}" if actual.get("parallel") and actual.get("n_ctx_per_slot") else ""
+    click.echo(f"layers on the GPU: {actual.get('layers_offloaded') or 0}/{actual.get('layers_total') or '-'}   context {actual.get('n_ctx') or '-'}{slots}")
     for device in delta["devices"]:
         error = "" if device["error"] is None else f" ({device['error']:+.1%})"
         click.echo(f"  {device['name']}: planned {device['planned_bytes'] / 2**20:.0f} MiB, allocated {device['actual_bytes'] / 2**20:.0f} MiB{error}")
@@ -144,6 +143,13 @@ def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None
     """Show the running `tierlocal serve`: its plan, what llama.cpp did, and the delta."""
     running = running_servers(port)
     if not running:
+        starting = starting_servers(port)
+        if starting:
+            first = starting[0]
+            raise TierlocalError(
+                f"tierlocal serve at {first.get('url')} is still starting ({first.get('phase')}; pid {first.get('pid')})",
+                hint="it is serving once the load is checked against the plan: run status again in a moment",
+            )
         raise TierlocalError("no tierlocal serve is running" + (f" on port {port}" if port else ""), hint="start one with `tierlocal serve MODEL`")
     if live:
         engines = _live(running, window_s)
@@ -156,6 +162,8 @@ def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None
         raise UsageError(f"{len(running)} servers are running", hint="choose one with --port")
     if as_json:
         print_json(running[0])
+    elif running[0].get("engine") == "ollama":
+        _render_ollama(running[0])
     else:
         _render_status(running[0])
 

@@ -59,7 +59,13 @@ def _key_headers(server: Mapping[str, object]) -> tuple[dict[str, str], str | No
 async def engine_live(session: aiohttp.ClientSession, server: Mapping[str, object], *, timeout_s: float = 3.0) -> dict[str, object]:
     """One sample of a running ``tierlocal serve`` (an object ``status --json`` prints): slots
     total and busy, requests waiting, counters of prompt and predicted tokens, the time of the
-    sample (seconds since the epoch), and ``error`` when the engine could not be read."""
+    sample (seconds since the epoch), and ``error`` when the engine could not be read.
+
+    llama-server adds a request's tokens to its /metrics counters when the request finishes, so
+    a long answer in progress would read 0 tok/s: the counters here are the finished requests'
+    plus what each busy slot has done so far (/slots ``n_decoded`` and
+    ``n_prompt_tokens_processed``). /metrics is read before /slots, so a request that finishes
+    between the two is counted once at most (late, never twice: the counters only grow)."""
     url = str(server.get("url", "")).rstrip("/")
     engine = str(server.get("engine", ""))
     sample: dict[str, object] = {
@@ -86,23 +92,41 @@ async def engine_live(session: aiohttp.ClientSession, server: Mapping[str, objec
             else:
                 sample["error"] = f"/api/ps answered {status}"
             return sample
+        metrics_status, body = await _get(session, url + "/metrics", headers, timeout_s)
+        if metrics_status == 200:
+            for name, value in _metrics(body.decode("utf-8", "replace")).items():
+                sample[name] = value
         status, body = await _get(session, url + "/slots", headers, timeout_s)
         if status == 200:
             slots = _json_list(body)[:MAX_ROWS]
+            busy = [slot for slot in slots if isinstance(slot, Mapping) and slot.get("is_processing")]
             sample["slots_total"] = len(slots)
-            sample["slots_busy"] = sum(1 for slot in slots if isinstance(slot, Mapping) and slot.get("is_processing"))
-        elif status == 401:
+            sample["slots_busy"] = len(busy)
+            _add_in_progress(sample, busy)
+        elif status == 401 or metrics_status == 401:
             sample["error"] = problem or "the engine refused the request: it needs its API key"
             return sample
-        status, body = await _get(session, url + "/metrics", headers, timeout_s)
-        if status == 200:
-            for name, value in _metrics(body.decode("utf-8", "replace")).items():
-                sample[name] = value
-        elif sample["slots_total"] is None:
+        elif metrics_status != 200:
             sample["error"] = f"neither /slots nor /metrics answered ({status})"
     except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError) as exc:
         sample["error"] = f"{type(exc).__name__}: {exc}"[:300]
     return sample
+
+
+def _add_in_progress(sample: dict[str, object], busy: list[Mapping[str, object]]) -> None:
+    """Add the busy slots' tokens so far to the finished requests' counters (when /metrics gave them)."""
+    decoded = prompt = 0
+    for slot in busy:
+        tokens = slot.get("next_token")
+        for entry in tokens if isinstance(tokens, list) else [tokens]:
+            if isinstance(entry, Mapping) and isinstance(entry.get("n_decoded"), int):
+                decoded += int(entry["n_decoded"])
+        processed = slot.get("n_prompt_tokens_processed")
+        prompt += processed if isinstance(processed, int) else 0
+    for name, extra in (("predicted_tokens_total", decoded), ("prompt_tokens_total", prompt)):
+        value = sample.get(name)
+        if isinstance(value, int | float):
+            sample[name] = value + extra
 
 
 def _port(url: str) -> int | None:

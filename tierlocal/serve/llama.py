@@ -19,7 +19,7 @@ from ..hardware.calibrate import calibration_key, load_calibration
 from .exposure import check_exposure
 from .history import gpu_correction
 from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
-from .state import state_path
+from .state import clear_state
 from .template import rendered_prompt, resolve_template
 
 __all__ = ["serve_llama"]
@@ -69,7 +69,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         try:
             return _serve_attempts(session, binary, flags, key_file)
         finally:
-            state_path(options.port).unlink(missing_ok=True)
+            clear_state(options.port)
 
 
 def _serve_attempts(session: ServeSession, binary: Path, flags: EngineFlags, key_file: Path | None) -> int:

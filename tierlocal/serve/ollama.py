@@ -32,7 +32,7 @@ from .exposure import check_ollama_exposure
 from .probe import crash_hint
 from .process import EngineChild, start_child
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, stop_on_signals
-from .state import log_path, state_path, write_state
+from .state import clear_state, log_path, write_starting, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT, resolve_template
 
@@ -98,7 +98,7 @@ def serve_ollama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
             if server.child is not None:
                 say("stopping ollama serve")
                 server.child.stop()
-            state_path(options.port).unlink(missing_ok=True)
+            clear_state(options.port)
 
 
 def _find_ollama(explicit: str | None) -> Path:
@@ -135,6 +135,10 @@ def _server(session: ServeSession) -> _Server:
     log.write_text("")
     child = start_child([str(binary), "serve"], log, env=env, on_line=parser.feed)
     session.say(f"started ollama serve (pid {child.pid}) on {url} with " + " ".join(f"{key}={value}" for key, value in env_plan.items()))
+    write_starting(
+        options.port,
+        {"url": url, "pid": os.getpid(), "engine": "ollama", "engine_pid": child.pid, "log": str(log), "phase": "starting Ollama and loading the model"},
+    )
     readiness = child.wait_ready(f"{url}/api/version", constants.OLLAMA_START_TIMEOUT_S, stop=session.stop)
     if not readiness.ready:
         child.stop()

@@ -30,7 +30,7 @@ from ..gguf import summarize
 from ..gguf.sources import read_headers
 from .exposure import check_exposure
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
-from .state import state_path
+from .state import clear_state
 from .template import resolve_template
 
 __all__ = ["serve_python", "python_engine_argv", "PYTHON_ENGINE"]
@@ -139,4 +139,4 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
                 raise launched  # no re-plan for this engine yet
             return supervise_verified(session, launched, {"chat_template": {**template.to_json(), "header": check.chat_template.to_json()}})
         finally:
-            state_path(options.port).unlink(missing_ok=True)
+            clear_state(options.port)

@@ -32,7 +32,7 @@ from ..hardware.override import with_gpu_override
 from .history import record_load
 from .probe import first_answer
 from .process import EngineChild, start_child
-from .state import log_path, write_state
+from .state import log_path, write_starting, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT
 
@@ -235,6 +235,9 @@ def launch(
     parser = LoadLogParser()
     child = start_child(argv, log, env=env, on_line=parser.feed)
     session.say(f"started {engine} (pid {child.pid}): {' '.join(argv)}")
+    url = f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
+    starting = {"url": url, "pid": os.getpid(), "engine": engine, "engine_pid": child.pid, "log": str(log)}
+    write_starting(options.port, {**starting, "phase": "loading the model"})
     timeout = options.load_timeout_s or constants.LOAD_TIMEOUT_BASE_S + session.check.file_bytes / constants.LOAD_BYTES_PER_S
     last_extend = [0.0]
 
@@ -243,9 +246,9 @@ def launch(
             last_extend[0] = waited
             notify(f"EXTEND_TIMEOUT_USEC={constants.EXTEND_TIMEOUT_S * 1_000_000}", f"STATUS=loading {options.model.name} ({waited:.0f} s)")
 
-    url = f"http://{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
     readiness = child.wait_ready(url + ready_path, timeout, on_waiting=waiting, stop=session.stop, headers=headers)
     if readiness.ready:
+        write_starting(options.port, {**starting, "phase": "checking the load against the plan and waiting for a first answer"})
         return Launched(engine, version, child, parser, argv, url, log, headers)
     report = parser.report()
     if readiness.exit_code is None:
