@@ -6,8 +6,14 @@ probe is Gemma). bench/speed_accuracy.py runs the whole comparison over six shap
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.assets import Assets
@@ -18,6 +24,7 @@ from tierlocal.hardware import calibrate
 from tierlocal.hardware.calibrate import PROBE_TYPES, PROBES, calibrate_cpu, time_probe
 
 
+@pytest.mark.serial  # it times the engine: other tests running beside it read as a slow CPU
 def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Assets, gemma: Path, isolated_env: Path, tmp_path: Path) -> None:
     env = {"TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
     before = json.loads(run_cli("check", str(gemma), "--json", env=env).stdout)
@@ -97,4 +104,52 @@ def test_calibrate_without_an_engine_says_how_to_get_one(isolated_env: Path, tmp
     done = run_cli("hw", "--calibrate", env={"PATH": str(tmp_path)})
     assert done.returncode != 0
     assert "no llama-server was found" in done.stderr and "tierlocal engine build" in done.stderr
+    assert not (isolated_env / "calibration.json").exists()
+
+
+def _scratch_dirs(pid: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"tierlocal-calibrate-{pid}-*"))
+
+
+@pytest.mark.serial  # it loads the CPU on purpose
+def test_a_busy_machine_is_said_and_a_run_past_its_limit_stops_and_cleans_up(assets: Assets) -> None:
+    """`hw --calibrate --quick` ran 9.5 minutes on a busy machine without a word about the load
+    and left its scratch files behind. Two busy loops (real load) are running here."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    said: list[str] = []
+    try:
+        with pytest.raises(CalibrationFailed, match=r"calibration ran past its time limit at probe 2 of 2; nothing was filed") as failed:
+            calibrate_cpu(assets.llama_server_cpu, "test", say=said.append, probes=PROBES[-2:-1] * 2, repeats=1, time_limit_s=0.5)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert said[0].startswith("warning: other work keeps ") and "the timings will read slow" in said[0]
+    assert failed.value.hint and "idle" in failed.value.hint
+    assert _scratch_dirs(os.getpid()) == []
+
+
+def test_a_stopped_calibration_leaves_nothing_behind(assets: Assets, isolated_env: Path) -> None:
+    """SIGTERM mid-run: the engine and the scratch directory go; a directory a kill -9 left is
+    removed by the next run."""
+    stale = Path(tempfile.gettempdir()) / "tierlocal-calibrate-999999999-left"
+    stale.mkdir(exist_ok=True)
+    env = {**os.environ, "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "hw", "--calibrate", "--quick", "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    assert process.stderr is not None
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if line.startswith("[1/"):
+            break
+    assert any(f"removed {stale}" in line for line in lines) and not stale.exists()
+    engines = [child for child in psutil.Process(process.pid).children(recursive=True) if child.name() == "llama-server"]
+    assert _scratch_dirs(process.pid)
+    process.send_signal(signal.SIGTERM)
+    process.wait(60)
+    process.stderr.close()
+    assert process.returncode != 0 and _scratch_dirs(process.pid) == []
+    assert not [engine for engine in engines if engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE]
     assert not (isolated_env / "calibration.json").exists()

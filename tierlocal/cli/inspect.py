@@ -10,7 +10,15 @@ from ..errors import TierlocalError, UsageError
 from ..fit.device_speed import DeviceSpeed
 from ..gguf import ModelSummary, summarize
 from ..gguf.sources import read_headers
-from ..hardware.calibrate import calibrate_cpu, calibration_key, load_calibration, memory_read_bytes_per_s, require_engine, save_calibration
+from ..hardware.calibrate import (
+    calibrate_cpu,
+    calibration_key,
+    load_calibration,
+    memory_read_bytes_per_s,
+    remove_stale_scratch,
+    require_engine,
+    save_calibration,
+)
 from ..hardware.types import Hardware
 from ..units import format_bytes, format_count
 from .common import console, gpu_option, json_option, machine, print_json
@@ -91,6 +99,8 @@ def _calibrate(as_json: bool, *, repeats: int) -> None:
     version = read_engine_flags(binary).version
     key = calibration_key(version)
     say = (lambda line: click.echo(line, err=True)) if as_json else console().print
+    for stale in remove_stale_scratch():
+        say(f"removed {stale}, left by a calibration that did not finish")
     say(f"calibrating {key['cpu']} ({key['cores']} cores) with {binary} — a few minutes; nothing is downloaded")
     bandwidth = memory_read_bytes_per_s()
     speed, raw = calibrate_cpu(binary, version, say=say, repeats=repeats)

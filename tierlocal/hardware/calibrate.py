@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import statistics
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx2
+import psutil
 
 from .. import constants
 from ..errors import CalibrationFailed, EngineFailed, UsageError
@@ -36,7 +40,18 @@ from ..gguf.sources import read_headers
 from ..gguf.synthetic import ProbeShape, write_probe_gguf
 from ..serve.process import start_child
 
-__all__ = ["PROBE_TYPES", "PROBES", "Probe", "calibration_key", "calibrate_cpu", "load_calibration", "save_calibration", "memory_read_bytes_per_s"]
+__all__ = [
+    "PROBE_TYPES",
+    "PROBES",
+    "Probe",
+    "calibration_key",
+    "calibrate_cpu",
+    "load_calibration",
+    "save_calibration",
+    "memory_read_bytes_per_s",
+    "other_work_percent",
+    "remove_stale_scratch",
+]
 
 #: Weight types timed: those the common GGUF quantisations are made of.
 PROBE_TYPES = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "IQ4_NL", "Q5_0", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16")
@@ -46,6 +61,15 @@ DECODE_TOKENS = 32
 LOAD_TIMEOUT_S = 120.0
 #: Most calibrations kept in the cache file.
 MAX_ENTRIES = 32
+#: Longest a calibration may run (s), with three timed runs per probe and with one (--quick):
+#: four times what a quiet 2-core machine takes. Past it the machine is too busy to measure.
+TIME_LIMIT_S = 12 * 60.0
+QUICK_TIME_LIMIT_S = 6 * 60.0
+#: Share of the CPU other work may use before calibrating (psutil, over one second) without a
+#: warning that the timings will read slow.
+BUSY_CPU_PERCENT = 25.0
+#: Scratch directories: tierlocal-calibrate-PID-…; those of a process that is gone are removed.
+SCRATCH_PREFIX = "tierlocal-calibrate-"
 
 
 @dataclass(frozen=True)
@@ -151,11 +175,50 @@ def calibration_key(engine_version: str) -> dict[str, object]:
     return {"cpu": model, "cores": os.cpu_count() or 1, "engine_version": engine_version}
 
 
+def other_work_percent(interval_s: float = 1.0) -> float:
+    """How much of the CPU is busy right now (percent of all cores, over ``interval_s``)."""
+    return float(psutil.cpu_percent(interval=interval_s))
+
+
+def remove_stale_scratch(directory: Path | None = None) -> list[Path]:
+    """Remove the scratch directories of calibrations whose process is gone (killed, or the
+    machine restarted); returns what was removed."""
+    import shutil
+
+    base = directory or Path(tempfile.gettempdir())
+    removed = []
+    for path in base.glob(f"{SCRATCH_PREFIX}*"):
+        pid = path.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def calibrate_cpu(
-    binary: Path, engine_version: str, *, say: Callable[[str], None], probes: tuple[Probe, ...] = PROBES, repeats: int = 3
+    binary: Path,
+    engine_version: str,
+    *,
+    say: Callable[[str], None],
+    probes: tuple[Probe, ...] = PROBES,
+    repeats: int = 3,
+    time_limit_s: float | None = None,
 ) -> tuple[DeviceSpeed, list[dict[str, object]]]:
     """Time every probe (``repeats`` timed requests each, the median kept) and fit this CPU's
-    figures. Returns them and the raw timings.
+    figures. Returns them and the raw timings. Says first when other work keeps the CPU busy
+    (the timings will read slow), and stops past ``time_limit_s`` (default
+    :data:`TIME_LIMIT_S`, :data:`QUICK_TIME_LIMIT_S` with one run per probe).
 
     Timings skewed by other work on the machine can leave a weight type's rate undetermined
     (the fit drives it to zero): then every probe is timed once more and the fit sees both
@@ -163,18 +226,24 @@ def calibrate_cpu(
 
     Raises:
         EngineFailed: the engine failed a probe.
-        CalibrationFailed: two rounds of timings still do not determine every rate.
+        CalibrationFailed: two rounds of timings still do not determine every rate, or the time
+            limit passed.
     """
+    busy = other_work_percent()
+    if busy > BUSY_CPU_PERCENT:
+        say(f"warning: other work keeps {busy:.0f}% of the CPU busy: the timings will read slow (calibrate on an idle machine for figures that hold)")
+    limit = time_limit_s if time_limit_s is not None else (QUICK_TIME_LIMIT_S if repeats == 1 else TIME_LIMIT_S)
+    deadline = time.monotonic() + limit
     runs: list[TimedRun] = []
     raw: list[dict[str, object]] = []
     quick = ", one timed run per probe" if repeats == 1 else ""
     note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate{quick})"
-    _time_probes(binary, probes, repeats, runs, raw, say)
+    _time_probes(binary, probes, repeats, runs, raw, say, deadline)
     try:
         return fit_device_speed(runs, device="cpu", note=note), raw
     except ValueError as exc:
         say(f"{exc} (a busy machine?); timing the probes once more")
-    _time_probes(binary, probes, repeats, runs, raw, say)
+    _time_probes(binary, probes, repeats, runs, raw, say, deadline)
     try:
         return fit_device_speed(runs, device="cpu", note=note), raw
     except ValueError as exc:
@@ -182,11 +251,24 @@ def calibrate_cpu(
         raise CalibrationFailed(f"the timings do not fit: {exc}", hint=hint) from None
 
 
-def _time_probes(binary: Path, probes: tuple[Probe, ...], repeats: int, runs: list[TimedRun], raw: list[dict[str, object]], say: Callable[[str], None]) -> None:
-    """Time every probe, appending to ``runs`` and ``raw``."""
-    with tempfile.TemporaryDirectory(prefix="tierlocal-calibrate-") as scratch:
+def _time_probes(
+    binary: Path, probes: tuple[Probe, ...], repeats: int, runs: list[TimedRun], raw: list[dict[str, object]], say: Callable[[str], None], deadline: float
+) -> None:
+    """Time every probe, appending to ``runs`` and ``raw``, in a scratch directory removed on
+    every way out (a SIGTERM is turned into an exit here; a kill -9 leaves it to the next run's
+    :func:`remove_stale_scratch`).
+
+    Raises:
+        CalibrationFailed: ``deadline`` (monotonic seconds) passed.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-") as scratch, _exit_on_sigterm():
         directory = Path(scratch)
         for index, probe in enumerate(probes, 1):
+            if time.monotonic() > deadline:
+                raise CalibrationFailed(
+                    f"calibration ran past its time limit at probe {index} of {len(probes)}; nothing was filed",
+                    hint="other work on this machine slows the probes: run `tierlocal hw --calibrate` again when it is idle",
+                )
             started = time.monotonic()
             path = write_probe_gguf(directory / f"{probe.shape.name}.gguf", probe.shape)
             spec = model_spec(read_headers(str(path)))
@@ -198,6 +280,24 @@ def _time_probes(binary: Path, probes: tuple[Probe, ...], repeats: int, runs: li
                 f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s ({time.monotonic() - started:.0f} s)"
             )
             path.unlink()
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """SIGTERM as SystemExit while inside, so the scratch directory and the engine are cleaned
+    up (Python's default for SIGTERM is to die at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, leave)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _cache_path() -> Path:
