@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +219,25 @@ def test_the_newer_release_of_one_shape_wins_the_tie(order: tuple[str, str]) -> 
     assert old["est_decode_tokens_per_s"] == new["est_decode_tokens_per_s"]
     assert new["status"] == "best"
     assert old["status"] == "fits" and old["reason"] == "fits; an older release of the same size"
+
+
+def test_the_tables_stay_whole_in_an_80_column_terminal() -> None:
+    """An 80-column SSH session once cut names to `qwen3.…` and wrapped the verdict one word per
+    line: every name whole, every line within 80 cells, no ellipsis (a real pty at 80×24)."""
+    from rich.cells import cell_len
+
+    from tests.support.terminal import run_in_terminal
+
+    tierlocal = str(Path(sys.executable).with_name("tierlocal"))
+    shown = run_in_terminal([tierlocal, "check", "--gpu", "24GiB", "--ram", "64GiB"], columns=80)
+    table = shown[shown.index("The catalog on this machine") : shown.index("more below these")]
+    listed = json.loads(run_cli("check", "--gpu", "24GiB", "--ram", "64GiB", "--json").stdout)["candidates"][:14]
+    lines = table.splitlines()
+    assert all(cell_len(line) <= 80 for line in lines) and "…" not in table
+    for candidate in listed:
+        assert any(line.split()[:1] == [candidate["model"]] for line in lines), candidate["model"]  # the name whole, on its own line
+    assert "largest model that fits" in " ".join(table.split())
+    catalog = run_in_terminal([tierlocal, "catalog", "list"], columns=80)
+    names = [model["name"] for model in json.loads(run_cli("catalog", "list", "--json").stdout)["models"]]
+    assert all(cell_len(line) <= 80 for line in catalog.splitlines()) and "…" not in catalog
+    assert all(any(line.split()[:1] == [name] for line in catalog.splitlines()) for name in names)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import click
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -21,7 +22,7 @@ from ..gguf.compact import to_compact
 from ..gguf.sources import read_headers
 from ..gguf.summary import summarize
 from ..units import format_bytes, format_count
-from .common import console, json_option, print_json
+from .common import COMPACT_WIDTH, console, json_option, print_json
 
 __all__ = ["catalog"]
 
@@ -90,7 +91,13 @@ def list_(as_json: bool) -> None:
         print_json({"models": families})
         return
     n_entries = sum(len(f["quants"]) for f in families)  # type: ignore[arg-type, misc]
-    table = Table(title=f"{len(families)} models, {n_entries} entries (recipes/models.toml)", title_justify="left")
+    title = f"{len(families)} models, {n_entries} entries (recipes/models.toml)"
+    out = console()
+    if out.width < COMPACT_WIDTH:
+        out.print(_compact_list(families, title, out.width))
+        out.print("`tierlocal catalog show NAME` prints one model's facts; `tierlocal check NAME` plans it on this machine.")
+        return
+    table = Table(title=title, title_justify="left")
     for column in ("name", "family", "params", "architecture", "context", "quants", "facts", "quality"):
         table.add_column(column, justify="right" if column in ("params", "context") else "left")
     for family in families:
@@ -103,6 +110,26 @@ def list_(as_json: bool) -> None:
         )  # fmt: skip
     console().print(table)
     console().print("`tierlocal catalog show NAME` prints one model's facts; `tierlocal check NAME` plans it on this machine.")
+
+
+def _compact_list(families: list[dict[str, object]], title: str, width: int) -> Table:
+    """The list for a narrow terminal: the name whole, its architecture, facts date and quality
+    under it; widths set here (rich's own share-out overshoots the console with these cells)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    fixed = {"params": 13, "context": 9, "quants": 19}
+    table.add_column("name / architecture · facts", width=max(width - 9 - sum(fixed.values()), 12))
+    for column, column_width in fixed.items():
+        table.add_column(column, width=column_width, justify="left" if column == "quants" else "right", no_wrap=column != "quants")
+    for family in families:
+        params, active = int(family["params"]), int(family["active_params"])  # type: ignore[call-overload]
+        quality = family["quality"]
+        scored = "" if quality is None else f" · {quality['score']:g} {quality['benchmark']}"  # type: ignore[index]
+        table.add_row(
+            f"[bold]{escape(str(family['name']))}[/bold]\n[dim]{escape(str(family['architecture']))} · {family['facts_date']}{escape(scored)}[/dim]",
+            format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
+            f"{family['context_length']:,}", " ".join(family["quants"]),  # type: ignore[arg-type]
+        )  # fmt: skip
+    return table
 
 
 @catalog.command("show")

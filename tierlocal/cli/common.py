@@ -40,6 +40,10 @@ __all__ = [
 PIPE_WIDTH = 120
 
 
+#: Below this many columns (an 80-column SSH session) the wide tables use a compact layout.
+COMPACT_WIDTH = 110
+
+
 def console(*, stderr: bool = False) -> Console:
     """The console every human output goes through: the terminal's width on a terminal, else
     PIPE_WIDTH columns; no syntax highlighting of numbers and paths."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -13,7 +14,7 @@ from rich.table import Table
 from ..fit.recommend import Candidate, CatalogRecommendation
 from ..fit.source import SourceCheck
 from ..units import format_bytes, format_count, format_decimal_bytes, format_marketed_bytes
-from .common import console
+from .common import COMPACT_WIDTH, console
 
 __all__ = ["render_catalog_recommendation"]
 
@@ -52,7 +53,7 @@ def render_catalog_recommendation(
             out.print(f"[bold yellow]Note[/bold yellow]: {escape(best.note)}.")
         if best.plan is not None and render_plan is not None:
             render_plan(best.plan)
-    out.print(_candidates_table(recommendation, show_all))
+    out.print(_candidates_table(recommendation, show_all, out.width))
     for note in recommendation.notes:
         out.print(f"Note: {escape(note)}.")
     if any(c.speed_basis == "bandwidth bound" for c in recommendation.candidates):
@@ -74,11 +75,29 @@ def _print_machine(out: Console, recommendation: CatalogRecommendation) -> None:
     )
 
 
-def _candidates_table(recommendation: CatalogRecommendation, show_all: bool) -> Table:
+def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, width: int = 200) -> Table:
+    """The ranked entries; under :data:`COMPACT_WIDTH` columns (an 80-column SSH session) a
+    compact layout: no vertical rules, the quantisation and the verdict under the model's name,
+    needed and free memory in one column — no name is cut and the verdict wraps as a phrase."""
     rows = recommendation.candidates if show_all else recommendation.candidates[:_ROWS]
     hidden = len(recommendation.candidates) - len(rows)
     caption = f"{hidden} more below these: --all lists every entry" if hidden else None
-    table = Table(title="The catalog on this machine, best first", title_justify="left", caption=caption, caption_justify="left")
+    title = "The catalog on this machine, best first"
+    if width < COMPACT_WIDTH:
+        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        # Widths set here: rich's own share-out overshoots the console with these cells.
+        # 12 columns go to the rules and padding between five columns.
+        fixed = {"params": 13, "needs/of": 13, "tok/s": 6, "where": 14}
+        table.add_column("model / quant · verdict", width=max(width - 12 - sum(fixed.values()), 12))
+        for column, column_width in fixed.items():
+            table.add_column(column, width=column_width, justify="left" if column == "where" else "right", no_wrap=column != "where")
+        for candidate in rows:
+            family, quant, params, needs, free, where, speed, verdict = _row(candidate)
+            table.add_row(
+                f"[bold]{escape(family)}[/bold]\n{escape(quant)} · [dim]{verdict}[/dim]", params, f"{needs.removesuffix(' GiB')}/{free}", speed, where
+            )
+        return table
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column in ("model", "quant", "params", "needs", "of", "where", "~tok/s", "verdict"):
         table.add_column(column, justify="right" if column in ("params", "needs", "of", "~tok/s") else "left")
     for candidate in rows:
