@@ -1,4 +1,5 @@
-"""Shared fixtures: the prepared engines and model, an isolated TIERLOCAL_HOME.
+"""Shared fixtures: the prepared engines and model, an isolated TIERLOCAL_HOME, and the lock
+that lets a ``serial`` test run alone while the others run in parallel (pytest-xdist).
 
 A test that uses the prepared engines or model (the ``assets`` or ``gemma`` fixture, however
 indirectly) is marked ``engines`` here, so ``pytest -m "not engines"`` runs exactly the tests
@@ -7,6 +8,8 @@ that need neither.
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,27 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     return home
+
+
+@pytest.fixture(autouse=True)
+def machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """With tests in parallel (``-n``), a test marked ``serial`` — one that times the engine or
+    waits on the clock, and so reads a busy machine as a slow one — runs with no other test
+    running. A readers-writer lock over files every worker shares: the others hold ``room``
+    shared; a serial test takes ``turnstile`` (so no new test starts) and then ``room``
+    exclusively (so the running ones finish first). Without xdist nothing ever waits."""
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if shared.name.startswith("popen-gw") else shared  # one directory for all workers
+    with (shared / "turnstile.lock").open("a") as turnstile, (shared / "room.lock").open("a") as room:
+        if request.node.get_closest_marker("serial"):
+            fcntl.flock(turnstile, fcntl.LOCK_EX)
+            fcntl.flock(room, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_SH)  # waits while a serial test is waiting or running
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(room, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)

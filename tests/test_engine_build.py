@@ -28,19 +28,34 @@ def test_backend_follows_the_tools_on_path(tmp_path: Path, tools: list[str], bac
     assert result.stdout.strip() == backend
 
 
+def _ccache_misses() -> int:
+    """Compiles ccache could not serve from its cache so far (its machine-readable counters)."""
+    stats = subprocess.run(["ccache", "--print-stats"], capture_output=True, text=True, check=True).stdout
+    counters = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
+    return int(counters["cache_miss"])
+
+
 def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Path) -> None:
-    """The build tree lives in the build cache, next to the test assets (outside the checkout):
-    the first run compiles llama.cpp, later runs rebuild incrementally in seconds."""
+    """The build tree lives in the build cache, next to the test assets (outside the checkout),
+    where tests/assets/prepare.py built the suite's own CPU engine with this same command: the
+    build here compiles nothing new (ccache counts no miss), then installs the server, its tools
+    and the shared libraries they load."""
     build_cache = assets.llama_cpp_source.parent.parent / "engine-build"
     env = {"TIERLOCAL_HOME": str(tmp_path / "home"), "TIERLOCAL_BUILD_CACHE": str(build_cache)}
+    misses = _ccache_misses()
     built = run_cli("engine", "build", "--backend", "cpu", "--source", str(assets.llama_cpp_source), "--json", env=env, timeout=1800)
     assert built.returncode == 0, built.stderr[-3000:]
+    assert _ccache_misses() == misses  # the same sources again: no compile
     assert any((tree / "bin" / "llama-server").is_file() for tree in build_cache.glob("build-*"))  # kept for the next build
     result = json.loads(built.stdout)
     binary = Path(result["binary"])
     assert binary == tmp_path / "home" / "engines" / "llama.cpp-local-cpu" / "bin" / "llama-server"
     assert result["backend"] == "cpu" and result["version"].startswith("0.")
     assert [p.name for p in binary.parent.parent.parent.iterdir()] == ["llama.cpp-local-cpu"]  # no staging left
+    assert "ccache found" in (binary.parent.parent / "build.log").read_text()  # llama.cpp's CMake took the compiler cache
+    for tool in ("llama-quantize", "llama-gguf-split", "ggml-rpc-server"):
+        assert subprocess.run([str(binary.parent / tool), "--help"], capture_output=True, check=False).returncode in (0, 1)  # runs: its libraries load
+    assert (binary.parent / "libllama.so").exists() and (binary.parent / "libggml-rpc.so").exists()
     # With no llama-server on PATH and none configured, tierlocal finds and uses the built one.
     bare = {**env, "PATH": "/usr/bin:/bin", "TIERLOCAL_LLAMA_SERVER": ""}
     listed = run_cli("engine", "list", "--json", env=bare)

