@@ -254,7 +254,7 @@ def build_redis(staging: Path) -> None:
 def pip_download(requirement: str, dest: Path, *, sdist: bool = False) -> None:
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest), requirement]
     if sdist:
-        argv[5:5] = ["--no-binary", ":all:"]
+        argv[5:5] = ["--no-binary", requirement.split("=")[0]]  # the package's sdist; its build tools may come as wheels
     run(argv)
 
 

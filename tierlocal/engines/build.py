@@ -156,7 +156,7 @@ def _fetch_source(workdir: Path, say: Callable[[str], None]) -> Path:
         "--quiet",
         "--no-deps",
         "--no-binary",
-        ":all:",
+        "llama-cpp-python",  # its sdist (the vendored sources); the tools pip builds its metadata with may be wheels
         "--dest",
         str(downloads),
         f"llama-cpp-python=={LLAMA_CPP_PYTHON_PIN}",
