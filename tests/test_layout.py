@@ -23,6 +23,8 @@ PURE = [
     "tierlocal.fit",
     "tierlocal.fit.model",
     "tierlocal.fit.memory",
+    "tierlocal.fit.offload",
+    "tierlocal.fit.split",
     "tierlocal.fit.estimate",
     "tierlocal.fit.speed",
     "tierlocal.fit.device_speed",

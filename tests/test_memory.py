@@ -18,11 +18,11 @@ from tierlocal.fit.memory import (
     gpu_layers,
     kv_cache,
     output_buffer_bytes,
-    partial_offload_compute_bytes,
     server_context,
     weights_split,
 )
 from tierlocal.fit.model import ModelSpec, model_spec
+from tierlocal.fit.offload import partial_offload_compute_bytes
 from tierlocal.gguf.sources import read_headers
 
 _MIB = 1024 * 1024

@@ -19,13 +19,13 @@ from .memory import (
     host_compute_bytes,
     kv_cache,
     output_buffer_bytes,
-    partial_offload_compute_bytes,
     server_context,
     weights_split,
 )
 from .model import ModelSpec
+from .offload import partial_offload_compute_bytes
 from .projector import ProjectorSpec, ProjectorUsage, projector_usage
-from .split import layer_devices, pipeline_inputs_bytes, weights_by_device
+from .split import PIPELINE_COPIES, boundary_copies_bytes, layer_devices, pipeline_inputs_bytes, weights_by_device
 
 __all__ = ["RunRequest", "GpuDevice", "Machine", "DeviceUsage", "RunEstimate", "estimate_run", "plan_run", "max_context", "max_parallel"]
 
@@ -241,15 +241,17 @@ def _split_devices(
     placement = layer_devices(spec, ngl, ratio)
     max_tensor = min((g.max_tensor_bytes for g in gpus if g.max_tensor_bytes), default=None)
     weights = weights_by_device(spec, placement, len(gpus), n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor)
-    pipeline = pipeline_inputs_bytes(spec, params, flash_attn=request.flash_attn) if ngl > spec.n_layer and not n_cpu_moe else 0
+    pipelined = ngl > spec.n_layer and not n_cpu_moe
+    pipeline = pipeline_inputs_bytes(spec, params, flash_attn=request.flash_attn) if pipelined else 0
+    boundary = boundary_copies_bytes(spec, params, placement, len(gpus), copies=PIPELINE_COPIES if pipelined else 1, compute=compute)
     devices = []
     for index, gpu in enumerate(gpus):
         kv = sum(size for size, device in zip(kv_layer_bytes, placement, strict=False) if device == index)
         own = first_compute if index == 0 else compute
         devices.append(
             DeviceUsage(
-                gpu.name, gpu.backend, gpu.total_bytes, gpu.free_bytes, weights[index], kv, own + pipeline, 0, machine.gpu_overhead_bytes,
-                0,
+                gpu.name, gpu.backend, gpu.total_bytes, gpu.free_bytes, weights[index], kv, own + pipeline + boundary[index], 0,
+                machine.gpu_overhead_bytes, 0,
             )
         )  # fmt: skip
     return devices, pipeline

@@ -29,6 +29,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from .. import constants
 from ..errors import UsageError
 from .model import ModelSpec, PlacedTensor
+from .recurrent import rwkv7_compute_bytes
 
 __all__ = [
     "ContextParams",
@@ -43,6 +44,7 @@ __all__ = [
     "output_buffer_bytes",
     "compute_buffer_bytes",
     "host_compute_bytes",
+    "has_attention",
     "cache_type_bytes",
     "mask_cells",
     "EXPERT_TENSOR",
@@ -282,6 +284,11 @@ def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
     return spec.n_vocab * 4 * params.n_seq_max
 
 
+def has_attention(spec: ModelSpec) -> bool:
+    """Whether any block attends (and so the graph carries attention masks)."""
+    return not spec.is_recurrent or not all(spec.is_recurrent) or spec.attention_in_recurrent
+
+
 def mask_cells(spec: ModelSpec, params: ContextParams) -> list[int]:
     """KV cells each attention mask spans: the full cache, and the SWA cache if any."""
     cells_full, cells_swa = _cache_cells(spec, params)
@@ -322,6 +329,9 @@ def compute_buffer_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: 
     +1% of the device's total); not yet corrected for.
     """
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
+    if spec.architecture == "rwkv7":
+        head_size = spec.n_embd_s // spec.n_embd if spec.n_embd else 0
+        return rwkv7_compute_bytes(spec.n_embd, spec.n_ff, head_size, n_tokens, params.n_seq_max)
     masks = mask_cells(spec, params)
     attn_out = spec.attn_out_dim or spec.q_dim
     if spec.n_expert and spec.n_expert_used and spec.n_ff_exp:
@@ -349,52 +359,5 @@ def host_compute_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn: bo
     without). Measured on the Vulkan build: exact to 0.01 MiB for the four models above."""
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
     element = 2 if flash_attn else 4
-    return 2 * spec.n_embd * n_tokens * 4 + sum(cells * n_tokens * element for cells in mask_cells(spec, params))
-
-
-def partial_offload_compute_bytes(
-    spec: ModelSpec, params: ContextParams, compute: int, on_gpu: tuple[bool, ...], n_cpu_moe: int = 0, max_tensor_bytes: int | None = None
-) -> int:
-    """The GPU's compute buffer when some layers (or experts) stay on the CPU (bytes).
-
-    llama.cpp offloads a CPU layer's large-batch operations to the GPU (``--op-offload``, on
-    by default, for batches of 32+ tokens), copying their weights into this buffer. The peak
-    is the largest of:
-
-    - the graph's own peak (``compute``) plus one f32 hidden state (n_ubatch × n_embd) staged
-      across the CPU/GPU boundary;
-    - a dense weight copy with its f32 input and output (n_ubatch × (n_embd + n_ff)), plus the
-      staged state: usually inside the graph's peak;
-    - an expert tensor copy (all experts of one projection, for MUL_MAT_ID) with the expert
-      feed-forward's f32 intermediates (n_ubatch × (3·n_used·n_ff_exp + n_used·n_embd)), the
-      f16 masks, and one layer's K and V copied in when attention layers stay on the CPU.
-
-    A weight larger than the device can bind (``max_tensor_bytes``) is not copied: its
-    operation stays on the CPU (Qwen3-Next's 288 MiB expert tensors on llvmpipe's 128 MiB).
-
-    Measured on the Vulkan build (llvmpipe) with bench/estimate_accuracy.py, -ngl 0..19 on
-    Gemma 3 270M, Llama-3-8B, Qwen3-8B, Qwen3-30B-A3B (also --n-cpu-moe) and LFM2-1.2B: this
-    buffer within 15%, per-device totals within −2.4…+4.8%. On CUDA (H200, 2026-11-30): 132 vs
-    129.5 MiB for 14 of Llama-3-8B's 33 layers, 184 vs 176 MiB with Qwen3-30B-A3B's experts of
-    27 blocks on the CPU.
-    """
-    n_tokens = min(params.n_ctx_seq, params.n_ubatch)
-    staged = n_tokens * spec.n_embd * 4
-    cpu_layers = {layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe}
-    cpu_layer_tensors = [t for t in spec.tensors if t.layer in cpu_layers]
-    bindable = [t for t in cpu_layer_tensors if device_binds(t, max_tensor_bytes, spec.n_expert_used or 1)]
-    experts = [t.n_bytes for t in bindable if EXPERT_TENSOR.search(t.name)]
-    dense = [t.n_bytes for t in bindable if not EXPERT_TENSOR.search(t.name)]
-    peak = max(compute, max(dense, default=0) + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged
-    if experts:
-        kv = kv_cache(spec, params)
-        attention_on_cpu = any(not on_gpu[layer] for layer in cpu_layers)
-        expert_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd
-        expert_peak = (
-            max(experts)
-            + n_tokens * 4 * expert_floats
-            + sum(cells * n_tokens * 2 for cells in mask_cells(spec, params))
-            + (max(kv.layer_bytes, default=0) if attention_on_cpu else 0)
-        )
-        peak = max(peak, expert_peak)
-    return peak
+    masks = sum(cells * n_tokens * element for cells in mask_cells(spec, params)) if has_attention(spec) else 0
+    return 2 * spec.n_embd * n_tokens * 4 + masks

@@ -15,10 +15,10 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from .memory import EXPERT_TENSOR, ContextParams, device_binds, mask_cells
+from .memory import EXPERT_TENSOR, ContextParams, device_binds, has_attention, mask_cells
 from .model import ModelSpec
 
-__all__ = ["layer_devices", "weights_by_device", "pipeline_inputs_bytes", "PIPELINE_COPIES", "split_ratio"]
+__all__ = ["layer_devices", "weights_by_device", "pipeline_inputs_bytes", "boundary_copies_bytes", "PIPELINE_COPIES", "split_ratio"]
 
 
 def layer_devices(spec: ModelSpec, ngl: int, split: Sequence[float]) -> tuple[int, ...]:
@@ -50,6 +50,9 @@ def weights_by_device(spec: ModelSpec, devices: Sequence[int], n_devices: int, *
     return sizes
 
 
+#: Share of a device's compute buffer added where a Mamba-2 block's tail crosses onto it
+#: (boundary_copies_bytes): the spread of the engine's peak over the layers the device holds.
+BOUNDARY_MARGIN = 0.02
 #: Copies of a split's inputs llama.cpp's scheduler keeps with pipeline parallelism
 #: (GGML_SCHED_MAX_COPIES).
 PIPELINE_COPIES = 4
@@ -63,8 +66,54 @@ def pipeline_inputs_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn:
     no tensor overrides (``--n-cpu-moe`` is one). Measured with two RPC devices on the CPU
     build: +24.04 MiB on each device and the host for Llama-3.2-1B at 4,096 tokens."""
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
-    masks = sum(cells * n_tokens * (2 if flash_attn else 4) for cells in mask_cells(spec, params))
+    masks = sum(cells * n_tokens * (2 if flash_attn else 4) for cells in mask_cells(spec, params)) if has_attention(spec) else 0
     return (PIPELINE_COPIES - 1) * (n_tokens * spec.n_embd * 4 + masks)
+
+
+def boundary_copies_bytes(spec: ModelSpec, params: ContextParams, placement: Sequence[int], n_devices: int, *, copies: int, compute: int = 0) -> list[int]:
+    """What each device's compute buffer adds where a recurrent block ends at a device boundary
+    (bytes; ``copies``: PIPELINE_COPIES with pipeline parallelism, else 1; ``compute``: a
+    device's own compute buffer, for the margin).
+
+    llama.cpp's scheduler (ggml-backend.cpp) puts the state nodes of the first recurrent block on
+    device k+1 there, and its "expand down" pass moves the weight-free tail of the block before
+    them (device k) along: for Mamba-2 the ``ggml_cont`` of the gate, whose source — the block's
+    whole input projection — is then copied to k+1 and the result back to k; for RWKV-7 the
+    channel mix's token shift. Copies across devices are kept ``copies`` times and never freed.
+    Nemotron-H and Granite-4.0-H expand only the final output, so a boundary after a Mamba-2
+    block whose next attention-or-recurrent block is recurrent pays it; RWKV-7 pays at every
+    boundary, and device 0 one hidden state more (block 0's value, needed everywhere).
+    Measured with two RPC devices (CPU build): Nemotron-Nano-9B-v2, Granite-4.0-H-350M and
+    RWKV-7-168M, every device within −1.9…+5.6% with the rest of the plan. Which layers a device
+    holds moves its peak by up to ±1.5% (368–379 MiB for one Nemotron boundary), so a device
+    that takes a Mamba-2 boundary's copies is planned BOUNDARY_MARGIN of its own compute buffer
+    higher: the plan must not come out under the engine's."""
+    extra = [0] * n_devices
+    n_tokens = min(params.n_ctx_seq, params.n_ubatch)
+    hidden = 4 * n_tokens * spec.n_embd
+    d_inner, d_state, groups, heads = spec.mamba
+    boundaries = [il for il in range(1, spec.n_layer) if placement[il - 1] >= 0 and placement[il] >= 0 and placement[il] != placement[il - 1]]
+    if spec.architecture == "rwkv7" and boundaries:
+        extra[placement[boundaries[0] - 1]] += hidden
+        for il in boundaries:
+            extra[placement[il]] += 3 * copies * hidden
+            extra[placement[il - 1]] += copies * hidden
+        return extra
+    if not (groups and d_inner):  # Mamba-2 mixers only
+        return extra
+    d_in_proj = 2 * d_inner + 2 * groups * d_state + heads
+    for il in boundaries:
+        after = next((layer for layer in range(il, spec.n_layer) if placement[layer] == placement[il] and _mixes(spec, layer)), None)
+        before = next((layer for layer in range(il - 1, -1, -1) if _mixes(spec, layer)), None)
+        if after is not None and before is not None and spec.is_recurrent[after] and spec.is_recurrent[before]:
+            extra[placement[il]] += copies * 4 * ((n_tokens - 1) * d_in_proj + d_inner) + round(BOUNDARY_MARGIN * compute)
+            extra[placement[il - 1]] += copies * 4 * n_tokens * d_inner
+    return extra
+
+
+def _mixes(spec: ModelSpec, layer: int) -> bool:
+    """Whether block ``layer`` attends or runs a recurrent mixer (not a feed-forward-only block)."""
+    return spec.is_recurrent[layer] or spec.n_head_kv[layer] > 0
 
 
 def split_ratio(free_bytes: Sequence[int]) -> tuple[int, ...]:
