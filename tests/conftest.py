@@ -44,6 +44,14 @@ def gemma(assets: Assets) -> Path:
     return assets.gemma_gguf
 
 
+@pytest.fixture(scope="session")
+def unit_python() -> Path:
+    """A Python with tierlocal that a systemd unit can run (tests/support/service_install.py)."""
+    from tests.support.service_install import service_python
+
+    return service_python()
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """Every test gets its own TIERLOCAL_HOME and no ambient engine or token settings."""

@@ -207,9 +207,14 @@ def test_ctrl_c_keeps_the_partial_and_says_how_to_resume(repo_dir: Path, tmp_pat
     partial = tmp_path / "m" / (FILE + ".partial")
     with fake_hub([HubRepo(REPO, repo_dir, chunk_delay_s=0.01)]) as (endpoint, _):
         process = _pull_process(endpoint, tmp_path)
-        _wait_for_partial(partial, 5 * 1024 * 1024, process)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _wait_for_partial(partial, 5 * 1024 * 1024, process)
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=120)  # seconds alone; a loaded CI machine once took more than 30
+        finally:
+            if process.poll() is None:  # never leave it running: its Popen would warn in a later test
+                process.kill()
+                process.communicate()
     assert process.returncode == 130
     assert stderr.splitlines()[-2].startswith("error: interrupted; ")
     assert f"kept in {partial}" in stderr

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
+import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
@@ -56,6 +57,7 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
     assert gone.returncode == 1 and gone.stderr.startswith("error: no tierlocal serve is running")
 
 
+@pytest.mark.serial  # llvmpipe compiles its shaders on every core: beside other engines its crash came after 400 s
 def test_flash_attention_on_llvmpipe_fails_before_ready_with_the_flag_to_try(assets: Assets, tmp_path: Path) -> None:
     """With flash attention on and layers on Mesa's llvmpipe this llama.cpp loads, passes
     /health, and segfaults on the first real prompt: serve finds out before saying ready."""

@@ -98,26 +98,26 @@ def test_the_units_sandbox_hides_tmp_and_with_protect_home_yes_the_homes(tmp_pat
     assert _why(Needed("a file", home), ROOT, Sandbox(protect_home="read-only")) == []  # read-only still reads
 
 
-def test_install_refuses_a_unit_its_account_cannot_start_and_says_what_to_change(tree: Path, tmp_path: Path) -> None:
+def test_install_refuses_a_unit_its_account_cannot_start_and_says_what_to_change(tree: Path, tmp_path: Path, unit_python: Path) -> None:
     closed = tree / "closed"
     model = _file(closed / "model.gguf")
     closed.chmod(0o700)
     units = tree / "units"
-    refused = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "nobody", "--dir", str(units))
+    refused = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "nobody", "--dir", str(units), python=unit_python)
     assert refused.returncode == 2 and not units.exists()
     error, hint = refused.stderr.splitlines()[-2:]
     assert error.startswith("error: the service account 'nobody' could not reach ") and "the model" in error
     assert hint.startswith("hint: ") and hint.endswith("; or --no-access-check if an ACL or a drop-in opens it")
 
     in_tmp = _file(tmp_path / "model.gguf")
-    hidden = run_cli("service", "install", "serve", str(in_tmp), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units))
+    hidden = run_cli("service", "install", "serve", str(in_tmp), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units), python=unit_python)
     assert hidden.returncode == 2
     assert hidden.stderr.splitlines()[-2:] == [
         f"error: the service account 'root' could not reach the model {in_tmp}: {in_tmp} is under /tmp, which PrivateTmp=yes replaces with the service's own empty directory",
         "hint: move it out of /tmp and /var/tmp (e.g. models under /var/lib/tierlocal/models, tierlocal under /opt/tierlocal); or --no-access-check if an ACL or a drop-in opens it",
     ]
 
-    written = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units))
+    written = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units), python=unit_python)
     assert written.returncode == 0, written.stderr
     assert f"ReadOnlyPaths={closed}" in (units / "tierlocal-serve.service").read_text()
 

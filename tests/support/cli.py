@@ -12,10 +12,11 @@ __all__ = ["REPO_ROOT", "run_cli"]
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``tierlocal ARGS`` in a fresh process, as a user would (the environment as set by the test)."""
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120, python: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``tierlocal ARGS`` in a fresh process, as a user would (the environment as set by the
+    test; ``python``: another installation's interpreter)."""
     return subprocess.run(
-        [sys.executable, "-m", "tierlocal", *args],
+        [str(python or sys.executable), "-m", "tierlocal", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import constants
-from ..catalog import load_apis, load_precisions, load_racks, load_rental_defaults
+from ..catalog import ApiEntry, GpuSpec, RentalDefaults, load_apis, load_precisions, load_racks, load_rental_defaults
 from ..errors import UsageError
 from ..tiers.arithmetic import PublishedConfig
 from ..tiers.facts import gpu_options, resolve_model_facts
@@ -46,6 +46,18 @@ def _shares(input_share: float | None, output_share: float | None) -> float:
     if output_share is not None:
         return 1 - output_share
     return constants.DEFAULT_INPUT_SHARE
+
+
+def _sources(rental: RentalDefaults, rate: float | None, specs: list[GpuSpec], api: ApiEntry | None) -> list[str]:
+    """Where each figure of the plan comes from, with its date (``plan --sources``)."""
+    sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
+    sources += [
+        f"{spec.name}: {format_marketed_bytes(spec.marketed_bytes or spec.memory_bytes)} (marketed), recipes/gpus.toml ({spec.spec_date})" for spec in specs
+    ]
+    sources.append("bytes per weight: recipes/precisions.toml (OCP MX v1.0 for MXFP4, OCP OFP8 for fp8, 2023)")
+    if api is not None:
+        sources.append(f"API prices: {api.source} ({api.prices_date})")
+    return sources
 
 
 @click.command()
@@ -109,13 +121,7 @@ def plan(
     gpu_options_, specs = gpu_options(gpus)
     rental = load_rental_defaults()
     api = next((entry for entry in load_apis() if entry.model == facts.name), None)
-    sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
-    sources += [
-        f"{spec.name}: {format_marketed_bytes(spec.marketed_bytes or spec.memory_bytes)} (marketed), recipes/gpus.toml ({spec.spec_date})" for spec in specs
-    ]
-    sources.append("bytes per weight: recipes/precisions.toml (OCP MX v1.0 for MXFP4, OCP OFP8 for fp8, 2023)")
-    if api is not None:
-        sources.append(f"API prices: {api.source} ({api.prices_date})")
+    sources = _sources(rental, rate, specs, api)
     options = PlanOptions(
         gpus=gpu_options_,
         rate_usd_per_gpu_hour=rate if rate is not None else rental.default,

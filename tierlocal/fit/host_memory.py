@@ -38,9 +38,11 @@ __all__ = ["HostMemory", "host_memory", "prompt_cache_cap", "repacked_bytes", "r
 
 #: llama-server's --load-mode values tierlocal plans for.
 LOAD_MODES = ("mmap", "none", "mlock")
-#: The llama-server binary's and its libraries' own resident file pages (CPU build, measured
-#: here: RssFile of a process whose model is not mapped, 12.0–12.4 MiB, 2026-11-30).
-ENGINE_FILE_BYTES = 12 * 2**20
+#: The llama-server binary's and its libraries' own resident file pages: RssFile of a process
+#: whose model is not mapped. 12.0–12.4 MiB for a static CPU build (2026-11-30); 15.5–16.2 MiB
+#: for the shared-library build `tierlocal engine build` makes, as llama.cpp's own release
+#: archives are built (libllama, libggml*, libmtmd beside the binary; 2026-12-02).
+ENGINE_FILE_BYTES = 16 * 2**20
 #: The engine's own anonymous memory besides the buffers it reports: a fixed part and a part
 #: per vocabulary entry (token strings, the token-to-piece cache, each slot's sampler arrays).
 #: Fitted, 2026-11-30, to two loads of this llama.cpp (Gemma 3 270M, 262,144 tokens: 55.1 MiB;

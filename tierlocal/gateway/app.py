@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from .backends import DOWN, LOADING, UP, TargetState, now, poll_target, resolve_key
+from .backends import DOWN, UP, TargetState, now, poll_target, resolve_key
 from .config import GatewayConfig, Route, Target, User
 from .ledger import Ledger
 from .limits import RateLimiter, Ticket
@@ -350,7 +350,7 @@ class Gateway:
             if target in failed or target in passed_over:
                 continue  # its failed attempt was counted with its own reason
             passed_over.add(target)
-            reason = _passed_over_reason(self.states[target], target in excluded, moment)
+            reason = self.states[target].passed_over_reason(target in excluded, moment)
             exchange.reasons.append(reason)
             self.metrics.fallbacks.labels(route.model, reason).inc()
 
@@ -398,18 +398,3 @@ class Gateway:
             503, f"no upstream for {route.model!r} answered after {exchange.attempts} attempt(s){detail}", "service_unavailable_error", "no_upstream",
             retry_after_s=None if unfixable else (min(waits) if waits else 1.0), should_retry=not unfixable,
         )  # fmt: skip
-
-
-def _passed_over_reason(state: TargetState, excluded: bool, moment: float) -> str:
-    """Why a target was not tried for a request, as the usage log and the metric name it."""
-    if excluded:
-        return "context_exceeded"
-    if state.missing_key:
-        return "no_key"
-    if state.cooling(moment):
-        return f"cooling_down:{state.last_error}" if state.last_error else "cooling_down"
-    if state.health == DOWN:
-        return "engine_down"
-    if state.health == LOADING:
-        return "engine_loading"
-    return "slots_full" if state.full() else "passed_over"

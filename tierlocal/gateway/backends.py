@@ -82,6 +82,21 @@ class TargetState:
     def full(self) -> bool:
         return self.slots is not None and self.in_flight >= self.slots
 
+    def passed_over_reason(self, excluded: bool, now: float) -> str:
+        """Why this target was not tried for a request, as the usage log and the fallback metric
+        name it (a request served by a later target is a fallback)."""
+        if excluded:
+            return "context_exceeded"
+        if self.missing_key:
+            return "no_key"
+        if self.cooling(now):
+            return f"cooling_down:{self.last_error}" if self.last_error else "cooling_down"
+        if self.health == DOWN:
+            return "engine_down"
+        if self.health == LOADING:
+            return "engine_loading"
+        return "slots_full" if self.full() else "passed_over"
+
     def describe(self, now: float) -> dict[str, object]:
         state = "no_key" if self.missing_key else ("cooldown" if self.cooling(now) else self.health)
         return {

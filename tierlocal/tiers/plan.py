@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from ..units import format_count, format_decimal_bytes
 from .arithmetic import (
@@ -150,17 +150,7 @@ class TierPlan:
                 }
                 for line in self.weights_by_precision
             ],
-            "gpus_for_weights": [
-                {
-                    "gpu": c.gpu,
-                    "memory_bytes": c.memory_bytes,
-                    "count": c.count,
-                    "usable_bytes": c.usable_bytes,
-                    "usable_count": c.usable_count,
-                    "shipped_count": c.shipped_count,
-                }
-                for c in self.gpus_for_weights
-            ],
+            "gpus_for_weights": [asdict(count) for count in self.gpus_for_weights],
             "serving_floor_bytes": self.serving_floor_bytes,
             "serving_floor_published": self.serving_floor_published,
             "serving_configs": [{"gpu": c.gpu, "count": c.count, "memory_bytes": c.total_bytes} for c in self.serving_configs],
