@@ -39,6 +39,8 @@ __all__ = [
     "kv_cache",
     "gpu_layers",
     "weights_split",
+    "expert_flags",
+    "tensor_binds",
     "device_binds",
     "SUPPORT_TEST_TOKENS",
     "output_buffer_bytes",
@@ -247,35 +249,55 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
     llama.cpp falls back when the device does not support the operation. CPU repack copies are host memory's
     business (:mod:`tierlocal.fit.host_memory`).
     """
+    key = (ngl, n_cpu_moe, max_tensor_bytes)
+    cache = spec.plan_cache.setdefault("weights_split", {})  # the planners ask for the same -ngl many times
+    if key in cache:
+        return cache[key]
     on_gpu = gpu_layers(spec, ngl)
+    expert = expert_flags(spec)
+    binds = tensor_binds(spec, max_tensor_bytes)
     expert_share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
-
-    def fits_device(tensor: PlacedTensor) -> bool:
-        return device_binds(tensor, max_tensor_bytes, spec.n_expert_used or 1)
-
-    def read_per_token(tensor: PlacedTensor) -> float:
-        return tensor.n_bytes * (expert_share if EXPERT_TENSOR.search(tensor.name) else 1.0)
-
     gpu = 0
     gpu_read = 0.0
     cpu_tensors = []
-    for tensor in spec.tensors:
-        kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and EXPERT_TENSOR.search(tensor.name) is not None
-        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and fits_device(tensor):
+    for index, tensor in enumerate(spec.tensors):
+        kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and expert[index]
+        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and binds[index]:
             gpu += tensor.n_bytes
-            gpu_read += read_per_token(tensor)
+            gpu_read += tensor.n_bytes * (expert_share if expert[index] else 1.0)
         else:
-            cpu_tensors.append(tensor)
+            cpu_tensors.append(index)
     embedding = spec.embedding
-    if spec.tied_output and on_gpu[spec.n_layer] and (embedding is None or fits_device(embedding)):
+    if spec.tied_output and on_gpu[spec.n_layer] and (embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)):
         gpu += spec.token_embd_bytes
-    mapped = 0
-    for shard in {tensor.shard for tensor in cpu_tensors}:
-        in_shard = [tensor for tensor in cpu_tensors if tensor.shard == shard]
-        mapped += max(t.offset + t.n_bytes for t in in_shard) - min(t.offset for t in in_shard)
+    tensors = spec.tensors
+    spans: dict[int, tuple[int, int]] = {}
+    for index in cpu_tensors:
+        tensor = tensors[index]
+        start, end = spans.get(tensor.shard, (tensor.offset, tensor.offset + tensor.n_bytes))
+        spans[tensor.shard] = (min(start, tensor.offset), max(end, tensor.offset + tensor.n_bytes))
+    mapped = sum(end - start for start, end in spans.values())
     # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
-    cpu_read = sum(read_per_token(t) for t in cpu_tensors if t.layer >= 0)
-    return WeightsSplit(gpu, sum(t.n_bytes for t in cpu_tensors), mapped, round(gpu_read), round(cpu_read), tuple(cpu_tensors))
+    cpu_read = sum(tensors[i].n_bytes * (expert_share if expert[i] else 1.0) for i in cpu_tensors if tensors[i].layer >= 0)
+    split = WeightsSplit(gpu, sum(tensors[i].n_bytes for i in cpu_tensors), mapped, round(gpu_read), round(cpu_read), tuple(tensors[i] for i in cpu_tensors))
+    cache[key] = split
+    return split
+
+
+def expert_flags(spec: ModelSpec) -> tuple[bool, ...]:
+    """Whether each of the spec's tensors is an expert tensor (computed once per spec)."""
+    flags = spec.plan_cache.get("expert_flags")
+    if flags is None:
+        flags = spec.plan_cache["expert_flags"] = tuple(EXPERT_TENSOR.search(t.name) is not None for t in spec.tensors)
+    return flags
+
+
+def tensor_binds(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[bool, ...]:
+    """:func:`device_binds` for each of the spec's tensors (computed once per spec and limit)."""
+    table = spec.plan_cache.setdefault("binds", {})
+    if max_tensor_bytes not in table:
+        table[max_tensor_bytes] = tuple(device_binds(t, max_tensor_bytes, spec.n_expert_used or 1) for t in spec.tensors)
+    return table[max_tensor_bytes]
 
 
 def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
 
 from ..errors import HeaderError
 from ..gguf.parse import GGUFHeader
@@ -131,6 +133,12 @@ class ModelSpec:
     head_v_swa: int = 0
     #: Per-layer input embeddings (Gemma 3n, Gemma 4 E2B/E4B): their width per block (floats).
     n_embd_per_layer: int = 0
+
+    @cached_property
+    def plan_cache(self) -> dict[str, Any]:
+        """Work the planners repeat for this model (per-tensor facts, weight splits by ``-ngl``),
+        kept with it: the same answers, computed once. Not part of the model's identity."""
+        return {}
 
     @property
     def q_dim(self) -> int:

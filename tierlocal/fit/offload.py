@@ -3,7 +3,7 @@ their large-batch operations to the GPU and copies their weights in. Pure."""
 
 from __future__ import annotations
 
-from .memory import EXPERT_TENSOR, ContextParams, device_binds, kv_cache, mask_cells
+from .memory import ContextParams, expert_flags, kv_cache, mask_cells, tensor_binds
 from .model import ModelSpec
 
 __all__ = ["partial_offload_compute_bytes"]
@@ -38,10 +38,10 @@ def partial_offload_compute_bytes(
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
     staged = n_tokens * spec.n_embd * 4
     cpu_layers = {layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe}
-    cpu_layer_tensors = [t for t in spec.tensors if t.layer in cpu_layers]
-    bindable = [t for t in cpu_layer_tensors if device_binds(t, max_tensor_bytes, spec.n_expert_used or 1)]
-    experts = [t.n_bytes for t in bindable if EXPERT_TENSOR.search(t.name)]
-    dense = [t.n_bytes for t in bindable if not EXPERT_TENSOR.search(t.name)]
+    expert, binds = expert_flags(spec), tensor_binds(spec, max_tensor_bytes)
+    bindable = [index for index, t in enumerate(spec.tensors) if t.layer in cpu_layers and binds[index]]
+    experts = [spec.tensors[index].n_bytes for index in bindable if expert[index]]
+    dense = [spec.tensors[index].n_bytes for index in bindable if not expert[index]]
     peak = max(compute, max(dense, default=0) + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged
     if experts:
         kv = kv_cache(spec, params)
