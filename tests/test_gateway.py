@@ -207,7 +207,12 @@ FALLBACKS = {
 }
 
 
-@pytest.mark.parametrize("case", list(FALLBACKS))
+@pytest.mark.parametrize(
+    # The cooldown cases read a clock: on a loaded machine the seconds between the 429 and the
+    # read once ate the difference between the hint (20 s) and the default (5 s).
+    "case",
+    [pytest.param(case, marks=pytest.mark.serial) if case in ("overloaded-429", "rpm-429-after-n-seconds") else case for case in FALLBACKS],
+)
 def test_fallback_matrix(case: str, tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
     fault, reason, cools_down = FALLBACKS[case]
     with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first:

@@ -150,6 +150,9 @@ def test_dropped_connection_resumes_with_only_the_missing_bytes(repo_dir: Path, 
 
 
 def _pull_process(endpoint: str, tmp_path: Path) -> subprocess.Popen[str]:
+    """`tierlocal pull` as a terminal starts it: SIGINT at its default. (A pytest-xdist worker
+    ignores SIGINT and a child inherits that; Python then installs no KeyboardInterrupt handler,
+    and Ctrl-C would do nothing.)"""
     return subprocess.Popen(
         [sys.executable, "-m", "tierlocal", "pull", f"hf://{REPO}", "--quant", "Q4_K_M", "--dir", str(tmp_path / "m")],
         stdout=subprocess.DEVNULL,
@@ -157,6 +160,7 @@ def _pull_process(endpoint: str, tmp_path: Path) -> subprocess.Popen[str]:
         text=True,
         env={**os.environ, **_env(endpoint, tmp_path)},
         cwd=REPO_ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -37,6 +38,10 @@ _BARS = """return Array.from(document.querySelectorAll('section.server g.device'
 
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
 PRICES = '[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.00\noutput = 15.00\n\n'
+
+#: The page swaps #content for the refreshed one every 5 s: an element found just before can go
+#: stale before its text is read; the wait tries again.
+_REFRESHED = (StaleElementReferenceException,)
 
 
 def _chat(base_url: str, key: str, model: str = "gemma") -> None:
@@ -101,12 +106,16 @@ def test_a_browser_signs_in_and_sees_the_plan_live_slots_and_spend(assets: Asset
             assert browser.find_element(By.CSS_SELECTOR, "span[data-field=requests]").text == "1"
             # … and the next one without a reload: the page's script refreshes it from spend.json.
             _chat(gw.url, gw.key)
-            WebDriverWait(browser, 30).until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "span[data-field=requests]")[0].text == "2")
+            WebDriverWait(browser, 30, ignored_exceptions=_REFRESHED).until(
+                lambda driver: driver.find_elements(By.CSS_SELECTOR, "span[data-field=requests]")[0].text == "2"
+            )
             assert int(browser.find_element(By.ID, "content").get_attribute("data-refreshed")) >= 1
             # A request for the hosted frontier model: its spend and the break-even chart, drawn
             # from usage --json's verdict; the hosted key is nowhere on the page.
             _chat(gw.url, gw.key, "kimi-k3")
-            WebDriverWait(browser, 30).until(lambda driver: driver.find_elements(By.CSS_SELECTOR, "section.break-even[data-model=kimi-k3] circle.today"))
+            WebDriverWait(browser, 30, ignored_exceptions=_REFRESHED).until(
+                lambda driver: driver.find_elements(By.CSS_SELECTOR, "section.break-even[data-model=kimi-k3] circle.today")
+            )
             usage = json.loads(run_cli("usage", "--config", str(gw.config), "--json").stdout)
             today = browser.find_element(By.CSS_SELECTOR, "section.break-even circle.today")
             assert float(today.get_attribute("data-x")) == pytest.approx(usage["break_even"]["kimi-k3"]["tokens_per_month"], rel=0.05)
@@ -120,7 +129,9 @@ def test_a_browser_signs_in_and_sees_the_plan_live_slots_and_spend(assets: Asset
             assert browser.find_element(By.CSS_SELECTOR, "table.engines [data-field=slots_total]").text == "2"
             assert browser.find_element(By.CSS_SELECTOR, "table.targets .state").text == "up"
             _chat(gw.url, gw.key)
-            WebDriverWait(browser, 30).until(lambda driver: driver.find_element(By.CSS_SELECTOR, "[data-field=decode_tokens_per_s]").text not in ("–", "0.0"))
+            WebDriverWait(browser, 30, ignored_exceptions=_REFRESHED).until(
+                lambda driver: driver.find_element(By.CSS_SELECTOR, "[data-field=decode_tokens_per_s]").text not in ("–", "0.0")
+            )
             full_page_screenshot(browser, shots / "ui-live.png")
             # The same engine as `tierlocal status --live --json` sees it.
             live = run_cli("status", "--live", "--window", "0.5", "--json", env={"TIERLOCAL_HOME": str(home)})

@@ -21,6 +21,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
         text=True,
         timeout=timeout,
         env={**os.environ, **(env or {})},
-        cwd=REPO_ROOT,
+        cwd=REPO_ROOT if python is None else "/",  # `-m` imports from the working directory first: not this checkout's copy
         check=False,
     )

@@ -6,6 +6,7 @@ of the catalog entry checks the catalog path against the file path, not against 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -55,3 +56,22 @@ def write_compact_as_gguf(compact: Mapping[str, object], path: Path) -> Path:
             writer.add_key_value(key, value, _scalar_type(value))
     tensors = [(name, tuple(shape), GGMLQuantizationType[qtype]) for name, shape, qtype, _ in entry["tensors"]]
     return finish_with_tensors(writer, path, tensors)
+
+
+def first_blocks(compact: Mapping[str, object], n_blocks: int) -> dict[str, object]:
+    """The compact header of the model's first ``n_blocks`` blocks: ``block_count`` and every
+    per-block list cut to them, the later blocks' tensors dropped (their bytes stay a hole in the
+    file). The same layer pattern at a fraction of the size, for loads that only need a boundary."""
+    copy = json.loads(json.dumps(compact))
+    for file in copy["files"]:
+        metadata = file["metadata"]
+        arch = metadata["general.architecture"]
+        old = metadata.get(f"{arch}.block_count")
+        if old is None:
+            continue
+        metadata[f"{arch}.block_count"] = n_blocks
+        for key, value in metadata.items():
+            if isinstance(value, list) and len(value) == old and key.startswith(f"{arch}."):
+                metadata[key] = value[:n_blocks]
+        file["tensors"] = [t for t in file["tensors"] if not (t[0].startswith("blk.") and int(t[0].split(".")[1]) >= n_blocks)]
+    return copy
