@@ -135,7 +135,7 @@ def test_bad_gpu_override(value: str) -> None:
 def test_a_misspelt_gpu_gets_the_nearest_names() -> None:
     with pytest.raises(HardwareError) as caught:
         parse_gpu_override(["rtx 4009"])
-    assert str(caught.value) == "--gpu 'rtx 4009' is neither a size nor a GPU we know (did you mean RTX 4090, RTX 4080 or RTX 4060 Ti 16GB?)"
+    assert str(caught.value) == "--gpu 'rtx 4009' is neither a size nor a GPU we know (did you mean RTX 4090, RTX 4080 or RTX 4070?)"
 
 
 def test_bad_gpu_override_on_the_command_line() -> None:
@@ -143,9 +143,54 @@ def test_bad_gpu_override_on_the_command_line() -> None:
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert lines[0] == "error: --gpu 'Voodoo 5' is neither a size nor a GPU we know"
-    assert lines[1].startswith("hint: give a size such as 24GiB, or one of: B300, GB300, B200, H200, H100")
+    assert lines[1].startswith("hint: give a size (24GiB), one of the ") and "(M3 Max 64GB), or none" in lines[1]
     bare = run_cli("check", "--ram", "16")
     assert (bare.returncode, bare.stderr.splitlines()) == (2, ["error: --ram '16' has no unit", "hint: write 16GiB (binary) or 16GB (decimal)"])
     override = json.loads(run_cli("hw", "--gpu", "2xH100", "--json").stdout)
     assert override["overridden"] is True
     assert [gpu["name"] for gpu in override["gpus"]] == ["H100 #0", "H100 #1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "gpu", "gpu_gib", "host_gib"),
+    [
+        # Apple's Metal working set as devices report it: 2/3 of RAM up to 36 GB, 3/4 above.
+        ("M3 Max 64GB", "Apple M3 Max 64GB (unified)", 48, 16),
+        ("apple m1 16gb", "Apple M1 16GB (unified)", 16 * 2 / 3, 16 / 3),
+        # AMD's Variable Graphics Memory: up to 96 GB of 128 GB.
+        ("Ryzen AI Max+ 395 128GB", "Ryzen AI Max+ 395 (Strix Halo) 128GB (unified)", 96, 32),
+    ],
+)
+def test_a_unified_memory_machine_is_one_pool_counted_once(value: str, gpu: str, gpu_gib: float, host_gib: float) -> None:
+    """The GPU gets its default share of the pool and the host the rest, both at the pool's
+    bandwidth: the same bytes are never RAM and VRAM at once."""
+    payload = json.loads(run_cli("hw", "--gpu", value, "--json").stdout)
+    (device,) = payload["gpus"]
+    assert device["name"] == gpu and device["total_bytes"] == pytest.approx(gpu_gib * _GIB, abs=1)
+    assert payload["ram_available_bytes"] == pytest.approx(host_gib * _GIB, abs=1)
+    assert device["total_bytes"] + payload["ram_available_bytes"] == payload["ram_total_bytes"]
+    assert payload["ram_bandwidth_bytes_per_s"] == device["bandwidth_bytes_per_s"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["--gpu", "M3 Max"], "error: --gpu 'M3 Max': how much RAM has it?"),
+        (["--gpu", "M1 24GB"], "error: --gpu 'M1 24GB': the Apple M1 is not sold with 24 GB"),
+        (["--gpu", "M3 Max 64GB", "--ram", "32GiB"], "error: --gpu 'Apple M3 Max 64GB' already gives the machine's memory: one pool for its GPU and CPU"),
+    ],
+)
+def test_a_unified_machine_needs_its_ram_once(argv: list[str], error: str) -> None:
+    result = run_cli("check", *argv)
+    assert result.returncode == 2 and result.stderr.splitlines()[0] == error
+
+
+def test_gpu_none_plans_a_cpu_only_machine_from_anywhere() -> None:
+    payload = json.loads(run_cli("check", "--gpu", "none", "--ram", "16GiB", "--json").stdout)
+    assert payload["hardware"]["gpus"] == [] and payload["recommendation"]["where"] == "CPU"
+
+
+@pytest.mark.parametrize("name", ["RTX 4060", "RTX 3060 12GB", "RTX 3080", "RTX 4070 Ti", "RX 9070 XT", "Arc B580", "V100 32GB", "A10", "RTX PRO 6000"])
+def test_the_cards_people_own_are_known_by_name(name: str) -> None:
+    (device,) = parse_gpu_override([name])
+    assert device.total_bytes >= 8 * _GIB and device.bandwidth_bytes_per_s

@@ -74,6 +74,33 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
+class UnifiedSpec:
+    """A machine whose GPU and CPU share one pool of RAM (Apple Silicon, AMD Strix Halo, NVIDIA
+    DGX Spark): its memory bandwidth (bytes/s), the RAM sizes it is sold with (GB; empty: not
+    on record, any size is taken) and the share of that pool its GPU may use by default
+    (:meth:`gpu_share`)."""
+
+    name: str
+    aliases: tuple[str, ...]
+    vendor: str
+    backend: str
+    bandwidth_bytes_per_s: int
+    memory_options_gb: tuple[int, ...]
+    spec_date: str
+    source: str
+    #: The GPU's share of the pool where the vendor publishes one (None: Apple's Metal rule).
+    gpu_share_fixed: float | None = None
+    #: Apple's Metal working set, as devices report it: this share up to 36 GB of RAM, the other above.
+    metal_shares: tuple[float, float] = (2 / 3, 3 / 4)
+
+    def gpu_share(self, ram_bytes: int) -> float:
+        """The share of ``ram_bytes`` the GPU may use by default."""
+        if self.gpu_share_fixed is not None:
+            return self.gpu_share_fixed
+        return self.metal_shares[0] if ram_bytes <= 36 * 2**30 else self.metal_shares[1]
+
+
+@dataclass(frozen=True)
 class Rack:
     """A rack sold as one system (GB300 NVL72): ``count`` of ``gpu``, memory in bytes (decimal, as marketed)."""
 
@@ -288,6 +315,43 @@ def load_gpus() -> tuple[GpuSpec, ...]:
 
 
 @cache
+def load_unified() -> tuple[UnifiedSpec, ...]:
+    """Every unified-memory machine in recipes/gpus.toml [[unified]].
+
+    Raises:
+        CatalogError: an entry lacks a field.
+    """
+    data = _load("gpus.toml")
+    metal: dict[str, object] = data.get("apple_metal_working_set", {})  # type: ignore[assignment]
+    shares = (float(metal.get("fraction_up_to_36gb", 2 / 3)), float(metal.get("fraction_above_36gb", 3 / 4)))  # type: ignore[arg-type]
+    try:
+        return tuple(
+            UnifiedSpec(
+                name=entry["name"],
+                aliases=tuple(entry.get("aliases", ())),
+                vendor=entry["vendor"],
+                backend=entry["backend"],
+                bandwidth_bytes_per_s=int(float(entry["bandwidth_gb_s"]) * 1e9),
+                memory_options_gb=tuple(int(size) for size in entry.get("memory_options_gb", ())),
+                spec_date=entry["spec_date"],
+                source=entry["source"],
+                gpu_share_fixed=float(entry["gpu_share"]) if "gpu_share" in entry else None,
+                metal_shares=shares,
+            )
+            for entry in data.get("unified", [])  # type: ignore[attr-defined]
+            if "bandwidth_gb_s" in entry
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/gpus.toml [[unified]]: an entry lacks {exc}", hint="fix the entry") from None
+
+
+def find_unified(name: str) -> UnifiedSpec | None:
+    """The unified-memory machine ``name`` names (case, spaces and punctuation ignored)."""
+    wanted = _gpu_key(name)
+    return next((spec for spec in load_unified() if wanted in {_gpu_key(spec.name), *(_gpu_key(alias) for alias in spec.aliases)}), None)
+
+
+@cache
 def load_racks() -> tuple[Rack, ...]:
     """The [[rack]] entries of recipes/gpus.toml.
 
@@ -386,8 +450,15 @@ def find_gpu(name: str) -> GpuSpec | None:
 
 
 def close_gpu_names(name: str, limit: int = 3) -> list[str]:
-    """Names of the known GPUs nearest to ``name`` (a misspelling's likely meaning), best first."""
-    by_key = {_gpu_key(label): spec.name for spec in load_gpus() for label in (spec.name, *spec.aliases)}
+    """Names of the known GPUs and unified-memory machines nearest to ``name`` (a misspelling's
+    likely meaning), best first."""
+    labels = [(label, spec.name) for spec in load_gpus() for label in (spec.name, *spec.aliases)]
+    labels += [
+        (label, f"{spec.name} {spec.memory_options_gb[-1] if spec.memory_options_gb else 64}GB")
+        for spec in load_unified()
+        for label in (spec.name, *spec.aliases)
+    ]
+    by_key = {_gpu_key(label): shown for label, shown in labels}
     matches = difflib.get_close_matches(_gpu_key(name), list(by_key), n=limit * 3, cutoff=0.6)
     return list(dict.fromkeys(by_key[key] for key in matches))[:limit]
 

@@ -19,6 +19,9 @@ class Device:
     source: str = ""
     #: The largest tensor the device binds (bytes); None: no known limit.
     max_tensor_bytes: int | None = None
+    #: A unified-memory machine's whole pool (bytes): the GPU's share is ``total_bytes``, the
+    #: host has the rest, and both read it at ``bandwidth_bytes_per_s``; 0 for a discrete GPU.
+    unified_pool_bytes: int = 0
 
 
 @dataclass(frozen=True)
