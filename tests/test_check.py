@@ -241,3 +241,18 @@ def test_the_tables_stay_whole_in_an_80_column_terminal() -> None:
     names = [model["name"] for model in json.loads(run_cli("catalog", "list", "--json").stdout)["models"]]
     assert all(cell_len(line) <= 80 for line in catalog.splitlines()) and "…" not in catalog
     assert all(any(line.split()[:1] == [name] for line in catalog.splitlines()) for name in names)
+
+
+def test_needs_is_the_whole_run_with_the_busiest_device_beside_it() -> None:
+    """Split over two cards the table read "needs 21.7 GiB of 24.0 GiB" for a 43.8 GiB run: the
+    JSON keeps the busiest device's need and adds the whole; the table shows both."""
+    payload = json.loads(run_cli("check", "--gpu", "2xRTX 3090", "--ram", "64GiB", "--json").stdout)
+    best = payload["recommendation"]
+    devices = best["plan"]["devices"]
+    assert len([d for d in devices if d["backend"] != "cpu" and d["weights_bytes"]]) == 2
+    assert best["needed_all_devices_bytes"] == sum(d["total_needed_bytes"] for d in devices)
+    assert best["total_needed_bytes"] == max(d["total_needed_bytes"] for d in devices if d["backend"] != "cpu")
+    assert best["needed_all_devices_bytes"] > 1.8 * best["total_needed_bytes"]
+    human = " ".join(run_cli("check", "--gpu", "2xRTX 3090", "--ram", "64GiB").stdout.split())
+    gib = 2**30
+    assert f"{best['needed_all_devices_bytes'] / gib:.1f} GiB │ {best['total_needed_bytes'] / gib:.1f}/24.0 GiB" in human

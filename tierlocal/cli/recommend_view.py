@@ -87,35 +87,37 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
         table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         # Widths set here: rich's own share-out overshoots the console with these cells.
         # 12 columns go to the rules and padding between five columns.
-        fixed = {"params": 13, "needs/of": 13, "tok/s": 6, "where": 14}
-        table.add_column("model / quant · verdict", width=max(width - 12 - sum(fixed.values()), 12))
+        fixed = {"needs": 9, "busiest/free": 13, "tok/s": 6, "where": 14}
+        table.add_column("model / quant · params · verdict", width=max(width - 12 - sum(fixed.values()), 12))
         for column, column_width in fixed.items():
             table.add_column(column, width=column_width, justify="left" if column == "where" else "right", no_wrap=column != "where")
         for candidate in rows:
-            family, quant, params, needs, free, where, speed, verdict = _row(candidate)
-            table.add_row(
-                f"[bold]{escape(family)}[/bold]\n{escape(quant)} · [dim]{verdict}[/dim]", params, f"{needs.removesuffix(' GiB')}/{free}", speed, where
-            )
+            family, quant, params, needs, busiest, where, speed, verdict = _row(candidate)
+            table.add_row(f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · [dim]{verdict}[/dim]", needs, busiest, speed, where)
         return table
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in ("model", "quant", "params", "needs", "of", "where", "~tok/s", "verdict"):
-        table.add_column(column, justify="right" if column in ("params", "needs", "of", "~tok/s") else "left")
+    for column in ("model", "quant", "params", "needs", "busiest: need/free", "where", "~tok/s", "verdict"):
+        table.add_column(column, justify="right" if column in ("params", "needs", "busiest: need/free", "~tok/s") else "left")
     for candidate in rows:
         table.add_row(*_row(candidate))
     return table
 
 
 def _row(candidate: Candidate) -> list[str]:
+    """model, quant, params, needs (the whole run), busiest device (its need / free), where,
+    tok/s, verdict."""
     entry = candidate.entry
     params = format_count(candidate.params) + (f"-A{format_count(entry.active_params)}" if entry.active_params < entry.params else "")
     speed = "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}"
     if candidate.speed_basis == "bandwidth bound" and candidate.decode_tokens_per_s is not None:
         speed += " ≤"
-    needs = format_bytes(candidate.needed_bytes) if candidate.needed_bytes is not None else "-"
+    total = candidate.needed_total_bytes if candidate.needed_total_bytes is not None else candidate.needed_bytes
+    needs = format_bytes(total) if total is not None else "-"
+    busiest = f"{format_bytes(candidate.needed_bytes).removesuffix(' GiB')}/{format_bytes(candidate.free_bytes)}" if candidate.needed_bytes is not None else "-"
     verdict = candidate.status if candidate.reason in (candidate.status, "fits") else candidate.reason
     if candidate.status == "best":
         verdict = "best: " + candidate.reason
-    return [entry.family, entry.quant, params, needs, format_bytes(candidate.free_bytes), candidate.where, speed, escape(verdict)]
+    return [entry.family, entry.quant, params, needs, busiest, candidate.where, speed, escape(verdict)]
 
 
 def _print_frontier(out: Console, recommendation: CatalogRecommendation) -> None:

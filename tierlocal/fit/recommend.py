@@ -76,6 +76,8 @@ class Candidate:
     bits_per_weight: float
     #: What to run it with, when the default would not do (``--load-mode none``), and why.
     note: str = ""
+    #: The whole run: every device's need added up (``needed_bytes`` is the busiest device's).
+    needed_total_bytes: int | None = None
 
     @property
     def size_params(self) -> float:
@@ -104,6 +106,7 @@ class Candidate:
             "weights_bytes": sum(d.weights_bytes for d in devices) if devices else (self.fallback.weights_bytes if self.fallback else None),
             "kv_bytes": sum(d.kv_bytes for d in devices) if devices else (self.fallback.kv_bytes if self.fallback else None),
             "total_needed_bytes": self.needed_bytes,
+            "needed_all_devices_bytes": self.needed_total_bytes,
             "free_bytes": self.free_bytes,
             "fits": self.status in ("best", "fits", "tight", "too slow"),
             "status": self.status,
@@ -268,7 +271,8 @@ def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose:
     note = _load_note(check)
     if note:  # the printed command loads it the way it fits
         check = replace(check, command=[*check.command, "--load-mode", "none"])
-    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits, note)
+    total = sum(d.total_needed_bytes for d in devices) if devices else None
+    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits, note, total)
 
 
 def _load_note(check: SourceCheck) -> str:
