@@ -143,7 +143,7 @@ def test_ram_bandwidth_sets_the_speed_bound() -> None:
     slow = {(r["model"], r["quant"]): r for r in _candidates(_check("--ram", "32GiB", "--ram-bandwidth", "20GB/s", "--min-speed", "0"))}
     fast = {(r["model"], r["quant"]): r for r in _candidates(_check("--ram", "32GiB", "--ram-bandwidth", "80GB/s", "--min-speed", "0"))}
     row_slow, row_fast = slow[("qwen3-8b", "Q4_K_M")], fast[("qwen3-8b", "Q4_K_M")]
-    assert row_slow["speed_basis"] == row_fast["speed_basis"] == "bandwidth bound"
+    assert row_slow["speed_basis"] == row_fast["speed_basis"] == "bound"
     assert row_fast["est_decode_tokens_per_s"] == pytest.approx(4 * row_slow["est_decode_tokens_per_s"], rel=0.01)  # type: ignore[operator]
 
 

@@ -11,14 +11,15 @@ import pytest
 from gguf import GGUFReader
 
 from tests.support.sparse_models import LFM2_1_2B, QWEN3_30B_A3B, write_sparse_gguf
-from tierlocal.catalog import find_gpu, load_gpu_speed_rows
 from tierlocal.fit.calibration import TimedRun, fit_device_speed
-from tierlocal.fit.device_speed import DeviceSpeed, gpu_device_speed
+from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
+from tierlocal.fit.gpu_speed import CardInfo, ModelShape, PublishedRow, card_device_speed, card_fit, fit_cards
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.speed import estimate_speed, run_features
 from tierlocal.gguf.sources import read_headers
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
+from tierlocal.gpu_figures import gpu_speed_for
 from tierlocal.hardware.calibrate import PROBES
 
 GIB = 2**30
@@ -127,23 +128,49 @@ def test_a_damaged_calibration_is_refused_not_used() -> None:
             DeviceSpeed.from_json({**good, **damage})
 
 
-def test_a_gpu_is_priced_from_its_published_row_or_its_datasheet_derated() -> None:
-    rows = load_gpu_speed_rows()
-    row = next(r for r in rows if r.gpu == "RTX 4090")
-    own = gpu_device_speed("RTX 4090", rows, datasheet_bytes_per_s=None, datasheet={})
-    assert own is not None and own.source == "table"
-    # 3.56 GiB of llama 7B Q4_0 less its 32000 × 4096 embedding, at 146.81 tokens/s
-    assert own.decode_bytes_per_s["*"] == pytest.approx(3_822_520_320 * (1 - 131_072_000 / 6_740_000_000) * 146.81)
-    assert own.prefill_flops_per_s["*"] == pytest.approx(2 * (6_740_000_000 - 2 * 131_072_000) * row.pp_tokens_per_s)  # type: ignore[operator]
-    datasheet = {r.gpu: spec.bandwidth_bytes_per_s for r in rows if (spec := find_gpu(r.gpu)) is not None}
-    assert len(datasheet) >= 2  # the rows' GPUs are in recipes/gpus.toml
-    h100 = find_gpu("H100")
-    assert h100 is not None
-    derated = gpu_device_speed("H100", rows, datasheet_bytes_per_s=h100.bandwidth_bytes_per_s, datasheet=datasheet)
-    assert derated is not None and derated.source == "table-derated"
-    assert 0.3 * h100.bandwidth_bytes_per_s < derated.decode_bytes_per_s["*"] < h100.bandwidth_bytes_per_s
-    assert derated.prefill_flops_per_s == {}  # no published prefill for it: not invented
-    assert gpu_device_speed("Unknown GPU", rows, datasheet_bytes_per_s=None, datasheet=datasheet) is None
+def test_the_gpu_fit_recovers_the_figures_that_made_its_rows() -> None:
+    """Rows made by hand from a known card (efficiency 0.8, 3 ms a token, 60 TFLOP/s of prefill)
+    for two model sizes: the fit gives those figures back, and a card of the same architecture
+    without rows gets them as derived figures on its own bandwidth."""
+    small = ModelShape("small", 8_000_000_000, 8_000_000_000, 500_000_000)
+    large = ModelShape("large", 70_000_000_000, 70_000_000_000, 1_000_000_000)
+    cards = {"A": CardInfo("A", 1_000_000_000_000, None, "Gen1", "cuda"), "B": CardInfo("B", 500_000_000_000, None, "Gen1", "cuda")}
+
+    def row(shape: ModelShape, size: int, test: str, use: str = "fit", kind: str = "Q4_K - Medium") -> PublishedRow:
+        probe = PublishedRow("A", shape, f"{shape.name} {kind}", size, test, 1.0, use, "by hand", "2026-12-02")
+        rate = 0.8e12 * (0.9 if probe.half else 1.0)  # half-precision weights stream 0.9× as fast
+        seconds = probe.read_bytes / rate + 0.003 if test.startswith("tg") else probe.flops / 60e12
+        return replace(probe, tokens_per_s=1 / seconds)
+
+    rows = [
+        row(small, 5_000_000_000, "tg128"),
+        row(large, 40_000_000_000, "tg128"),
+        row(small, 5_000_000_000, "pp512"),
+        row(large, 40_000_000_000, "tg512", "test"),
+    ]
+    fits, kappa = fit_cards(rows, cards)
+    own = fits["A"]
+    assert (own.basis, own.efficiency, own.token_overhead_s) == ("published", pytest.approx(0.8), pytest.approx(0.003))
+    assert own.prefill_flops_per_s == pytest.approx(60e12) and kappa == 1.0  # no half-precision row: no factor
+    _, kappa = fit_cards([*rows, row(small, 16_000_000_000, "tg128", kind="F16")], cards)
+    assert kappa == pytest.approx(1 / 0.9, abs=0.01)  # read as 1.11× the bytes
+    derived = card_fit("B", fits, cards)
+    assert derived is not None and derived.basis == "derived" and derived.efficiency == pytest.approx(0.8)
+    assert "Gen1" in derived.note
+    speed = card_device_speed(derived, cards["B"], kappa)
+    assert speed.decode_bytes_per_s["*"] == pytest.approx(0.8 * 500e9) and speed.token_overhead_s == pytest.approx(0.003)
+    assert card_fit("C", fits, cards) is None  # not in recipes/gpus.toml: nothing invented
+
+
+def test_every_gpu_of_the_catalog_gets_published_or_derived_figures() -> None:
+    for name in ("RTX 4090", "RTX 3060 12GB", "H100", "Apple M3 Max 64GB (unified)", "NVIDIA GeForce RTX 4090", "RTX 3090 #1"):
+        speed = gpu_speed_for(name, None)
+        assert speed is not None and speed.source in ("published", "derived"), name
+        assert speed.decode_bytes_per_s["*"] > 0 and speed.token_overhead_s > 0
+    assert gpu_speed_for("RTX 4090", None).source == "published"  # type: ignore[union-attr]
+    assert gpu_speed_for("RTX 3060 12GB", None).source == "derived"  # type: ignore[union-attr]
+    assert gpu_speed_for("24GiB GPU", None) is None  # a size with no bandwidth: no figure
+    assert gpu_speed_for("24GiB GPU", 900_000_000_000) is not None  # a bandwidth: every card's median
 
 
 def test_a_partly_offloaded_run_without_gpu_figures_says_so(tmp_path: Path) -> None:
@@ -151,7 +178,65 @@ def test_a_partly_offloaded_run_without_gpu_figures_says_so(tmp_path: Path) -> N
     estimate = estimate_run(spec, RunRequest(ctx=4096, parallel=1, ngl=4), _machine(gpu=True))
     speed = estimate_speed(spec, estimate, _known_speed(), None)
     assert speed.decode_tokens_per_s is None and speed.reason and "GPU" in speed.reason
-    with_gpu = estimate_speed(spec, estimate, _known_speed(), gpu_device_speed("RTX 4090", load_gpu_speed_rows(), datasheet_bytes_per_s=None, datasheet={}))
+    with_gpu = estimate_speed(spec, estimate, _known_speed(), gpu_speed_for("RTX 4090", None))
     cpu_only = estimate_speed(spec, estimate_run(spec, RunRequest(ctx=4096, parallel=1, ngl=0), _machine(gpu=True)), _known_speed())
     assert with_gpu.decode_tokens_per_s and cpu_only.decode_tokens_per_s and with_gpu.decode_tokens_per_s > cpu_only.decode_tokens_per_s
-    assert set(with_gpu.decode_s) == {"host", "gpu"} and "table" in with_gpu.sources["gpu"]
+    assert set(with_gpu.decode_s) == {"host", "gpu"} and with_gpu.sources["gpu"].startswith("published: fitted to")
+
+
+def test_the_fit_holds_on_the_published_rows_it_did_not_see() -> None:
+    """The issue's bar, on the rows recipes/gpu_speed.toml holds out (use = "test"): decode
+    within 15% at the median and 40% at worst, prefill within 25% at the median, over ≥ 12 cards
+    and dense small, dense large and MoE shapes. Predicted as `check` prices a GPU: bytes read
+    per token at the card's fitted rate plus its per-token overhead."""
+    from tierlocal.catalog import load_published_rows
+    from tierlocal.gpu_figures import gpu_fits
+
+    fits, kappa = gpu_fits()
+    decode, prefill, cards, shapes = [], [], set(), set()
+    for row in load_published_rows():
+        if row.use != "test":
+            continue
+        speed = gpu_speed_for(row.gpu, None)
+        assert speed is not None and speed.source == "published", row.gpu  # every tested card has rows of its own to fit
+        if row.test.startswith("tg"):
+            rate = speed.decode_bytes_per_s["F16" if row.half else "*"]
+            decode.append(abs(1 / (row.read_bytes / rate + speed.token_overhead_s) / row.tokens_per_s - 1))
+            cards.add(row.gpu)
+            shapes.add(row.shape.name)
+        elif speed.prefill_flops_per_s and not row.half:
+            prefill.append(abs(speed.prefill_flops_per_s["*"] / row.flops / row.tokens_per_s - 1))
+    decode.sort()
+    prefill.sort()
+    assert len(cards) >= 12 and {"llama 8B", "llama 70B", "gpt-oss 20B"} <= shapes
+    assert decode[len(decode) // 2] <= 0.15 and decode[-1] <= 0.40
+    assert prefill[len(prefill) // 2] <= 0.25
+    assert 0.5 <= kappa <= 1.5 and all(0 < fit.efficiency <= 1 for fit in fits.values())
+
+
+@pytest.mark.parametrize(
+    ("gpu", "basis"), [("RTX 4090", "published"), ("RTX 4060", "derived"), ("8GiB", "derived"), ("M3 Max 64GB", "published"), ("none", "bound")]
+)
+def test_every_catalog_row_on_every_gpu_has_a_decode_estimate_with_its_basis(gpu: str, basis: str) -> None:
+    """Rows wholly on the GPU rest on the card's fit (a bare size: a typical card of that size,
+    derived); a CPU-only machine not calibrated has the bound. The headline is never above the
+    bound, which keeps a field of its own."""
+    import json
+
+    from tests.support.cli import run_cli
+    from tierlocal.fit.speed import BASES
+
+    done = run_cli("check", "--gpu", gpu, "--json")
+    assert done.returncode == 0, done.stderr
+    candidates = json.loads(done.stdout)["candidates"]
+    for row in candidates:
+        if row["status"] == "no room":
+            continue
+        assert row["est_decode_tokens_per_s"] > 0 and row["speed_basis"] in BASES, row["model"]
+        bound = row["bound_decode_tokens_per_s"]  # None for a bare size: its bandwidth is not known
+        assert bound is None or row["est_decode_tokens_per_s"] <= bound + 0.01, row["model"]
+        if row["where"] in ("GPU", "CPU"):
+            assert row["speed_basis"] == basis, (row["model"], row["where"])
+    on_gpu = [row for row in candidates if row["where"] == "GPU"]
+    assert bool(on_gpu) == (gpu != "none")
+    assert all(row["est_prefill_tokens_per_s"] for row in on_gpu)  # prefill too, wherever the GPU does it all

@@ -17,14 +17,15 @@ from functools import cache
 from pathlib import Path
 
 from .errors import CatalogError
-from .fit.device_speed import DeviceSpeed, GpuSpeedRow, gpu_device_speed
+from .fit.gpu_speed import CardInfo, ModelShape, PublishedRow
 from .gguf.compact import from_compact
 from .gguf.parse import GGUFHeader
 from .tiers.arithmetic import ApiPrices, Precision, PublishedConfig, weights_bytes
 
 __all__ = [
-    "load_gpu_speed_rows",
-    "gpu_speed_for",
+    "gpu_key",
+    "load_published_rows",
+    "gpu_cards",
     "ApiEntry",
     "FrontierModel",
     "PublishedConfig",
@@ -347,8 +348,8 @@ def load_unified() -> tuple[UnifiedSpec, ...]:
 
 def find_unified(name: str) -> UnifiedSpec | None:
     """The unified-memory machine ``name`` names (case, spaces and punctuation ignored)."""
-    wanted = _gpu_key(name)
-    return next((spec for spec in load_unified() if wanted in {_gpu_key(spec.name), *(_gpu_key(alias) for alias in spec.aliases)}), None)
+    wanted = gpu_key(name)
+    return next((spec for spec in load_unified() if wanted in {gpu_key(spec.name), *(gpu_key(alias) for alias in spec.aliases)}), None)
 
 
 @cache
@@ -400,51 +401,62 @@ def load_rental_defaults() -> RentalDefaults:
 
 
 @cache
-def load_gpu_speed_rows() -> tuple[GpuSpeedRow, ...]:
-    """The [[row]] entries of recipes/gpu_speed.toml: published llama.cpp speed per GPU.
+def load_published_rows() -> tuple[PublishedRow, ...]:
+    """The [[row]] entries of recipes/gpu_speed.toml, each with its model's [[shape]]: published
+    llama-bench speed per GPU.
 
     Raises:
-        CatalogError: an entry lacks a field.
+        CatalogError: an entry lacks a field or names a shape the file does not have.
     """
-    rows = []
+    data = _load("gpu_speed.toml")
     try:
-        for entry in _load("gpu_speed.toml").get("row", []):  # type: ignore[attr-defined]
-            tg, pp = entry.get("tg_tokens_per_s"), entry.get("pp_tokens_per_s")
-            rows.append(
-                GpuSpeedRow(
-                    gpu=str(entry["gpu"]), model=str(entry["model"]), model_bytes=int(entry["model_bytes"]), params=int(entry["params"]),
-                    embedding_params=int(entry["embedding_params"]), output_params=int(entry["output_params"]),
-                    tg_tokens_per_s=None if tg is None else float(tg), pp_tokens_per_s=None if pp is None else float(pp),
-                    source=str(entry["source"]), date=str(entry["date"]),
-                )
-            )  # fmt: skip
+        shapes = {
+            entry["name"]: ModelShape(
+                entry["name"], int(entry["params"]), int(entry["active_params"]), int(entry["embedding_params"]),
+                int(entry.get("read_bytes_per_token", 0)), int(float(entry.get("read_file_gib", 0)) * _GIB),
+            )
+            for entry in data.get("shape", [])  # type: ignore[attr-defined]
+        }  # fmt: skip
+        return tuple(
+            PublishedRow(
+                gpu=str(entry["gpu"]), shape=shapes[entry["shape"]], model=str(entry["model"]), size_bytes=int(float(entry["size_gib"]) * _GIB),
+                test=str(entry["test"]), tokens_per_s=float(entry["tokens_per_s"]), use=str(entry["use"]), source=str(entry["source"]), date=str(entry["date"]),
+            )
+            for entry in data.get("row", [])  # type: ignore[attr-defined]
+        )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpu_speed.toml: a row lacks {exc}", hint="fix the entry") from None
-    return tuple(rows)
 
 
-def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> DeviceSpeed | None:
-    """A GPU's speed figures: its published llama.cpp row (recipes/gpu_speed.toml; ``name``
-    as detected, e.g. "NVIDIA GeForce RTX 4090", contains the row's GPU), else its datasheet
-    ``bandwidth_bytes_per_s`` derated as the rows are; None without either."""
-    if name is None:
-        return None
-    rows = load_gpu_speed_rows()
-    named = next((row.gpu for row in rows if normalise_gpu_name(row.gpu) in normalise_gpu_name(name)), name)
-    datasheet = {row.gpu: spec.bandwidth_bytes_per_s for row in rows if (spec := find_gpu(row.gpu)) is not None}
-    return gpu_device_speed(named, rows, datasheet_bytes_per_s=bandwidth_bytes_per_s, datasheet=datasheet)
+@cache
+def gpu_cards() -> dict[str, CardInfo]:
+    """Every GPU and unified-memory machine of recipes/gpus.toml as the speed model sees it."""
+    data = _load("gpus.toml")
+    cards = {}
+    for entry in [*data.get("gpu", []), *data.get("unified", [])]:  # type: ignore[misc]
+        if "bandwidth_gb_s" not in entry:
+            continue
+        flops = entry.get("fp16_tflops")
+        cards[entry["name"]] = CardInfo(
+            entry["name"],
+            int(float(entry["bandwidth_gb_s"]) * 1e9),
+            float(flops) * 1e12 if flops else None,
+            entry.get("architecture", ""),
+            entry.get("backend", ""),
+        )
+    return cards
 
 
-def _gpu_key(name: str) -> str:
+def gpu_key(name: str) -> str:
     """A GPU name with case, spaces and punctuation dropped: ``RTX-4090`` and ``rtx4090`` → ``rtx4090``."""
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
 def find_gpu(name: str) -> GpuSpec | None:
     """The GPU whose name or alias matches ``name`` (case, spaces and punctuation ignored)."""
-    wanted = _gpu_key(name)
+    wanted = gpu_key(name)
     for spec in load_gpus():
-        if wanted in {_gpu_key(spec.name), *(_gpu_key(alias) for alias in spec.aliases)}:
+        if wanted in {gpu_key(spec.name), *(gpu_key(alias) for alias in spec.aliases)}:
             return spec
     return None
 
@@ -458,8 +470,8 @@ def close_gpu_names(name: str, limit: int = 3) -> list[str]:
         for spec in load_unified()
         for label in (spec.name, *spec.aliases)
     ]
-    by_key = {_gpu_key(label): shown for label, shown in labels}
-    matches = difflib.get_close_matches(_gpu_key(name), list(by_key), n=limit * 3, cutoff=0.6)
+    by_key = {gpu_key(label): shown for label, shown in labels}
+    matches = difflib.get_close_matches(gpu_key(name), list(by_key), n=limit * 3, cutoff=0.6)
     return list(dict.fromkeys(by_key[key] for key in matches))[:limit]
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .catalog import ModelEntry, gpu_speed_for, load_entry_headers, load_gpus, load_host_defaults
+from .catalog import ModelEntry, load_entry_headers, load_gpus, load_host_defaults
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
 from .fit.recommend import CatalogRecommendation, recommend_catalog
 from .fit.source import machine_for
+from .gpu_figures import machine_gpu_speed
 from .hardware.calibrate import calibration_key, load_calibration
 from .hardware.types import Hardware
 
@@ -58,5 +59,5 @@ def catalog_recommendation(
     request = request or RunRequest()
     return recommend_catalog(
         entries, headers, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
-        request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=gpu_speed_for(machine.gpu_name, machine.gpu_bandwidth),
+        request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=machine_gpu_speed(machine),
     )  # fmt: skip

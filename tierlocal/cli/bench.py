@@ -107,7 +107,7 @@ def _render(run: BenchRun) -> None:
             f"{estimated:.2f} s" if isinstance(estimated, int | float) else "-",
         )  # fmt: skip
     out.print(table)
-    estimate = run.estimated_decode_tokens_per_s
+    estimate = run.bound_decode_tokens_per_s
     bound = f"; the memory-bandwidth bound says {estimate:,.1f} ({estimate / run.decode_tokens_per_s:.1f}× the measured)" if estimate else ""
     decode, prefill = calibrated.get("decode_tokens_per_s"), calibrated.get("prefill_tokens_per_s")
     if isinstance(decode, int | float) and isinstance(prefill, int | float):
@@ -118,7 +118,7 @@ def _render(run: BenchRun) -> None:
     else:
         out.print(
             f"Decode: {run.decode_tokens_per_s:,.1f} tok/s measured{bound}. Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured "
-            "(estimated once this CPU is calibrated: `tierlocal hw --calibrate`)."
+            "(no estimate from the devices' figures: `tierlocal hw --calibrate` times this CPU)."
         )
     memory = ", ".join(f"{name} {format_bytes(size)} allocated" for name, size in run.device_bytes.items())
     peak = f"host peak (VmHWM) {format_bytes(run.host_peak_bytes)}; " if run.host_peak_bytes else ""

@@ -11,13 +11,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import find_model, gpu_speed_for, load_host_defaults, load_models
+from ..catalog import find_model, load_host_defaults, load_models
 from ..errors import UsageError
 from ..fit.estimate import RunEstimate, RunRequest
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..fit.recommend import PURPOSES
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..gguf.sources import read_headers
+from ..gpu_figures import machine_gpu_speed
 from ..hardware.calibrate import calibration_key, load_calibration
 from ..hardware.types import Hardware
 from ..recommendation import catalog_recommendation, engine_version
@@ -149,10 +150,11 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, 
         raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
     machine_ = machine_for(hardware, load_host_defaults())
     version = engine_version()
-    host_speed = load_calibration(calibration_key(version)) if version else None
+    # This CPU's calibration prices the host only when the host is this machine (no --ram).
+    host_speed = load_calibration(calibration_key(version)) if version and not hardware.ram_overridden else None
     result = check_source(
         source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request,
-        host_speed=host_speed, gpu_speed=gpu_speed_for(machine_.gpu_name, machine_.gpu_bandwidth),
+        host_speed=host_speed, gpu_speed=machine_gpu_speed(machine_), host_is_here=not hardware.ram_overridden,
     )  # fmt: skip
     return replace(result, measured=_measured(source, result, version))
 
@@ -191,7 +193,8 @@ def render_source_check(check: SourceCheck) -> None:
     all_on_gpu = check.speed.all_on_gpu_tokens_per_s if check.speed else None
     if spilled and estimate.layers_offloaded and estimate.est_decode_tokens_per_s and all_on_gpu:
         out.print(
-            f"[bold]{spilled} layers run from system RAM[/bold]: expect ~{estimate.est_decode_tokens_per_s:,.1f} tok/s instead of ~{all_on_gpu:,.0f} with every layer on the GPU."
+            f"[bold]{spilled} layers run from system RAM[/bold]: by memory bandwidth alone ≤ ~{estimate.est_decode_tokens_per_s:,.1f} tok/s, "
+            f"against ≤ ~{all_on_gpu:,.0f} with every layer on the GPU."
         )
     _render_measured(out, check)
     if check.suggestion:
@@ -251,24 +254,33 @@ def _render_projector(out: Console, estimate: RunEstimate) -> None:
 
 
 def _speed_line(check: SourceCheck) -> str:
-    """The calibrated speed with where its figures came from, or the bandwidth bound."""
+    """The best estimate there is, with what it rests on, and the bandwidth bound beside it as
+    a ceiling; or the bound alone, marked as one."""
+    fitted = check.speed.estimate if check.speed else None
+    bound = check.headline.bound_decode_tokens_per_s
     estimate = check.estimate
-    bound = estimate.est_decode_tokens_per_s if estimate else None
-    bandwidth = f"~{bound:,.1f} tok/s (memory-bandwidth bound)" if bound else "speed unknown"
-    calibrated = check.speed.estimate if check.speed else None
-    if calibrated is None:
-        return bandwidth + "; run `tierlocal hw --calibrate` once for decode, prefill and first-token estimates measured on this CPU"
-    if calibrated.decode_tokens_per_s is None:
-        return f"{bandwidth}; {calibrated.reason}"
-    sources = "; ".join(f"{device}: {text}" for device, text in calibrated.sources.items())
-    guessed = f"; {', '.join(calibrated.uncalibrated_types)} priced at the nearest measured type" if calibrated.uncalibrated_types else ""
-    decode = f"decode ~{calibrated.decode_tokens_per_s:,.1f} tok/s at {calibrated.depth} tokens of context"
-    if calibrated.prefill_tokens_per_s is None:
-        prefill = f" ({calibrated.reason})"
+    host_works = estimate is not None and (estimate.layers_offloaded < estimate.layers_total or bool(estimate.request.n_cpu_moe))
+    calibrate = "`tierlocal hw --calibrate` once times this CPU" if check.host_is_here and host_works else ""
+    if fitted is None or fitted.decode_tokens_per_s is None:
+        if not bound:
+            return "speed unknown (name the GPU with --gpu for published figures)"
+        parts = [f"decode ≤ ~{bound:,.1f} tok/s (memory bandwidth alone: a ceiling, not an estimate)"]
+        parts += [fitted.reason] if fitted is not None and fitted.reason else []
+        return "; ".join(parts + ([calibrate + " for decode, prefill and first-token estimates"] if calibrate else []))
+    parts = [f"decode ~{fitted.decode_tokens_per_s:,.1f} tok/s at {fitted.depth} tokens of context ({fitted.basis})"]
+    if fitted.prefill_tokens_per_s is None:
+        parts.append(fitted.reason or "prefill not estimated")
     else:
-        ttft = ", ".join(f"{seconds:,.2f} s for {prompt}" for prompt, seconds in calibrated.first_token_s)
-        prefill = f", prefill ~{calibrated.prefill_tokens_per_s:,.0f} tok/s, first token in {ttft} prompt tokens"
-    return f"{decode}{prefill} ({escape(sources + guessed)}) — the bandwidth bound alone says {bandwidth.split(' (')[0]}"
+        ttft = ", ".join(f"{seconds:,.2f} s for {prompt}" for prompt, seconds in fitted.first_token_s)
+        parts.append(f"prefill ~{fitted.prefill_tokens_per_s:,.0f} tok/s, first token in {ttft} prompt tokens")
+    guessed = f"; {', '.join(fitted.uncalibrated_types)} priced at the nearest measured type" if fitted.uncalibrated_types else ""
+    working = {device: text for device, text in fitted.sources.items() if fitted.decode_s.get(device) or device != "host"}
+    parts.append("figures: " + escape("; ".join(f"{device}: {text}" for device, text in working.items()) + guessed))
+    if bound:
+        parts.append(f"memory bandwidth alone allows ≤ ~{bound:,.1f} tok/s")
+    if calibrate and fitted.sources.get("host", "").startswith("bound"):
+        parts.append(calibrate)
+    return "; ".join(parts)
 
 
 def _render_measured(out: Console, check: SourceCheck) -> None:

@@ -56,9 +56,29 @@ def render_catalog_recommendation(
     out.print(_candidates_table(recommendation, show_all, out.width))
     for note in recommendation.notes:
         out.print(f"Note: {escape(note)}.")
-    if any(c.speed_basis == "bandwidth bound" for c in recommendation.candidates):
-        out.print("≤: an upper bound from memory bandwidth; `tierlocal hw --calibrate` once gives decode estimates measured on this CPU.")
+    shown = recommendation.candidates if show_all else recommendation.candidates[:_ROWS]
+    legend = _basis_legend({c.speed_basis for c in shown if c.decode_tokens_per_s is not None}, recommendation)
+    if legend:
+        out.print(f"tok/s: {legend}.")
     _print_frontier(out, recommendation)
+
+
+#: The mark after a speed in the table, per basis (tierlocal.fit.speed.BASES).
+BASIS_MARK = {"measured": "m", "calibrated": "c", "published": "p", "derived": "d", "bound": "≤"}
+
+
+def _basis_legend(bases: set[str], recommendation: CatalogRecommendation) -> str:
+    """What the marks in the tok/s column mean, for the bases shown."""
+    # Calibration times this CPU: no help for a machine described with --ram or --gpu NAME.
+    calibrate = "" if recommendation.hardware.ram_overridden else " (`tierlocal hw --calibrate` once times this CPU)"
+    meaning = {
+        "measured": "measured by `tierlocal bench` here",
+        "calibrated": "estimated from this CPU's calibration",
+        "published": "estimated from published llama.cpp results for this GPU",
+        "derived": "estimated from published results for GPUs of its generation, on its datasheet",
+        "bound": "a ceiling from memory bandwidth alone" + calibrate,
+    }
+    return " · ".join(f"{BASIS_MARK[basis]} {meaning[basis]}" for basis in meaning if basis in bases)
 
 
 def _print_machine(out: Console, recommendation: CatalogRecommendation) -> None:
@@ -87,7 +107,7 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
         table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         # Widths set here: rich's own share-out overshoots the console with these cells.
         # 12 columns go to the rules and padding between five columns.
-        fixed = {"needs": 9, "busiest/free": 13, "tok/s": 6, "where": 14}
+        fixed = {"needs": 9, "busiest/free": 13, "tok/s": 8, "where": 14}
         table.add_column("model / quant · params · verdict", width=max(width - 12 - sum(fixed.values()), 12))
         for column, column_width in fixed.items():
             table.add_column(column, width=column_width, justify="left" if column == "where" else "right", no_wrap=column != "where")
@@ -109,8 +129,8 @@ def _row(candidate: Candidate) -> list[str]:
     entry = candidate.entry
     params = format_count(candidate.params) + (f"-A{format_count(entry.active_params)}" if entry.active_params < entry.params else "")
     speed = "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}"
-    if candidate.speed_basis == "bandwidth bound" and candidate.decode_tokens_per_s is not None:
-        speed += " ≤"
+    if candidate.decode_tokens_per_s is not None and candidate.speed_basis in BASIS_MARK:
+        speed += f" {BASIS_MARK[candidate.speed_basis]}"
     total = candidate.needed_total_bytes if candidate.needed_total_bytes is not None else candidate.needed_bytes
     needs = format_bytes(total) if total is not None else "-"
     busiest = f"{format_bytes(candidate.needed_bytes).removesuffix(' GiB')}/{format_bytes(candidate.free_bytes)}" if candidate.needed_bytes is not None else "-"

@@ -1,16 +1,16 @@
 """What a device does per second for llama.cpp: effective rates per weight type and fixed
-costs (:class:`DeviceSpeed`), measured on this CPU by `tierlocal hw --calibrate` or derived
-for a GPU from published llama-bench results (recipes/gpu_speed.toml). Pure."""
+costs (:class:`DeviceSpeed`), measured on this CPU by `tierlocal hw --calibrate` or, for a GPU,
+fitted to published llama-bench results (:mod:`tierlocal.fit.gpu_speed`). Pure."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-__all__ = ["DeviceSpeed", "GpuSpeedRow", "bits_per_weight", "gpu_device_speed"]
+__all__ = ["DeviceSpeed", "bits_per_weight"]
 
 
 def bits_per_weight(ggml_type: str) -> float | None:
@@ -26,8 +26,9 @@ def bits_per_weight(ggml_type: str) -> float | None:
 class DeviceSpeed:
     """One device's effective figures for llama.cpp: rates per ggml type (bytes/s streamed by
     decode's mat-vec; FLOP/s in prefill's mat-mul; ``*`` for any type not listed), attention
-    FLOP/s, and fixed costs in seconds. ``source`` is ``measured`` (calibrated on this machine),
-    ``table`` (published llama-bench results) or ``assumed``; ``note`` says which."""
+    FLOP/s, and fixed costs in seconds. ``source`` is ``measured`` (this CPU, calibrated),
+    ``published`` or ``derived`` (a GPU, :mod:`tierlocal.fit.gpu_speed`) or ``bound`` (its
+    memory bandwidth alone); ``note`` says how."""
 
     device: str
     source: str
@@ -139,63 +140,3 @@ class DeviceSpeed:
             prefill_layer_overhead_s=number("prefill_layer_overhead_s"),
             prefill_element_s=number("prefill_element_s"),
         )
-
-
-@dataclass(frozen=True)
-class GpuSpeedRow:
-    """One published llama.cpp result (recipes/gpu_speed.toml): ``model`` of ``model_bytes``
-    and ``params`` on ``gpu``; tokens/s generated (tg) and prompt tokens/s (pp)."""
-
-    gpu: str
-    model: str
-    model_bytes: int
-    params: int
-    embedding_params: int
-    output_params: int
-    tg_tokens_per_s: float | None
-    pp_tokens_per_s: float | None
-    source: str
-    date: str
-
-    @property
-    def decode_bytes_per_s(self) -> float | None:
-        """Weight bytes streamed per second (the embedding is a row lookup)."""
-        if self.tg_tokens_per_s is None:
-            return None
-        return self.model_bytes * (1 - self.embedding_params / self.params) * self.tg_tokens_per_s
-
-    @property
-    def prefill_flops_per_s(self) -> float | None:
-        if self.pp_tokens_per_s is None:
-            return None
-        return 2.0 * (self.params - self.embedding_params - self.output_params) * self.pp_tokens_per_s
-
-
-def gpu_device_speed(name: str, rows: Sequence[GpuSpeedRow], *, datasheet_bytes_per_s: int | None, datasheet: Mapping[str, int]) -> DeviceSpeed | None:
-    """A GPU's figures: its own published row (``table``), else its datasheet bandwidth
-    derated by the median effective/datasheet ratio of the rows whose GPUs ``datasheet``
-    (name → bytes/s) knows (``table-derated``); prefill only from a row. None: neither."""
-    own = [row for row in rows if row.gpu.lower() == name.lower()]
-    if own and own[0].decode_bytes_per_s is not None:
-        row = own[0]
-        prefill = row.prefill_flops_per_s
-        note = f"{row.model} on {row.gpu}, {row.date}: {row.source}"
-    elif datasheet_bytes_per_s:
-        ratios = sorted(r.decode_bytes_per_s / datasheet[r.gpu] for r in rows if r.decode_bytes_per_s and datasheet.get(r.gpu))
-        if not ratios:
-            return None
-        prefill = own[0].prefill_flops_per_s if own else None
-        ratio = ratios[len(ratios) // 2]
-        note = f"datasheet bandwidth × {ratio:.2f}, the median that published llama.cpp results reach (recipes/gpu_speed.toml)"
-        return _gpu_speed(name, "table-derated", note, datasheet_bytes_per_s * ratio, prefill)
-    else:
-        return None
-    return _gpu_speed(name, "table", note, row.decode_bytes_per_s or 0.0, prefill)
-
-
-def _gpu_speed(name: str, source: str, note: str, decode: float, prefill: float | None) -> DeviceSpeed:
-    """One rate for every type; no prefill rates (an empty table) without a published figure."""
-    return DeviceSpeed(
-        device=name, source=source, note=note, decode_bytes_per_s={"*": decode},
-        prefill_flops_per_s={"*": prefill} if prefill else {}, attention_flops_per_s=prefill or 0.0,
-    )  # fmt: skip

@@ -8,8 +8,9 @@ without a header gets the tier-2 rule of thumb (fit/rule_of_thumb.py), labelled 
 Each planned entry then gets a status:
 
 - ``no room``: it does not fit the machine, even partly in RAM;
-- ``too slow``: it fits but decodes below ``min_tokens_per_s`` (the calibrated estimate where
-  this CPU was calibrated, else the memory-bandwidth bound; not judged when unknown);
+- ``too slow``: it fits but decodes below ``min_tokens_per_s`` (the best speed there is: the
+  estimate from published GPU results and this CPU's calibration, else the memory-bandwidth
+  bound; not judged when unknown);
 - ``tight``: it fits, but leaves less than ``tight_fraction`` (5%) of a device's free memory
   (beyond the GPU margin the plan already keeps);
 - ``not for PURPOSE``: ``--for long-context`` and a trained context under 128k tokens;
@@ -114,6 +115,8 @@ class Candidate:
             "where": self.where,
             "est_decode_tokens_per_s": None if self.decode_tokens_per_s is None else round(self.decode_tokens_per_s, 2),
             "speed_basis": self.speed_basis,
+            "est_prefill_tokens_per_s": _rounded(self.plan.headline.prefill_tokens_per_s) if self.plan else None,
+            "bound_decode_tokens_per_s": _rounded(self.plan.headline.bound_decode_tokens_per_s) if self.plan else _rounded(self.decode_tokens_per_s),
             "quality": entry.quality.to_json() if entry.quality else None,
             "method": "estimator" if self.plan else "rule-of-thumb",
             "ollama_tag": entry.ollama,
@@ -212,7 +215,7 @@ def recommend_catalog(
             check = check_source(
                 entry.key, list(headers[entry.key]), machine, ctx=ctx * parallel, parallel=parallel, request=request,
                 host_speed=host_speed, gpu_speed=gpu_speed, model_path=f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>",
-                template=_PUBLISHED_TEMPLATE,
+                template=_PUBLISHED_TEMPLATE, host_is_here=not hardware.ram_overridden,
             )  # fmt: skip
             planned.append(_from_plan(entry, check, min_tokens_per_s, purpose, tight_fraction))
         else:
@@ -227,16 +230,14 @@ def recommend_catalog(
     return CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, tuple(notes))
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
 def _speed(check: SourceCheck) -> tuple[float | None, str]:
-    calibrated = check.speed.estimate if check.speed else None
-    if calibrated is not None and calibrated.decode_tokens_per_s is not None:
-        return calibrated.decode_tokens_per_s, "calibrated"
-    estimate = check.estimate
-    bound = estimate.est_decode_tokens_per_s if estimate else None
-    if bound is None and estimate is not None and estimate.host_read_bytes_per_token and check.speed:
-        # The GPU's bandwidth is unknown (a --gpu size): the part read from RAM alone bounds it.
-        return check.speed.host_bandwidth_bytes_per_s / estimate.host_read_bytes_per_token, "bandwidth bound"
-    return bound, "bandwidth bound" if bound else "unknown"
+    """The decode tokens/s a row is judged by and its basis (:class:`HeadlineSpeed`)."""
+    headline = check.headline
+    return headline.decode_tokens_per_s, headline.basis
 
 
 def _where(check: SourceCheck) -> str:
@@ -295,7 +296,7 @@ def _load_note(check: SourceCheck) -> str:
 def _from_rule(entry: ModelEntry, fit: CatalogFit, min_speed: float, purpose: str) -> Candidate:
     status, reason = _status(entry, fit.fits, fit.est_decode_tokens_per_s, min_speed, purpose)
     reason = f"{reason} (rule of thumb: no header for this entry)"
-    basis = "bandwidth bound" if fit.est_decode_tokens_per_s else "unknown"
+    basis = "bound" if fit.est_decode_tokens_per_s else "unknown"
     return Candidate(
         entry, None, fit, status, reason, fit.est_decode_tokens_per_s, basis, fit.total_needed_bytes, fit.budget.memory_bytes, fit.budget.device,
         entry.params, entry.bits_per_weight,

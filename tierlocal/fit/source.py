@@ -16,9 +16,10 @@ from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
 from .device_speed import DeviceSpeed
 from .estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
+from .headline import HeadlineSpeed, headline_speed
 from .host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
 from .model import ModelSpec, model_spec
-from .speed import DecodeSpeed, SpeedEstimate, decode_speed, estimate_speed
+from .speed import DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
 from .split import split_ratio
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
@@ -79,6 +80,8 @@ class SourceCheck:
     unknown_state: tuple[str, ...] = ()
     #: The context length the model was trained for (tokens; its header's ``context_length``).
     n_ctx_train: int = 0
+    #: The host is this machine (no ``--ram``): `tierlocal hw --calibrate` could time its CPU.
+    host_is_here: bool = True
 
     @property
     def context_note(self) -> str | None:
@@ -104,6 +107,11 @@ class SourceCheck:
         if self.unknown_state:
             note += f"; a recurrent or linear-attention state ({', '.join(self.unknown_state[:4])}) is not counted"
         return note
+
+    @property
+    def headline(self) -> HeadlineSpeed:
+        """The best speed there is (:func:`headline_speed`)."""
+        return headline_speed(self.estimate, self.speed, self.measured)
 
     def to_json(self) -> dict[str, object]:
         """The documented ``check SOURCE --json`` object (bytes, tokens/s)."""
@@ -143,7 +151,7 @@ class SourceCheck:
         payload["context_note"] = self.context_note
         payload["layers_offloaded"] = estimate.layers_offloaded
         payload["layers_total"] = estimate.layers_total
-        payload["est_decode_tokens_per_s"] = None if estimate.est_decode_tokens_per_s is None else round(estimate.est_decode_tokens_per_s, 1)
+        payload.update(self.headline.to_json())
         payload["speed"] = self.speed.to_json() if self.speed else {}
         payload["command"] = self.command
         payload["ollama"] = self.ollama.to_json() if self.ollama else {}
@@ -276,11 +284,11 @@ def check_source(
     host_speed: DeviceSpeed | None = None,
     gpu_speed: DeviceSpeed | None = None,
     model_path: str | None = None,
+    host_is_here: bool = True,
 ) -> SourceCheck:
-    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with
-    ``template`` (None: :func:`default_template`). With ``host_speed`` (this CPU's calibration)
-    and, for offloaded layers, ``gpu_speed``, the speed is estimated from them too. The command
-    names ``model_path`` (default: ``source``, or a placeholder for a remote one)."""
+    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with ``template`` (None: :func:`default_template`);
+    price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no ``--ram``) and ``gpu_speed``. The command names
+    ``model_path`` (default: ``source``, or a placeholder for a remote one)."""
     spec, summary = _checked_pair(model_spec(headers), request), summarize(headers)
     base, reason = _base_request(request, ctx, parallel)
 
@@ -322,6 +330,7 @@ def check_source(
         verified=spec.verified,
         unknown_state=spec.unknown_state,
         n_ctx_train=spec.n_ctx_train,
+        host_is_here=host_is_here,
     )
 
 
@@ -348,8 +357,13 @@ def _checked_pair(spec: ModelSpec, request: RunRequest) -> ModelSpec:
 
 
 def _calibrated(spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> SpeedEstimate | None:
+    """The speed from the devices' figures; a host not calibrated is priced at its memory
+    bandwidth (``bound``) where a GPU's figures carry the rest. None: no figures at all."""
     if host is None:
-        return None
+        if gpu is None or not estimate.layers_offloaded:
+            return None
+        note = f"{machine.host_bandwidth / 1e9:,.0f} GB/s memory bandwidth (not calibrated)"
+        host = bound_speed("host CPU", machine.host_bandwidth, note)
     return estimate_speed(spec, estimate, host, gpu, max_tensor_bytes=machine.max_tensor_bytes)
 
 

@@ -17,7 +17,8 @@ The model is linear in a few *features* of a run, each priced by the device that
 - Time to first token = prefill of the prompt + one decode step.
 
 A CPU's figures come from ``tierlocal hw --calibrate`` (the engine timed on probe models,
-:func:`fit_device_speed`); a GPU's from published llama-bench results (recipes/gpu_speed.toml).
+:func:`fit_device_speed`); a GPU's from the model fitted to published llama-bench results
+(:mod:`tierlocal.fit.gpu_speed`); a device with neither, from its memory bandwidth alone (the bound).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ __all__ = [
     "Features",
     "DEFAULT_DEPTH",
     "TTFT_PROMPTS",
+    "bound_speed",
+    "speed_basis",
+    "BASES",
 ]
 
 #: Tokens already in the context when a decode speed is quoted (a short chat turn).
@@ -135,6 +139,8 @@ def run_features(
         add_feature(decode[device], "kv_bytes", kv_bytes)
         add_feature(prefill[device], "attn_flops", attn_flops)
     decode["host"]["token"] = 1
+    if any(layer_on_gpu):  # the GPU's own per-token cost: kernel launches, the round trip
+        decode["gpu"]["token"] = 1
     decode["host"]["vocab"] = spec.n_vocab
     prefill["host"]["token"] = 1
     return RunFeatures(depth, prompt, decode, prefill, once)
@@ -182,7 +188,8 @@ def _decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[st
 def _prefill_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
     seconds = _priced(features, speed.prefill_flops_per_s, "flops", speed, uncalibrated)
     seconds += features.get("elems", 0.0) * speed.prefill_element_s
-    seconds += features.get("attn_flops", 0.0) / speed.attention_flops_per_s
+    if features.get("attn_flops"):
+        seconds += features["attn_flops"] / speed.attention_flops_per_s
     seconds += features.get("token", 0.0) * speed.prefill_token_overhead_s
     seconds += features.get("layer", 0.0) * speed.prefill_layer_overhead_s
     return seconds
@@ -203,9 +210,13 @@ class SpeedEstimate:
     sources: dict[str, str]
     uncalibrated_types: tuple[str, ...] = ()
     reason: str | None = None
+    #: What the decode figure rests on (:data:`BASES`): the basis of the device that spends the
+    #: most of a decode step.
+    basis: str = "bound"
 
     def to_json(self) -> dict[str, object]:
         return {
+            "basis": self.basis,
             "decode_tokens_per_s": None if self.decode_tokens_per_s is None else round(self.decode_tokens_per_s, 1),
             "prefill_tokens_per_s": None if self.prefill_tokens_per_s is None else round(self.prefill_tokens_per_s, 1),
             "first_token_s": {str(prompt): round(seconds, 3) for prompt, seconds in self.first_token_s},
@@ -229,6 +240,37 @@ def _prefill_time(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], u
         if speed is not None:
             total += _prefill_seconds(run.prefill[name], speed, uncalibrated) * run.prompt + _prefill_seconds(run.once[name], speed, uncalibrated)
     return total
+
+
+#: What a speed rests on, best first: ``measured`` (`tierlocal bench` on this machine),
+#: ``calibrated`` (this CPU timed by `tierlocal hw --calibrate`), ``published`` (llama-bench
+#: results for this GPU), ``derived`` (its generation's or backend's results on its datasheet),
+#: ``bound`` (memory bandwidth alone: a ceiling, not an estimate).
+BASES = ("measured", "calibrated", "published", "derived", "bound")
+
+
+def speed_basis(speed: DeviceSpeed) -> str:
+    """A device's figures as one of :data:`BASES` (a calibration is stored as ``measured``)."""
+    if speed.source == "measured":
+        return "calibrated"
+    return speed.source if speed.source in BASES else "bound"
+
+
+def bound_speed(device: str, bandwidth_bytes_per_s: int, note: str) -> DeviceSpeed:
+    """A device known by its memory bandwidth only: every byte at that rate, no fixed costs and
+    no prefill figure (``bound``)."""
+    return DeviceSpeed(
+        device=device, source="bound", note=note, decode_bytes_per_s={"*": float(bandwidth_bytes_per_s)}, prefill_flops_per_s={}, attention_flops_per_s=0.0
+    )
+
+
+def _unpriced_prefill(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None]) -> DeviceSpeed | None:
+    """The first device with prompt work and no prefill figure."""
+    for name, speed in devices.items():
+        work = {**run.prefill.get(name, {}), **run.once.get(name, {})}
+        if speed is not None and not speed.prefill_flops_per_s and any(key.partition(":")[0] in ("flops", "xflops", "attn_flops") for key in work):
+            return speed
+    return None
 
 
 def estimate_speed(
@@ -263,9 +305,13 @@ def estimate_speed(
     at_depth = features(prefill_prompt, depth)
     step = _decode_step(at_depth, devices, uncalibrated)
     decode_seconds = sum(step.values())
-    if gpu is not None and estimate.layers_offloaded and not gpu.prefill_flops_per_s:
-        reason = f"no published prefill figure for {gpu.device} (recipes/gpu_speed.toml): prefill and first token not estimated"
-        return SpeedEstimate(1 / decode_seconds, None, (), step, depth, sources, tuple(sorted(uncalibrated)), reason)
+    busiest = max(step, key=lambda name: step[name]) if step else "host"
+    basis = speed_basis(devices[busiest] or host)
+    unpriced = _unpriced_prefill(at_depth, devices)
+    if unpriced is not None:
+        how = "not calibrated" if unpriced is host else "none published for it or its generation"
+        reason = f"prefill and first token not estimated: no prefill figure for the {unpriced.device} ({how})"
+        return SpeedEstimate(1 / decode_seconds, None, (), step, depth, sources, tuple(sorted(uncalibrated)), reason, basis)
     prefill_seconds = _prefill_time(at_depth, devices, uncalibrated)
     ttft = []
     for prompt in (p for p in prompts if p + 1 <= estimate.params.n_ctx_seq):
@@ -279,6 +325,7 @@ def estimate_speed(
         depth=depth,
         sources=sources,
         uncalibrated_types=tuple(sorted(uncalibrated)),
+        basis=basis,
     )
 
 
@@ -306,13 +353,13 @@ class DecodeSpeed:
             "host_bandwidth_bytes_per_s": self.host_bandwidth_bytes_per_s,
             "host_bandwidth_assumed": self.host_bandwidth_assumed,
             "all_on_gpu_tokens_per_s": self.all_on_gpu_tokens_per_s,
-            "calibrated": self.estimate.to_json() if self.estimate else None,
+            "estimate": self.estimate.to_json() if self.estimate else None,
         }
 
 
 def decode_speed(estimate: RunEstimate, machine: Machine, calibrated: SpeedEstimate | None = None) -> DecodeSpeed:
     """Decode speed by memory bandwidth, the GPU part and the part spilled to RAM apart, with
-    the calibrated estimate beside it when there is one."""
+    the estimate from the devices' figures beside it when there is one."""
     gpu_read, host_read = estimate.gpu_read_bytes_per_token, estimate.host_read_bytes_per_token
     all_on_gpu = None
     if machine.gpu_bandwidth and machine.gpu_name is not None:

@@ -61,10 +61,11 @@ class BenchRun:
     engine_version: str
     device: str
     runs: tuple[PromptRun, ...]
-    estimated_decode_tokens_per_s: float | None
+    #: The plan's memory-bandwidth bound (``check --json``'s ``bound_decode_tokens_per_s``).
+    bound_decode_tokens_per_s: float | None
     host_peak_bytes: int | None
     device_bytes: dict[str, int] = field(default_factory=dict)
-    #: The plan's calibrated speed estimate (``check --json``'s ``speed.calibrated``), if any.
+    #: The plan's speed estimate (``check --json``'s ``speed.estimate``), if any.
     calibrated: dict[str, object] | None = None
 
     @property
@@ -86,10 +87,10 @@ class BenchRun:
             "runs": [run.to_json() for run in self.runs],
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
-            "estimated_decode_tokens_per_s": self.estimated_decode_tokens_per_s,
+            "bound_decode_tokens_per_s": self.bound_decode_tokens_per_s,
             "host_peak_bytes": self.host_peak_bytes,
             "device_bytes": self.device_bytes,
-            "calibrated_estimate": self.calibrated,
+            "estimate": self.calibrated,
         }
 
 
@@ -160,14 +161,14 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
     }
     return BenchRun(
         url, _model_of(state), str(state.get("engine_version") or "unknown"), bench_device(plan), tuple(runs),
-        plan.get("est_decode_tokens_per_s") if isinstance(plan.get("est_decode_tokens_per_s"), int | float) else None,
+        plan.get("bound_decode_tokens_per_s") if isinstance(plan.get("bound_decode_tokens_per_s"), int | float) else None,
         _peak_bytes(state.get("engine_pid")), devices, _calibrated(plan),
     )  # fmt: skip
 
 
 def _calibrated(plan: dict[str, object]) -> dict[str, object] | None:
     speed = plan.get("speed")
-    calibrated = speed.get("calibrated") if isinstance(speed, dict) else None
+    calibrated = speed.get("estimate") if isinstance(speed, dict) else None
     return calibrated if isinstance(calibrated, dict) else None
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import constants
-from ..catalog import gpu_speed_for, load_host_defaults
+from ..catalog import load_host_defaults
 from ..engines.loadlog import LoadLogParser, LoadReport
 from ..engines.prompt_formats import TemplateChoice
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
@@ -27,6 +27,7 @@ from ..fit.projector import ProjectorSpec, projector_spec
 from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..fit.verify import verify_load
 from ..gguf.sources import read_headers
+from ..gpu_figures import machine_gpu_speed
 from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
 from .history import record_load
@@ -167,7 +168,7 @@ def plan_for(
         request=options.run_request(request),
         template=template,
         host_speed=host_speed,
-        gpu_speed=gpu_speed_for(machine.gpu_name, machine.gpu_bandwidth) if host_speed else None,
+        gpu_speed=machine_gpu_speed(machine),
     )
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(

@@ -1,0 +1,83 @@
+"""The speed figures of a named or described GPU: the model of :mod:`tierlocal.fit.gpu_speed`
+fitted once to the published rows of recipes/gpu_speed.toml, looked up by the name a GPU is
+detected or given as."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from functools import cache
+
+from .catalog import find_gpu, gpu_cards, gpu_key, load_gpus, load_published_rows
+from .fit.device_speed import DeviceSpeed
+from .fit.estimate import Machine
+from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
+
+__all__ = ["gpu_fits", "gpu_speed_for", "machine_gpu_speed", "typical_gpu_speed"]
+
+GIB = 1024**3
+
+
+@cache
+def gpu_fits() -> tuple[dict[str, CardFit], float]:
+    """The speed model fitted to the published rows (:func:`tierlocal.fit.gpu_speed.fit_cards`)."""
+    return fit_cards(load_published_rows(), gpu_cards())
+
+
+def _card_for(name: str) -> str | None:
+    """The card of recipes/gpus.toml a device name means: an exact name or alias, else the
+    longest card name inside it ("NVIDIA GeForce RTX 4090", "RTX 3090 #1", "Apple M3 Max 64GB (unified)")."""
+    spec = find_gpu(name)
+    if spec is not None:
+        return spec.name
+    wanted = gpu_key(name)
+    inside = [card for card in gpu_cards() if gpu_key(card) and gpu_key(card) in wanted]
+    return max(inside, key=lambda card: len(gpu_key(card))) if inside else None
+
+
+def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> DeviceSpeed | None:
+    """A GPU's speed figures from the model fitted to published llama.cpp results: its own
+    rows (``published``), else its group's on its datasheet (``derived``); a GPU not in
+    recipes/gpus.toml with a known bandwidth gets every fitted card's median. None: no name
+    and no bandwidth."""
+    fits, kappa = gpu_fits()
+    cards = gpu_cards()
+    card = _card_for(name) if name else None
+    if card is None:
+        if not bandwidth_bytes_per_s or not fits:
+            return None
+        info = CardInfo(name or "GPU", bandwidth_bytes_per_s, None, "", "")
+        fit = card_fit(info.name, fits, {**cards, info.name: info})
+    else:
+        info = cards[card]
+        fit = card_fit(card, fits, cards)
+    return card_device_speed(fit, info, kappa) if fit is not None else None
+
+
+def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:
+    """Figures for a GPU known by its memory alone (``--gpu 12GiB``): the median datasheet
+    bandwidth of the cards of recipes/gpus.toml with that much memory (within 10%), with
+    every fitted card's median efficiency (``derived``, and the note says it is assumed);
+    None when no card is that size."""
+    fits, kappa = gpu_fits()
+    same = sorted(spec.bandwidth_bytes_per_s for spec in load_gpus() if abs(spec.memory_bytes - memory_bytes) <= 0.1 * memory_bytes)
+    if not same or not fits:
+        return None
+    name = f"a typical {memory_bytes / GIB:.0f} GiB GPU"
+    info = CardInfo(name, int(statistics.median(same)), None, "", "")
+    fit = card_fit(name, fits, {**gpu_cards(), name: info})
+    if fit is None:
+        return None
+    note = f"assumed: {info.bandwidth_bytes_per_s / 1e9:,.0f} GB/s, the median of the {len(same)} cards of that size in recipes/gpus.toml (name the GPU with --gpu for its own); {fit.note}"
+    return card_device_speed(replace(fit, note=note), info, kappa)
+
+
+def machine_gpu_speed(machine: Machine) -> DeviceSpeed | None:
+    """The speed figures of a planned machine's GPU: :func:`gpu_speed_for` its name and
+    bandwidth, or for a GPU given as a size only, :func:`typical_gpu_speed` (per device)."""
+    if machine.gpu_name is None:
+        return None
+    speed = gpu_speed_for(machine.gpu_name, machine.gpu_bandwidth)
+    if speed is None and machine.gpu_backend == "override" and machine.gpu_total_bytes:
+        speed = typical_gpu_speed(machine.gpu_total_bytes // max(len(machine.gpu_devices), 1))
+    return speed
