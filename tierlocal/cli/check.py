@@ -51,7 +51,7 @@ __all__ = ["check", "render_source_check"]
     type=click.FloatRange(0),
     default=constants.DEFAULT_MIN_TOKENS_PER_S,
     show_default=True,
-    help="Slowest acceptable decode speed, tokens/s, for the catalog recommendation (the calibrated estimate, else the bandwidth bound).",
+    help="Slowest acceptable decode speed, tokens/s, for the catalog recommendation (the best estimate: measured, calibrated or from published GPU results; else the bandwidth bound).",
 )
 @click.option(
     "--for",
