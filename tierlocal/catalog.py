@@ -24,6 +24,7 @@ from .tiers.arithmetic import ApiPrices, Precision, PublishedConfig, weights_byt
 
 __all__ = [
     "gpu_key",
+    "find_pci_device",
     "load_published_rows",
     "gpu_cards",
     "ApiEntry",
@@ -72,6 +73,8 @@ class GpuSpec:
     marketed_bytes: int = 0
     usable_bytes: int | None = None
     usable_source: str | None = None
+    #: PCI device ids (``0x56a0``) where the driver's files do not name the card.
+    pci_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class UnifiedSpec:
     gpu_share_fixed: float | None = None
     #: Apple's Metal working set, as devices report it: this share up to 36 GB of RAM, the other above.
     metal_shares: tuple[float, float] = (2 / 3, 3 / 4)
+    #: PCI device ids (``0x1586``) of its GPU, where the driver's files do not name it.
+    pci_ids: tuple[str, ...] = ()
 
     def gpu_share(self, ram_bytes: int) -> float:
         """The share of ``ram_bytes`` the GPU may use by default."""
@@ -308,6 +313,7 @@ def load_gpus() -> tuple[GpuSpec, ...]:
                     marketed_bytes=int(entry["memory_gb"] * 1e9),
                     usable_bytes=int(entry["usable_mib"]) * 1024 * 1024 if "usable_mib" in entry else None,
                     usable_source=entry.get("usable_source"),
+                    pci_ids=tuple(str(pci).lower() for pci in entry.get("pci_ids", ())),
                 )
             )
     except (KeyError, TypeError, IndexError) as exc:
@@ -338,12 +344,21 @@ def load_unified() -> tuple[UnifiedSpec, ...]:
                 source=entry["source"],
                 gpu_share_fixed=float(entry["gpu_share"]) if "gpu_share" in entry else None,
                 metal_shares=shares,
+                pci_ids=tuple(str(pci).lower() for pci in entry.get("pci_ids", ())),
             )
             for entry in data.get("unified", [])  # type: ignore[attr-defined]
             if "bandwidth_gb_s" in entry
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpus.toml [[unified]]: an entry lacks {exc}", hint="fix the entry") from None
+
+
+def find_pci_device(vendor: str, device_id: str) -> GpuSpec | UnifiedSpec | None:
+    """The GPU or unified-memory machine of ``vendor`` (``amd``, ``intel``) whose PCI device id
+    is ``device_id`` (``0x1586``, as sysfs writes it), if recipes/gpus.toml lists it."""
+    wanted = device_id.strip().lower()
+    specs: list[GpuSpec | UnifiedSpec] = [*load_gpus(), *load_unified()]
+    return next((spec for spec in specs if spec.vendor == vendor and wanted in spec.pci_ids), None)
 
 
 def find_unified(name: str) -> UnifiedSpec | None:

@@ -134,10 +134,15 @@ def with_ram_override(hardware: Hardware, ram: str | None, bandwidth: str | None
     if ram is None and bandwidth is None:
         return hardware
     unified = next((device for device in hardware.gpus if device.unified_pool_bytes), None)
-    if unified is not None:
+    if unified is not None and unified.source == "--gpu":
         raise UsageError(
             f"--gpu {unified.name.removesuffix(' (unified)')!r} already gives the machine's memory: one pool for its GPU and CPU",
             hint='leave out --ram and --ram-bandwidth (give the machine\'s RAM in --gpu, e.g. "M3 Max 64GB")',
+        )
+    if unified is not None:
+        raise UsageError(
+            f"this machine's {unified.name} shares one pool of memory between its GPU and CPU: --ram cannot describe its RAM apart",
+            hint='describe another machine whole with --gpu (e.g. --gpu "M3 Max 64GB", or --gpu none --ram 64GiB for a CPU-only one)',
         )
     if ram is not None:
         size = parse_memory_size(ram, "--ram")
