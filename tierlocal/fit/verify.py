@@ -88,7 +88,8 @@ def verify_load(plan: RunEstimate, report: LoadReport, *, speed_for_ngl: Callabl
             spilled = plan.layers_offloaded - layers_actual
             planned_speed = plan.est_decode_tokens_per_s
             actual_speed = speed_for_ngl(layers_actual) if speed_for_ngl else None
-            expect = f": expect ~{actual_speed:.1f} tok/s instead of ~{planned_speed:.1f}" if planned_speed and actual_speed else ""
+            # Both are memory-bandwidth ceilings: their ratio is the slowdown, not either figure.
+            expect = f": by memory bandwidth alone ≤ ~{actual_speed:.1f} tok/s instead of ≤ ~{planned_speed:.1f}" if planned_speed and actual_speed else ""
             result.warnings.append(f"{spilled} layers run from system RAM{expect}")
     if report.n_ctx is not None and report.n_ctx != params.n_ctx_padded:
         result.problems.append(f"planned a context of {params.n_ctx_padded} tokens, llama.cpp made {report.n_ctx}")
