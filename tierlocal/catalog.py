@@ -25,6 +25,7 @@ from .tiers.arithmetic import ApiPrices, Precision, PublishedConfig, weights_byt
 __all__ = [
     "gpu_key",
     "find_pci_device",
+    "gpu_named_in",
     "load_published_rows",
     "gpu_cards",
     "ApiEntry",
@@ -359,6 +360,21 @@ def find_pci_device(vendor: str, device_id: str) -> GpuSpec | UnifiedSpec | None
     wanted = device_id.strip().lower()
     specs: list[GpuSpec | UnifiedSpec] = [*load_gpus(), *load_unified()]
     return next((spec for spec in specs if spec.vendor == vendor and wanted in spec.pci_ids), None)
+
+
+def gpu_named_in(description: str) -> GpuSpec | UnifiedSpec | None:
+    """The GPU or unified-memory machine whose longest name or alias appears, as whole words,
+    in a device name a driver or engine reports (``NVIDIA GeForce RTX 4090``, ``Radeon 8060S
+    Graphics (RADV GFX1151)``, ``RTX 3090 #1``); None when none does."""
+    text = f" {normalise_gpu_name(description)} "
+    best: tuple[int, GpuSpec | UnifiedSpec] | None = None
+    specs: list[GpuSpec | UnifiedSpec] = [*load_gpus(), *load_unified()]
+    for spec in specs:
+        for alias in (spec.name, *spec.aliases):
+            needle = f" {normalise_gpu_name(alias)} "
+            if needle in text and (best is None or len(needle) > best[0]):
+                best = (len(needle), spec)
+    return best[1] if best else None
 
 
 def find_unified(name: str) -> UnifiedSpec | None:

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import replace
 from functools import cache
 
-from .catalog import find_gpu, gpu_cards, gpu_key, load_gpus, load_published_rows
+from .catalog import find_gpu, gpu_cards, gpu_named_in, load_gpus, load_published_rows
 from .fit.device_speed import DeviceSpeed
 from .fit.estimate import Machine
 from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
@@ -25,14 +25,10 @@ def gpu_fits() -> tuple[dict[str, CardFit], float]:
 
 
 def _card_for(name: str) -> str | None:
-    """The card of recipes/gpus.toml a device name means: an exact name or alias, else the
-    longest card name inside it ("NVIDIA GeForce RTX 4090", "RTX 3090 #1", "Apple M3 Max 64GB (unified)")."""
-    spec = find_gpu(name)
-    if spec is not None:
-        return spec.name
-    wanted = gpu_key(name)
-    inside = [card for card in gpu_cards() if gpu_key(card) and gpu_key(card) in wanted]
-    return max(inside, key=lambda card: len(gpu_key(card))) if inside else None
+    """The card of recipes/gpus.toml (one with a bandwidth) a device name means: an exact name
+    or alias, else the one named inside it (:func:`tierlocal.catalog.gpu_named_in`)."""
+    spec = find_gpu(name) or gpu_named_in(name)
+    return spec.name if spec is not None and spec.name in gpu_cards() else None
 
 
 def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> DeviceSpeed | None:

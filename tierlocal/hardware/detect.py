@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from .. import constants
-from ..catalog import GpuSpec, UnifiedSpec, find_pci_device, find_unified, load_device_limits, load_gpus, load_unified, normalise_gpu_name
+from ..catalog import GpuSpec, UnifiedSpec, find_pci_device, gpu_named_in, load_device_limits
 from ..engines.llama_server import build_cpu_features, find_llama_server, list_devices
 from .apple import probe_apple
 from .types import Device, Hardware, Probe
@@ -35,7 +35,7 @@ ProbeFn = Callable[[], tuple[list[Device], Probe]]
 
 
 def _bandwidth_for(description: str) -> int | None:
-    spec = _spec_for_description(description)
+    spec = gpu_named_in(description)
     return spec.bandwidth_bytes_per_s if spec else None
 
 
@@ -44,23 +44,11 @@ def _max_buffer_for(description: str) -> int | None:
     return min(limits) if limits else None
 
 
-def _spec_for_description(description: str) -> GpuSpec | None:
-    """The recipes GPU whose longest name or alias appears in a driver's device name."""
-    text = f" {normalise_gpu_name(description)} "
-    best: tuple[int, GpuSpec] | None = None
-    for spec in load_gpus():
-        for alias in (spec.name, *spec.aliases):
-            needle = f" {normalise_gpu_name(alias)} "
-            if needle in text and (best is None or len(needle) > best[0]):
-                best = (len(needle), spec)
-    return best[1] if best else None
-
-
 def _unified_nvidia(name: str, index: int, ram_total_bytes: int | None) -> Device | None:
     """A GPU NVML gives no memory for (DGX Spark's GB10 answers NOT_SUPPORTED): its unified
     machine's share of the host's RAM, if recipes/gpus.toml knows it."""
-    spec = find_unified(name) or find_unified(name.removeprefix("NVIDIA").strip())
-    if spec is None:
+    spec = gpu_named_in(name)
+    if not isinstance(spec, UnifiedSpec):
         return None
     pool = ram_total_bytes or int(psutil.virtual_memory().total)
     usable = int(pool * spec.gpu_share(pool))
@@ -213,22 +201,12 @@ def _disk_free(path: Path) -> tuple[str, int | None]:
         return str(path), None
 
 
-def _recipe_name(description: str) -> str | None:
-    """The GPU or unified machine of recipes/gpus.toml whose longest name or alias appears in a
-    device name (``Radeon 8060S Graphics (RADV GFX1151)`` → the Strix Halo)."""
-    text = f" {normalise_gpu_name(description)} "
-    specs: list[GpuSpec | UnifiedSpec] = [*load_gpus(), *load_unified()]
-    labels = [(alias, spec.name) for spec in specs for alias in (spec.name, *spec.aliases)]
-    inside = [(len(alias), name) for alias, name in labels if f" {normalise_gpu_name(alias)} " in text]
-    return max(inside)[1] if inside else None
-
-
 def _same_device(engine_device: Device, vendor_device: Device) -> bool:
     description = engine_device.name.split(": ", 1)[-1]
     if vendor_device.name.lower() in description.lower():
         return True
-    known = _recipe_name(description)
-    return known is not None and known == _recipe_name(vendor_device.name)
+    known = gpu_named_in(description)
+    return known is not None and known == gpu_named_in(vendor_device.name)
 
 
 def merge_engine_devices(vendor_devices: Sequence[Device], engine_devices: Sequence[Device]) -> list[Device]:
