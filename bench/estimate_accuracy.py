@@ -59,11 +59,11 @@ from tests.support.sparse_models import (
     write_sparse_gguf,
 )
 from tests.support.sparse_projectors import GEMMA3_SIGLIP_TO_270M, write_sparse_projector
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run, plan_run
 from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.projector import projector_spec, projector_usage
-from tierlocal.gguf.sources import read_headers
 
 MIB = 1024 * 1024
 LINES = {

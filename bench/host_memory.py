@@ -23,10 +23,10 @@ from tests.support.assets import load_assets
 from tests.support.kernel_memory import measure_load
 from tests.support.sparse_models import LFM2_1_2B, LLAMA3_8B, QWEN3_8B, write_sparse_gguf
 from tierlocal.engines.llama_server import build_cpu_features
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.estimate import Machine, RunRequest, plan_run
 from tierlocal.fit.host_memory import ENGINE_FILE_BYTES, host_memory
 from tierlocal.fit.model import model_spec
-from tierlocal.gguf.sources import read_headers
 
 MIB = 2**20
 # (model, context, load mode, fitted?)

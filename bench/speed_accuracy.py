@@ -26,12 +26,12 @@ from pathlib import Path
 from tests.support.assets import load_assets
 from tests.support.sparse_models import DEEPSEEK_V2_LITE, LFM2_1_2B, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, write_sparse_gguf
 from tierlocal.engines.llama_server import read_engine_flags
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.speed import estimate_speed
-from tierlocal.gguf.sources import read_headers
-from tierlocal.hardware.calibrate import DECODE_TOKENS, calibrate_cpu, calibration_key, load_calibration, save_calibration, time_probe
+from tierlocal.measure.calibrate import DECODE_TOKENS, calibrate_cpu, calibration_key, load_calibration, save_calibration, time_probe
 
 GIB = 2**30
 SHAPES = {

@@ -20,8 +20,8 @@ from tests.support.assets import Assets
 from tests.support.cli import run_cli
 from tierlocal.errors import CalibrationFailed, EngineFailed
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
-from tierlocal.hardware import calibrate
-from tierlocal.hardware.calibrate import PROBE_TYPES, PROBES, calibrate_cpu, time_probe
+from tierlocal.measure import calibrate
+from tierlocal.measure.calibrate import PROBE_TYPES, PROBES, calibrate_cpu, time_probe
 
 
 @pytest.mark.serial  # it times the engine: other tests running beside it read as a slow CPU

@@ -12,12 +12,12 @@ import pytest
 
 from tests.support.cli import run_cli
 from tests.support.sparse_models import DEEPSEEK_V2_LITE, KIMI_LINEAR_4L, LFM2_1_2B, QWEN3_30B_A3B, QWEN3_NEXT_4L, RWKV7_168M, write_sparse_gguf
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.estimate import Machine, RunRequest, plan_run
 from tierlocal.fit.model import model_spec
 from tierlocal.gguf import summarize
 from tierlocal.gguf.compact import CompactError, from_compact, to_compact
 from tierlocal.gguf.parse import HeaderLimits
-from tierlocal.gguf.sources import read_headers
 
 GIB = 1 << 30
 #: A 24 GiB GPU and 64 GiB of RAM: room for partial and full offload plans.

@@ -13,9 +13,9 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from tests.support.small_gguf import write_small_gguf
 from tierlocal.errors import HeaderError
+from tierlocal.fetch.sources import read_headers
 from tierlocal.gguf import ArraySummary, HeaderLimits, parse_header, summarize
 from tierlocal.gguf.parse import BytesReader
-from tierlocal.gguf.sources import read_headers
 
 
 class CountingReader:

@@ -13,8 +13,8 @@ from tests.support.assets import Assets
 from tests.support.cli import run_cli
 from tests.support.servers import COMMIT, HubRepo, fake_hub, static_server
 from tierlocal.errors import SourceError, UsageError
+from tierlocal.fetch.sources import parse_source, read_headers, shard_names
 from tierlocal.gguf import summarize
-from tierlocal.gguf.sources import parse_source, read_headers, shard_names
 
 
 def _inspect_json(source: str, env: dict[str, str] | None = None) -> dict[str, object]:

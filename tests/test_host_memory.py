@@ -14,10 +14,10 @@ from tests.support.assets import Assets
 from tests.support.kernel_memory import measure_load
 from tests.support.sparse_models import LFM2_1_2B, write_sparse_gguf
 from tierlocal.engines.llama_server import parse_system_info
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.estimate import Machine, RunRequest, plan_run
 from tierlocal.fit.host_memory import ENGINE_FILE_BYTES, host_memory, repack_rules
 from tierlocal.fit.model import model_spec
-from tierlocal.gguf.sources import read_headers
 from tierlocal.hardware.detect import cpu_features
 from tierlocal.serve.systemd import memory_limits
 

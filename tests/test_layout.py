@@ -30,14 +30,16 @@ PURE = [
     "tierlocal.fit.device_speed",
     "tierlocal.fit.calibration",
     "tierlocal.fit.recurrent",
-    "tierlocal.fit.source",
-    "tierlocal.fit.rule_of_thumb",
-    "tierlocal.fit.recommend",
+    "tierlocal.plan",
+    "tierlocal.plan.source",
+    "tierlocal.published",
+    "tierlocal.plan.rule_of_thumb",
+    "tierlocal.plan.recommend",
     "tierlocal.report",
     "tierlocal.report.svg",
     "tierlocal.report.plan_view",
     "tierlocal.report.pages",
-    "tierlocal.fit.verify",
+    "tierlocal.plan.verify",
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",
     "tierlocal.tiers.plan",
@@ -190,6 +192,79 @@ def test_no_import_cycle_anywhere() -> None:
     assert _strongly_connected(graph) == []
 
 
+#: The packages (and top-level modules) in the order the data flows, lowest first: each may
+#: import only those before it. source/header → spec → estimate → engine → machine → plan →
+#: measure → ranking → tiers → serve/gateway → cli.
+LAYERS = [
+    "errors",
+    "units",
+    "constants",
+    "published",
+    "gguf",
+    "catalog",
+    "fit",
+    "engines",
+    "hardware",
+    "fetch",
+    "plan",
+    "measure",
+    "gpu_figures",
+    "recommendation",
+    "tiers",
+    "resolve",
+    "report",
+    "serve",
+    "gateway",
+    "cli",
+    "__main__",
+]
+
+
+def _package_of(module: str) -> str:
+    """tierlocal.fit.estimate → fit; tierlocal.catalog → catalog; tierlocal → tierlocal."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _package_imports() -> dict[str, dict[str, list[str]]]:
+    """package → imported package → the imports that make the edge (module:line → module);
+    lazy imports inside functions included, type-checking-only ones left out."""
+    edges: dict[str, dict[str, list[str]]] = {}
+    for module, path in _modules():
+        for name, line in _imports(module, path):
+            if name in KNOWN and _package_of(name) != _package_of(module):
+                edges.setdefault(_package_of(module), {}).setdefault(_package_of(name), []).append(f"{module}:{line} → {name}")
+    return edges
+
+
+def _upward_imports(edges: dict[str, dict[str, list[str]]], layers: list[str]) -> list[str]:
+    rank = {package: index for index, package in enumerate(layers)}
+    return sorted(
+        why
+        for package, targets in edges.items()
+        if package != "tierlocal"  # the package face: lazy names only, resolved by string
+        for target, whys in targets.items()
+        if rank.get(target, len(layers)) >= rank.get(package, -1)
+        for why in whys
+    )
+
+
+def test_packages_depend_one_way() -> None:
+    """No two packages import each other, however indirectly, and every import goes down
+    :data:`LAYERS` (a new package must be placed in it)."""
+    edges = _package_imports()
+    assert sorted(set(edges) - {"tierlocal"} - set(LAYERS)) == []
+    assert _strongly_connected({package: set(targets) for package, targets in edges.items()}) == []
+    assert _upward_imports(edges, LAYERS) == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    """The tree before the layering had catalog → fit.gpu_speed beside fit.source → catalog."""
+    edges = {"catalog": {"fit": ["tierlocal.catalog:20 → tierlocal.fit.gpu_speed"]}, "fit": {"catalog": ["tierlocal.fit.source:10 → tierlocal.catalog"]}}
+    assert _upward_imports(edges, ["catalog", "fit"]) == ["tierlocal.catalog:20 → tierlocal.fit.gpu_speed"]
+    assert _strongly_connected({package: set(targets) for package, targets in edges.items()}) == [["catalog", "fit"]]
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _strongly_connected({"a": {"b"}, "b": set()}) == []
@@ -248,7 +323,7 @@ def test_functions_stay_short() -> None:
     assert long == {}
 
 
-@pytest.mark.parametrize("module", ["tierlocal.fit", "tierlocal.fit.source", "tierlocal.engines.flags"])
+@pytest.mark.parametrize("module", ["tierlocal.fit", "tierlocal.plan.source", "tierlocal.engines.flags"])
 def test_the_checker_would_catch_an_impure_import(module: str, tmp_path: Path) -> None:
     """The purity check imports modules for real: a module that imports psutil is caught."""
     probe = tmp_path / "impure_probe.py"

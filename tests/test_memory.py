@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_server_argv, running
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.memory import (
     ContextParams,
     compute_buffer_bytes,
@@ -23,7 +24,6 @@ from tierlocal.fit.memory import (
 )
 from tierlocal.fit.model import ModelSpec, model_spec
 from tierlocal.fit.offload import partial_offload_compute_bytes
-from tierlocal.gguf.sources import read_headers
 
 _MIB = 1024 * 1024
 _KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")

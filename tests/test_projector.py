@@ -20,8 +20,8 @@ from tests.support.engines import LLVMPIPE_MAX_TENSOR_BYTES, free_port, llama_se
 from tests.support.serving import serving
 from tests.support.sparse_models import RWKV7_168M, write_sparse_gguf
 from tests.support.sparse_projectors import GEMMA3_SIGLIP_TO_270M, SparseProjector, projector_tensors, write_sparse_projector
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.projector import projector_spec, projector_usage
-from tierlocal.gguf.sources import read_headers
 
 _MIB = 1024 * 1024
 _CLIP_COMPUTE = re.compile(r"reserve_compute_meta:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")

@@ -18,8 +18,8 @@ from huggingface_hub import hf_hub_download
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.servers import COMMIT, HubRepo, ServerState, fake_hub
+from tierlocal.fetch.sources import read_headers
 from tierlocal.gguf import summarize
-from tierlocal.gguf.sources import read_headers
 
 REPO = "acme/gemma-3-270m-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"

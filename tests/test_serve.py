@@ -158,12 +158,12 @@ def test_a_plan_on_a_gpu_holds_only_if_the_gpu_buffers_are_in_the_log(gemma: Pat
     matches a plan of 19 layers on a 24 GiB GPU, and still the plan did not hold."""
     from tierlocal.catalog import load_host_defaults
     from tierlocal.engines.loadlog import parse_load_log
+    from tierlocal.fetch.sources import read_headers
     from tierlocal.fit.estimate import RunRequest
-    from tierlocal.fit.source import check_source, machine_for
-    from tierlocal.fit.verify import verify_load
-    from tierlocal.gguf.sources import read_headers
     from tierlocal.hardware.detect import detect
     from tierlocal.hardware.override import with_gpu_override
+    from tierlocal.plan.source import check_source, machine_for
+    from tierlocal.plan.verify import verify_load
 
     machine = machine_for(with_gpu_override(detect(), ["24GiB"]), load_host_defaults())
     check = check_source(str(gemma), read_headers(str(gemma)), machine, ctx=4096, parallel=2, request=RunRequest())

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.sparse_models import DEEPSEEK_V2_LITE, LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, SparseArch, write_sparse_gguf
+from tierlocal.fetch.sources import read_headers
 from tierlocal.gguf import summarize
-from tierlocal.gguf.sources import read_headers
 
 
 @pytest.mark.parametrize(

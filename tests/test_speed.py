@@ -11,16 +11,16 @@ import pytest
 from gguf import GGUFReader
 
 from tests.support.sparse_models import LFM2_1_2B, QWEN3_30B_A3B, write_sparse_gguf
+from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.calibration import TimedRun, fit_device_speed
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
 from tierlocal.fit.gpu_speed import CardInfo, ModelShape, PublishedRow, card_device_speed, card_fit, fit_cards
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.speed import estimate_speed, run_features
-from tierlocal.gguf.sources import read_headers
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
 from tierlocal.gpu_figures import gpu_speed_for
-from tierlocal.hardware.calibrate import PROBES
+from tierlocal.measure.calibrate import PROBES
 
 GIB = 2**30
 

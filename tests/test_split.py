@@ -129,12 +129,12 @@ def test_serve_verification_holds_for_a_split(assets: Assets, tmp_path: Path) ->
     from dataclasses import replace as with_
 
     from tierlocal.catalog import load_host_defaults
+    from tierlocal.fetch.sources import read_headers
     from tierlocal.fit.estimate import RunRequest
-    from tierlocal.fit.source import check_source, machine_for
-    from tierlocal.fit.verify import verify_load
-    from tierlocal.gguf.sources import read_headers
     from tierlocal.hardware.detect import detect
     from tierlocal.hardware.override import with_gpu_override
+    from tierlocal.plan.source import check_source, machine_for
+    from tierlocal.plan.verify import verify_load
 
     model = write_compact_as_gguf(json.loads(header_path("qwen3-0.6b", "Q4_K_M").read_text()), tmp_path / "q.gguf")
     machine = machine_for(with_gpu_override(detect(), ["24GiB", "24GiB"]), load_host_defaults())

@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 #: Public name → the module that defines it.
 _API = {
-    "read_headers": "tierlocal.gguf.sources",
+    "read_headers": "tierlocal.fetch.sources",
     "parse_header": "tierlocal.gguf.parse",
     "summarize": "tierlocal.gguf.summary",
     "model_spec": "tierlocal.fit.model",
@@ -32,10 +32,10 @@ _API = {
     "plan_run": "tierlocal.fit.estimate",
     "max_context": "tierlocal.fit.estimate",
     "max_parallel": "tierlocal.fit.estimate",
-    "check_source": "tierlocal.fit.source",
-    "machine_for": "tierlocal.fit.source",
-    "recommend": "tierlocal.fit.rule_of_thumb",
-    "verify_load": "tierlocal.fit.verify",
+    "check_source": "tierlocal.plan.source",
+    "machine_for": "tierlocal.plan.source",
+    "recommend": "tierlocal.plan.rule_of_thumb",
+    "verify_load": "tierlocal.plan.verify",
     "detect": "tierlocal.hardware.detect",
     "with_gpu_override": "tierlocal.hardware.override",
     "load_host_defaults": "tierlocal.catalog",
@@ -73,16 +73,16 @@ __all__ = [
 if TYPE_CHECKING:
     from .catalog import load_host_defaults, load_models
     from .errors import TierlocalError
+    from .fetch.sources import read_headers
     from .fit.estimate import Machine, RunRequest, estimate_run, max_context, max_parallel, plan_run
     from .fit.model import model_spec
-    from .fit.rule_of_thumb import recommend
-    from .fit.source import check_source, machine_for
-    from .fit.verify import verify_load
     from .gguf.parse import parse_header
-    from .gguf.sources import read_headers
     from .gguf.summary import summarize
     from .hardware.detect import detect
     from .hardware.override import with_gpu_override
+    from .plan.rule_of_thumb import recommend
+    from .plan.source import check_source, machine_for
+    from .plan.verify import verify_load
     from .tiers.facts import resolve_model_facts
     from .tiers.plan import build_plan
 

@@ -17,10 +17,9 @@ from functools import cache
 from pathlib import Path
 
 from .errors import CatalogError
-from .fit.gpu_speed import CardInfo, ModelShape, PublishedRow
 from .gguf.compact import from_compact
 from .gguf.parse import GGUFHeader
-from .tiers.arithmetic import ApiPrices, Precision, PublishedConfig, weights_bytes
+from .published import ApiPrices, CardInfo, ModelShape, Precision, PublishedConfig, PublishedRow, weights_bytes
 
 __all__ = [
     "gpu_key",

@@ -1,6 +1,6 @@
 """The catalog recommendation for a machine, assembled: the catalog's entries and their compact
 headers (recipes/), this CPU's calibration (when the llama-server found here was calibrated)
-and the GPU's published speed, handed to the pure ranking in :mod:`tierlocal.fit.recommend`.
+and the GPU's published speed, handed to the pure ranking in :mod:`tierlocal.plan.recommend`.
 
 ``check`` (no SOURCE, or a catalog name), ``pull`` (no SOURCE) and ``serve NAME`` all take
 their answer from :func:`catalog_recommendation`, so they cannot disagree.
@@ -15,11 +15,11 @@ from .catalog import ModelEntry, load_entry_headers, load_gpus, load_host_defaul
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
-from .fit.recommend import CatalogRecommendation, recommend_catalog
-from .fit.source import machine_for
 from .gpu_figures import machine_gpu_speed
-from .hardware.calibrate import calibration_key, load_calibration
 from .hardware.types import Hardware
+from .measure.calibrate import calibration_key, load_calibration
+from .plan.recommend import CatalogRecommendation, recommend_catalog
+from .plan.source import machine_for
 
 __all__ = ["catalog_recommendation", "engine_version"]
 

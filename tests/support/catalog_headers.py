@@ -33,8 +33,8 @@ from gguf import GGMLQuantizationType, LlamaFileType
 
 from tests.support.assets import Assets, load_assets
 from tests.support.sparse_models import SparseArch, _tensors, write_sparse_gguf
+from tierlocal.fetch.sources import read_headers
 from tierlocal.gguf.compact import to_compact
-from tierlocal.gguf.sources import read_headers
 
 Q = GGMLQuantizationType
 ROOT = Path(__file__).resolve().parents[2]

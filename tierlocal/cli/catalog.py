@@ -16,10 +16,10 @@ from rich.table import Table
 from .. import constants
 from ..catalog import ModelEntry, find_model, load_entry_headers, load_models
 from ..errors import UsageError
+from ..fetch.sources import read_headers
 from ..fit.memory import kv_cache, server_context
 from ..fit.model import model_spec
 from ..gguf.compact import to_compact
-from ..gguf.sources import read_headers
 from ..gguf.summary import summarize
 from ..units import format_bytes, format_count
 from .common import COMPACT_WIDTH, console, json_option, print_json

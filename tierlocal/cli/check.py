@@ -13,14 +13,14 @@ from rich.table import Table
 from .. import constants
 from ..catalog import find_model, load_host_defaults, load_models
 from ..errors import UsageError
+from ..fetch.sources import read_headers
 from ..fit.estimate import RunEstimate, RunRequest
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
-from ..fit.recommend import PURPOSES
-from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
-from ..gguf.sources import read_headers
 from ..gpu_figures import machine_gpu_speed
-from ..hardware.calibrate import calibration_key, load_calibration
 from ..hardware.types import Hardware
+from ..measure.calibrate import calibration_key, load_calibration
+from ..plan.recommend import PURPOSES
+from ..plan.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..units import format_bytes

@@ -7,10 +7,11 @@ from rich.table import Table
 
 from ..engines.llama_server import find_llama_server, read_engine_flags
 from ..errors import TierlocalError, UsageError
+from ..fetch.sources import read_headers
 from ..fit.device_speed import DeviceSpeed
 from ..gguf import ModelSummary, summarize
-from ..gguf.sources import read_headers
-from ..hardware.calibrate import (
+from ..hardware.types import Hardware
+from ..measure.calibrate import (
     calibrate_cpu,
     calibration_key,
     load_calibration,
@@ -19,7 +20,6 @@ from ..hardware.calibrate import (
     require_engine,
     save_calibration,
 )
-from ..hardware.types import Hardware
 from ..units import format_bytes, format_count
 from .common import console, gpu_option, json_option, machine, print_json
 

@@ -14,7 +14,7 @@ from .. import constants
 from ..errors import Interrupted, UsageError
 from ..fetch.download import DownloadedFile, partial_paths
 from ..fetch.hf import PlannedFile, PullPlan, check_disk, parse_hf_pull, plan_hf_pull, run_pull
-from ..fetch.resolve import catalog_choice
+from ..resolve import catalog_choice
 from ..units import format_bytes, parse_memory_size
 from .common import console, gpu_option, machine, print_json
 

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..fit.recommend import Candidate, CatalogRecommendation
-from ..fit.source import SourceCheck
+from ..plan.recommend import Candidate, CatalogRecommendation
+from ..plan.source import SourceCheck
 from ..units import format_bytes, format_count, format_decimal_bytes, format_marketed_bytes
 from .common import COMPACT_WIDTH, console
 

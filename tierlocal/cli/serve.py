@@ -13,7 +13,7 @@ import click
 from .. import constants
 from ..catalog import find_model
 from ..errors import TierlocalError, UsageError
-from ..fetch.resolve import resolve_model
+from ..resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
 from ..serve.state import running_servers, starting_servers

@@ -17,7 +17,7 @@ import click
 from .. import constants
 from ..engines.llama_server import find_llama_server, llama_server_missing
 from ..errors import TierlocalError, UsageError
-from ..fetch.resolve import resolve_model
+from ..resolve import resolve_model
 from ..serve.exposure import check_exposure, check_ollama_exposure, is_loopback
 from ..serve.run import ServeOptions
 from ..serve.systemd import (

@@ -15,10 +15,10 @@ from huggingface_hub import constants as hf_constants
 
 from ..errors import DiskFullError, SourceError, UsageError
 from ..gguf.parse import parse_header
-from ..gguf.sources import LocalFileReader
 from ..units import format_bytes
 from .download import DownloadedFile, download_file, partial_bytes
 from .hub import RepoFile, RepoListing, list_gguf_files, locate_file, select_files
+from .sources import LocalFileReader
 
 __all__ = ["HfPullSpec", "PlannedFile", "PullPlan", "parse_hf_pull", "cached_gguf", "plan_hf_pull", "check_disk", "run_pull"]
 

@@ -2,7 +2,8 @@
 
 :mod:`.model` (the architecture facts from a GGUF header), :mod:`.memory` (llama.cpp's rules:
 context, KV cache, placement, buffers), :mod:`.estimate` (per-device memory and the planner),
-:mod:`.speed` (decode speed by bandwidth), :mod:`.source` (one model on one machine, as
-``check`` and ``serve`` plan it), :mod:`.rule_of_thumb` (the catalog recommendation) and
-:mod:`.verify` (a load against its plan). No I/O: every input comes in as an argument.
+:mod:`.speed` (decode and prefill speed), :mod:`.gpu_speed` (a GPU's speed fitted to published
+rows), :mod:`.host_memory` (the host's peak memory). It imports nothing above it: no catalog,
+no engine, no hardware probe (those are :mod:`tierlocal.plan`'s). No I/O: every input comes in
+as an argument.
 """

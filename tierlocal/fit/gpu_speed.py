@@ -28,73 +28,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..published import HALF_TYPES, CardInfo, ModelShape, PublishedRow
 from .device_speed import DeviceSpeed
 
 __all__ = ["ModelShape", "PublishedRow", "CardInfo", "CardFit", "fit_cards", "card_fit", "card_device_speed", "HALF_TYPES"]
-
-#: Weight types read at the half-precision rate (κ).
-HALF_TYPES = ("F16", "BF16")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A published row's model: parameters (all, active per token) and the token embedding's."""
-
-    name: str
-    params: int
-    active_params: int
-    embedding_params: int
-    #: Bytes a token reads in a file of ``read_file_bytes``, from its tensor table, where the
-    #: share of the active parameters would miss it (a mixture with experts in one precision
-    #: and attention in another); 0: use the share.
-    read_bytes_per_token: int = 0
-    read_file_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class PublishedRow:
-    """One llama-bench result: ``test`` is ``tg128``/``tg512`` (decode) or ``pp512`` (prefill)."""
-
-    gpu: str
-    shape: ModelShape
-    model: str
-    size_bytes: int
-    test: str
-    tokens_per_s: float
-    use: str
-    source: str
-    date: str
-
-    @property
-    def half(self) -> bool:
-        """Half-precision weights (F16/BF16) rather than a quantisation."""
-        return any(name in self.model.upper() for name in HALF_TYPES)
-
-    @property
-    def read_bytes(self) -> float:
-        """Weight bytes one generated token reads: the file's share of the active parameters,
-        less the token embedding (a row lookup)."""
-        shape = self.shape
-        if shape.read_bytes_per_token and shape.read_file_bytes:
-            return shape.read_bytes_per_token * self.size_bytes / shape.read_file_bytes
-        return self.size_bytes * (shape.active_params - shape.embedding_params) / shape.params
-
-    @property
-    def flops(self) -> float:
-        """FLOPs per prompt token: 2 × the active parameters it multiplies."""
-        return 2.0 * (self.shape.active_params - self.shape.embedding_params)
-
-
-@dataclass(frozen=True)
-class CardInfo:
-    """What the datasheet says (recipes/gpus.toml): bandwidth (bytes/s), FP16 FLOP/s (None: not
-    published) and the groups a card without rows borrows from (architecture, backend)."""
-
-    name: str
-    bandwidth_bytes_per_s: int
-    fp16_flops: float | None
-    architecture: str
-    backend: str
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """GGUF headers: bounded parsing and summaries (pure, over bytes a reader hands in).
 
 Where the bytes come from (a local path, HTTP Range requests, ``hf://``) is I/O and lives in
-:mod:`tierlocal.gguf.sources`, which this package face does not import.
+:mod:`tierlocal.fetch.sources`, which this package face does not import.
 """
 
 from .chat_template import ChatTemplateInfo, chat_template_info

@@ -4,7 +4,7 @@ until it answers, check the load against the plan, and supervise it until stoppe
 Every engine — :mod:`.llama` (llama-server), :mod:`.ollama` (Ollama), :mod:`.python`
 (llama-cpp-python's server) — has the same entry, ``serve_ENGINE(options, say=…, on_ready=…)
 -> exit code``; :func:`serve` picks one. :mod:`.run` holds the steps they share (plan, launch,
-verify, supervise), :mod:`.process` the child process, :mod:`.state` the file ``tierlocal
+verify, supervise), :mod:`tierlocal.engines.process` the child process, :mod:`.state` the file ``tierlocal
 status`` reads, :mod:`.history` the loads later plans learn from, :mod:`.exposure` who may reach
 a server, :mod:`.template` the chat template, :mod:`.probe` the first answer before "ready",
 :mod:`.systemd` units and readiness notifications.

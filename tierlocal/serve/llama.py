@@ -13,9 +13,9 @@ from ..engines.flags import EngineFlags, check_engine_args, launch_argv
 from ..engines.llama_server import find_llama_server, llama_server_missing, read_engine_flags
 from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
+from ..fetch.sources import read_headers
 from ..gguf import summarize
-from ..gguf.sources import read_headers
-from ..hardware.calibrate import calibration_key, load_calibration
+from ..measure.calibrate import calibration_key, load_calibration
 from .exposure import check_exposure
 from .history import gpu_correction
 from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified

@@ -23,14 +23,14 @@ import ollama
 
 from .. import constants
 from ..engines.loadlog import LoadLogParser
+from ..engines.process import EngineChild, start_child
 from ..engines.prompt_formats import PROBE_MESSAGE, TemplateChoice
 from ..errors import EngineFailed, UsageError
-from ..fit.source import SourceCheck
+from ..fetch.sources import read_headers
 from ..gguf import summarize
-from ..gguf.sources import read_headers
+from ..plan.source import SourceCheck
 from .exposure import check_ollama_exposure
 from .probe import crash_hint
-from .process import EngineChild, start_child
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, stop_on_signals
 from .state import clear_state, log_path, write_starting, write_state
 from .systemd import notify

@@ -12,10 +12,10 @@ import subprocess
 import httpx2
 
 from .. import constants
+from ..engines.process import EngineChild
 from ..engines.prompt_formats import PROBE_MESSAGE
 from ..errors import EngineFailed
 from ..fit.estimate import RunEstimate
-from .process import EngineChild
 from .systemd import notify
 
 __all__ = ["first_answer", "crash_hint"]

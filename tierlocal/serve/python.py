@@ -24,10 +24,10 @@ import gguf
 
 from .. import constants
 from ..errors import AllocationFailed, UsageError
+from ..fetch.sources import read_headers
 from ..fit.estimate import RunRequest
-from ..fit.source import SourceCheck
 from ..gguf import summarize
-from ..gguf.sources import read_headers
+from ..plan.source import SourceCheck
 from .exposure import check_exposure
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
 from .state import clear_state

@@ -18,21 +18,21 @@ from pathlib import Path
 from .. import constants
 from ..catalog import load_host_defaults
 from ..engines.loadlog import LoadLogParser, LoadReport
+from ..engines.process import EngineChild, start_child
 from ..engines.prompt_formats import TemplateChoice
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
+from ..fetch.sources import read_headers
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunRequest, estimate_run
 from ..fit.model import model_spec
 from ..fit.projector import ProjectorSpec, projector_spec
-from ..fit.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
-from ..fit.verify import verify_load
-from ..gguf.sources import read_headers
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
+from ..plan.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
+from ..plan.verify import verify_load
 from .history import record_load
 from .probe import first_answer
-from .process import EngineChild, start_child
 from .state import log_path, write_starting, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .. import constants
+from ..published import ApiPrices, Precision, PublishedConfig, weights_bytes
 
 __all__ = [
     "HOURS_PER_MONTH",
@@ -41,34 +42,6 @@ __all__ = [
 ]
 
 HOURS_PER_MONTH = 720
-
-
-@dataclass(frozen=True)
-class Precision:
-    """A weight format: nominal bytes per weight, plus block-scale bytes per weight (MXFP4)."""
-
-    name: str
-    bytes_per_weight: float
-    block_scale_bytes_per_weight: float = 0.0
-
-
-@dataclass(frozen=True)
-class ApiPrices:
-    """A hosted API's prices in USD per million tokens."""
-
-    input_cache_hit: float
-    input_cache_miss: float
-    output: float
-
-
-@dataclass(frozen=True)
-class PublishedConfig:
-    """A cluster configuration published for a model (memory in bytes)."""
-
-    label: str
-    gpu: str
-    count: int
-    memory_bytes: int
 
 
 @dataclass(frozen=True)
@@ -134,12 +107,6 @@ class BreakEven:
     @property
     def output_tokens_per_day(self) -> float:
         return self.output_tokens_per_month / 30
-
-
-def weights_bytes(params: int, precision: Precision, *, with_scales: bool = False) -> int:
-    """Parameters × bytes per weight (plus block scales when ``with_scales``), in bytes."""
-    per_weight = precision.bytes_per_weight + (precision.block_scale_bytes_per_weight if with_scales else 0.0)
-    return round(params * per_weight)
 
 
 def weights_by_precision(params: int, precisions: Sequence[Precision]) -> list[WeightsLine]:

@@ -13,9 +13,9 @@ from huggingface_hub import get_safetensors_metadata, hf_hub_download
 
 from ..catalog import FrontierModel, GpuSpec, find_frontier, find_gpu, find_model, load_gpus
 from ..errors import SourceError
+from ..fetch.sources import read_headers
 from ..fit.recurrent import kda_state_floats
 from ..gguf import summarize
-from ..gguf.sources import read_headers
 from ..gguf.summary import ModelSummary
 from ..hardware.override import parse_gpu_override
 from .arithmetic import GpuOption

@@ -12,15 +12,15 @@ from ..engines.flags import planned_command
 from ..engines.ollama import OllamaSettings, ollama_settings
 from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
+from ..fit.device_speed import DeviceSpeed
+from ..fit.estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
+from ..fit.headline import HeadlineSpeed, headline_speed
+from ..fit.host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
+from ..fit.model import ModelSpec, model_spec
+from ..fit.speed import DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
+from ..fit.split import split_ratio
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
-from .device_speed import DeviceSpeed
-from .estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
-from .headline import HeadlineSpeed, headline_speed
-from .host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
-from .model import ModelSpec, model_spec
-from .speed import DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
-from .split import split_ratio
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
 

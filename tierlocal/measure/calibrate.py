@@ -31,14 +31,14 @@ import httpx2
 import psutil
 
 from .. import constants
+from ..engines.process import start_child
 from ..errors import CalibrationFailed, EngineFailed, UsageError
+from ..fetch.sources import read_headers
 from ..fit.calibration import TimedRun, fit_device_speed
 from ..fit.device_speed import DeviceSpeed
 from ..fit.model import model_spec
 from ..fit.speed import run_features
-from ..gguf.sources import read_headers
 from ..gguf.synthetic import ProbeShape, write_probe_gguf
-from ..serve.process import start_child
 
 __all__ = [
     "PROBE_TYPES",

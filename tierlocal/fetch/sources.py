@@ -20,8 +20,8 @@ from huggingface_hub import get_session
 
 from .. import constants
 from ..errors import SourceError, UsageError
-from ..fetch.hub import locate_file
-from .parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
+from ..gguf.parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
+from .hub import locate_file
 
 __all__ = ["SourceSpec", "parse_source", "shard_names", "read_headers", "LocalFileReader", "HttpRangeReader"]
 

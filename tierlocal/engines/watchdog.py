@@ -8,7 +8,7 @@ llama-server once hung there, SIGTERM blocked, and never exited) cannot outlive 
 When tierlocal stops the engine itself, it closes the pipe after the engine is gone, and the
 watchdog exits without a signal.
 
-Run as ``python -m tierlocal.serve.watchdog PID START_TICKS GRACE_S``: START_TICKS, the engine's
+Run as ``python -m tierlocal.engines.watchdog PID START_TICKS GRACE_S``: START_TICKS, the engine's
 start time in /proc/PID/stat, tells the engine from a later process that reuses its PID.
 """
 
@@ -58,7 +58,7 @@ def start_watchdog(pid: int, grace_s: float) -> Watchdog | None:
     if ticks is None:
         return None
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal.serve.watchdog", str(pid), str(ticks), str(grace_s)],
+        [sys.executable, "-m", "tierlocal.engines.watchdog", str(pid), str(ticks), str(grace_s)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import constants
-from ..catalog import ModelEntry, find_frontier, find_model, load_models
-from ..errors import UsageError
-from ..hardware.detect import detect
-from ..hardware.types import Hardware
-from ..recommendation import catalog_recommendation
-from ..units import format_bytes
-from .hf import cached_gguf, parse_hf_pull, plan_hf_pull, run_pull
-from .ollama_store import ollama_store_blob
+from . import constants
+from .catalog import ModelEntry, find_frontier, find_model, load_models
+from .errors import UsageError
+from .fetch.hf import cached_gguf, parse_hf_pull, plan_hf_pull, run_pull
+from .fetch.ollama_store import ollama_store_blob
+from .hardware.detect import detect
+from .hardware.types import Hardware
+from .recommendation import catalog_recommendation
+from .units import format_bytes
 
 __all__ = ["catalog_choice", "resolve_model"]
 

@@ -1,9 +1,9 @@
 """The catalog recommendation on the header-exact estimator. Pure.
 
 Every catalog entry with a compact header (recipes/headers/) is planned exactly as ``check
-FILE`` plans the file (:func:`~tierlocal.fit.source.check_source`: largest ``-ngl`` that fits,
+FILE`` plans the file (:func:`~tierlocal.plan.source.check_source`: largest ``-ngl`` that fits,
 MoE experts to RAM when that is faster, the CPU alone when the GPU is too small). An entry
-without a header gets the tier-2 rule of thumb (fit/rule_of_thumb.py), labelled so.
+without a header gets the tier-2 rule of thumb (plan/rule_of_thumb.py), labelled so.
 
 Each planned entry then gets a status:
 
@@ -33,11 +33,11 @@ from dataclasses import dataclass, replace
 
 from ..catalog import GpuSpec, HostDefaults, ModelEntry
 from ..engines.prompt_formats import TemplateChoice
+from ..fit.device_speed import DeviceSpeed
+from ..fit.estimate import Machine, RunRequest
 from ..gguf import GGUFHeader
 from ..hardware.types import Hardware
 from ..units import format_bytes
-from .device_speed import DeviceSpeed
-from .estimate import Machine, RunRequest
 from .rule_of_thumb import Budget, CatalogFit, FrontierVerdict, fit_entry, frontier_verdict, memory_budget
 from .source import SourceCheck, check_source
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engines.loadlog import LoadReport
-from .estimate import RunEstimate
+from ..fit.estimate import RunEstimate
 
 __all__ = ["DeviceDelta", "Verification", "verify_load", "TOTAL_TOLERANCE", "TOTAL_TOLERANCE_BYTES"]
 

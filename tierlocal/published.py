@@ -1,0 +1,110 @@
+"""Plain records of published facts, as the catalog loads them from recipes/ and the estimators
+take them: llama-bench rows and their models' shapes, GPU datasheet figures, weight formats,
+API prices, published cluster configurations. Pure data, below both the catalog (which fills
+them) and the arithmetic that reads them (:mod:`tierlocal.fit.gpu_speed`,
+:mod:`tierlocal.tiers.arithmetic`), so neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["ModelShape", "PublishedRow", "CardInfo", "Precision", "ApiPrices", "PublishedConfig", "weights_bytes", "HALF_TYPES"]
+
+#: Weight types read at the half-precision rate (κ of :mod:`tierlocal.fit.gpu_speed`).
+HALF_TYPES = ("F16", "BF16")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A published row's model: parameters (all, active per token) and the token embedding's."""
+
+    name: str
+    params: int
+    active_params: int
+    embedding_params: int
+    #: Bytes a token reads in a file of ``read_file_bytes``, from its tensor table, where the
+    #: share of the active parameters would miss it (a mixture with experts in one precision
+    #: and attention in another); 0: use the share.
+    read_bytes_per_token: int = 0
+    read_file_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """One llama-bench result: ``test`` is ``tg128``/``tg512`` (decode) or ``pp512`` (prefill)."""
+
+    gpu: str
+    shape: ModelShape
+    model: str
+    size_bytes: int
+    test: str
+    tokens_per_s: float
+    use: str
+    source: str
+    date: str
+
+    @property
+    def half(self) -> bool:
+        """Half-precision weights (F16/BF16) rather than a quantisation."""
+        return any(name in self.model.upper() for name in HALF_TYPES)
+
+    @property
+    def read_bytes(self) -> float:
+        """Weight bytes one generated token reads: the file's share of the active parameters,
+        less the token embedding (a row lookup)."""
+        shape = self.shape
+        if shape.read_bytes_per_token and shape.read_file_bytes:
+            return shape.read_bytes_per_token * self.size_bytes / shape.read_file_bytes
+        return self.size_bytes * (shape.active_params - shape.embedding_params) / shape.params
+
+    @property
+    def flops(self) -> float:
+        """FLOPs per prompt token: 2 × the active parameters it multiplies."""
+        return 2.0 * (self.shape.active_params - self.shape.embedding_params)
+
+
+@dataclass(frozen=True)
+class CardInfo:
+    """What the datasheet says (recipes/gpus.toml): bandwidth (bytes/s), FP16 FLOP/s (None: not
+    published) and the groups a card without rows borrows from (architecture, backend)."""
+
+    name: str
+    bandwidth_bytes_per_s: int
+    fp16_flops: float | None
+    architecture: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class Precision:
+    """A weight format: nominal bytes per weight, plus block-scale bytes per weight (MXFP4)."""
+
+    name: str
+    bytes_per_weight: float
+    block_scale_bytes_per_weight: float = 0.0
+
+
+@dataclass(frozen=True)
+class ApiPrices:
+    """A hosted API's prices in USD per million tokens."""
+
+    input_cache_hit: float
+    input_cache_miss: float
+    output: float
+
+
+@dataclass(frozen=True)
+class PublishedConfig:
+    """A cluster configuration published for a model (memory in bytes)."""
+
+    label: str
+    gpu: str
+    count: int
+    memory_bytes: int
+
+
+def weights_bytes(params: int, precision: Precision, *, with_scales: bool = False) -> int:
+    """Parameters × bytes per weight (plus block scales when ``with_scales``), in bytes."""
+    per_weight = precision.bytes_per_weight + (precision.block_scale_bytes_per_weight if with_scales else 0.0)
+    return round(params * per_weight)
