@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from tierlocal.gguf.synthetic import add_placeholder_vocab, finish_with_tensors
+from tierlocal.gguf.synthetic import SparseWriter, add_placeholder_vocab, finish_with_tensors
 
 Q = GGMLQuantizationType
 
@@ -836,7 +836,7 @@ def write_sparse_gguf(
     ``retype`` gives some tensors another type, ``order`` the tensors' order in the file, and
     ``file_type`` the general.file_type (with general.quantization_version 2), as
     llama-quantize would write them (tests/support/catalog_headers.py)."""
-    writer = GGUFWriter(path, spec.arch)
+    writer = SparseWriter(path, spec.arch)
     a = spec.arch
     writer.add_string("general.name", spec.name)
     if file_type is not None:

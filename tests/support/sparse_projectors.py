@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType
 
-from tierlocal.gguf.synthetic import finish_with_tensors
+from tierlocal.gguf.synthetic import SparseWriter, finish_with_tensors
 
 Q = GGMLQuantizationType
 
@@ -75,7 +75,7 @@ def projector_tensors(spec: SparseProjector) -> list[tuple[str, tuple[int, ...],
 
 def write_sparse_projector(path: Path, spec: SparseProjector) -> Path:
     """Write ``spec`` as an mmproj GGUF whose tensor data is a hole; returns ``path``."""
-    writer = GGUFWriter(path, "clip")
+    writer = SparseWriter(path, "clip")
     writer.add_string("general.name", spec.name)
     writer.add_uint32("general.file_type", 1)
     writer.add_string("clip.projector_type", spec.projector_type)
