@@ -244,10 +244,30 @@ def test_killed_engine_is_reported(assets: Assets, tmp_path: Path) -> None:
 
 
 def test_kill_9_of_tierlocal_leaves_no_engine(assets: Assets, tmp_path: Path) -> None:
+    """The kernel's SIGTERM (PR_SET_PDEATHSIG) ends llama-server, or the watchdog's SIGKILL
+    does once the grace period is over: either way it is gone within the grace period (plus the
+    watchdog's poll), which is what tierlocal promises. (CI once saw it alive 15 s after the
+    kill, exactly the grace period: the bound is the grace period, not a guess below it.)"""
+    from tierlocal import constants
+
     with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port())) as (process, ready):
         process.kill()
         process.wait(10)
-        assert process_gone(ready["engine_pid"], 15), "llama-server outlived tierlocal"
+        killed_at = time.monotonic()
+        gone = process_gone(ready["engine_pid"], constants.ENGINE_STOP_GRACE_S + 10)
+        assert gone, f"llama-server outlived tierlocal by {time.monotonic() - killed_at:.0f} s: {_threads_of(ready['engine_pid'])}"
+
+
+def _threads_of(pid: int) -> str:
+    """Each thread's state and kernel wait channel, for a failure message."""
+    found = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            found.append(f"{task.name}:{state}:{(task / 'wchan').read_text() or '-'}")
+        except OSError:
+            continue
+    return ", ".join(found) or "no threads readable"
 
 
 def test_an_engine_that_ignores_sigterm_cannot_outlive_a_killed_tierlocal(assets: Assets, tmp_path: Path) -> None:
