@@ -32,6 +32,8 @@ PURE = [
     "tierlocal.fit.recurrent",
     "tierlocal.plan",
     "tierlocal.plan.source",
+    "tierlocal.plan.quality",
+    "tierlocal.plan.where",
     "tierlocal.published",
     "tierlocal.plan.rule_of_thumb",
     "tierlocal.plan.recommend",

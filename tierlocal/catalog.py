@@ -19,7 +19,7 @@ from pathlib import Path
 from .errors import CatalogError
 from .gguf.compact import from_compact
 from .gguf.parse import GGUFHeader
-from .published import ApiPrices, CardInfo, ModelShape, Precision, PublishedConfig, PublishedRow, weights_bytes
+from .published import ApiPrices, CardInfo, ModelShape, Precision, PublishedConfig, PublishedRow, QualityFigure, QuantLoss, weights_bytes
 
 __all__ = [
     "gpu_key",
@@ -42,7 +42,8 @@ __all__ = [
     "load_racks",
     "load_rental_defaults",
     "ModelEntry",
-    "Quality",
+    "QualityFacts",
+    "load_quality",
     "load_entry_headers",
     "recipes_dir",
     "load_gpus",
@@ -128,20 +129,6 @@ class DeviceLimit:
 
 
 @dataclass(frozen=True)
-class Quality:
-    """A published quality figure: ``score`` on ``benchmark`` (higher is better), as its
-    ``source`` gave it on ``date``."""
-
-    benchmark: str
-    score: float
-    date: str
-    source: str
-
-    def to_json(self) -> dict[str, object]:
-        return {"benchmark": self.benchmark, "score": self.score, "date": self.date, "source": self.source}
-
-
-@dataclass(frozen=True)
 class ModelEntry:
     """One model (one quantisation) from recipes/models.toml.
 
@@ -173,12 +160,11 @@ class ModelEntry:
     licence: str
     facts_date: str
     note: str
-    #: The family it belongs to (``Qwen3``), llama.cpp's architecture, the published config
-    #: its shape comes from, and a published quality figure (None: the catalog has none).
+    #: The family it belongs to (``Qwen3``), llama.cpp's architecture and the published config
+    #: its shape comes from (its quality figures are in recipes/quality.toml: :func:`load_quality`).
     series: str = ""
     architecture: str = ""
     source: str = ""
-    quality: Quality | None = None
     #: The compact header file in recipes/headers/ (None: planned by the rule of thumb).
     header_file: str | None = None
 
@@ -544,19 +530,12 @@ def load_models() -> tuple[ModelEntry, ...]:
                         series=family.get("series", family["name"]),
                         architecture=family.get("architecture", ""),
                         source=family.get("source", ""),
-                        quality=_quality(family.get("quality")),
                         header_file=_header_file(family["name"], quant),
                     )
                 )
     except (KeyError, TypeError) as exc:
         raise CatalogError(f"recipes/models.toml: an entry lacks {exc}", hint="fix the entry") from None
     return tuple(entries) + tuple(_frontier_entry(model) for model in load_frontier())
-
-
-def _quality(table: dict[str, object] | None) -> Quality | None:
-    if table is None:
-        return None
-    return Quality(str(table["benchmark"]), float(table["score"]), str(table["date"]), str(table["source"]))  # type: ignore[arg-type]
 
 
 def _header_file(name: str, quant: str) -> str | None:
@@ -699,3 +678,72 @@ def find_model(name: str) -> list[ModelEntry]:
     """Entries whose family (``qwen3-14b``) or family:quant (``qwen3-14b:q4_k_m``) is ``name``."""
     wanted = name.lower()
     return [entry for entry in load_models() if wanted in (entry.family.lower(), entry.key)]
+
+
+@dataclass(frozen=True)
+class QualityFacts:
+    """recipes/quality.toml: which tasks each benchmark counts for, every published figure, each
+    quantisation's measured loss (by upper-case type name), and why a model has no figures."""
+
+    benchmark_tasks: dict[str, tuple[str, ...]]
+    figures: tuple[QualityFigure, ...]
+    quant_losses: dict[str, QuantLoss]
+    no_figures: dict[str, str]
+
+
+#: The modes a figure is reported in (recipes/quality.toml ``mode``).
+QUALITY_MODES = ("thinking", "standard")
+
+
+@cache
+def load_quality() -> QualityFacts:
+    """recipes/quality.toml, checked: every figure names a catalog model, a listed benchmark, a
+    mode of :data:`QUALITY_MODES` and a score from 0 to 100.
+
+    Raises:
+        CatalogError: the file is missing, or an entry is malformed.
+    """
+    data = _load("quality.toml")
+    families = {entry.family for entry in load_models()}
+    try:
+        tasks = {str(b["name"]): tuple(str(task) for task in b["tasks"]) for b in data["benchmark"]}  # type: ignore[attr-defined]
+        figures = tuple(
+            QualityFigure(
+                str(f["model"]),
+                str(f["benchmark"]),
+                str(f["mode"]),
+                float(f["score"]),
+                str(f["setting"]),
+                bool(f["self_reported"]),
+                str(f["source"]),
+                str(f["date"]),
+            )
+            for f in data["figure"]  # type: ignore[attr-defined]
+        )
+        losses = {
+            str(q["quant"]).upper(): QuantLoss(
+                str(q["quant"]), float(q["ppl_increase"]), q.get("mean_kld"), str(q["measured_on"]), str(q["source"]), str(q["date"])
+            )
+            for q in data.get("quant_loss", [])  # type: ignore[attr-defined]
+        }
+        no_figures = {str(m["model"]): str(m["why"]) for m in data.get("no_figures", [])}  # type: ignore[attr-defined]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/quality.toml: an entry lacks or mistypes {exc}", hint="fix the entry") from None
+    for figure in figures:
+        problem = _figure_problem(figure, families, tasks)
+        if problem:
+            raise CatalogError(f"recipes/quality.toml: {figure.model} {figure.benchmark} has {problem}", hint="fix the entry")
+    return QualityFacts(tasks, figures, losses, no_figures)
+
+
+def _figure_problem(figure: QualityFigure, families: set[str], tasks: dict[str, tuple[str, ...]]) -> str:
+    """What is wrong with a figure, or ""."""
+    if figure.model not in families:
+        return "an unknown model"
+    if figure.benchmark not in tasks:
+        return "an unlisted benchmark"
+    if figure.mode not in QUALITY_MODES:
+        return f"a mode other than {' or '.join(QUALITY_MODES)}"
+    if not 0.0 <= figure.score <= 100.0:
+        return "a score outside 0-100"
+    return ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ModelShape", "PublishedRow", "CardInfo", "Precision", "ApiPrices", "PublishedConfig", "weights_bytes", "HALF_TYPES"]
+__all__ = ["ModelShape", "PublishedRow", "CardInfo", "Precision", "ApiPrices", "PublishedConfig", "QualityFigure", "QuantLoss", "weights_bytes", "HALF_TYPES"]
 
 #: Weight types read at the half-precision rate (κ of :mod:`tierlocal.fit.gpu_speed`).
 HALF_TYPES = ("F16", "BF16")
@@ -108,3 +108,60 @@ def weights_bytes(params: int, precision: Precision, *, with_scales: bool = Fals
     """Parameters × bytes per weight (plus block scales when ``with_scales``), in bytes."""
     per_weight = precision.bytes_per_weight + (precision.block_scale_bytes_per_weight if with_scales else 0.0)
     return round(params * per_weight)
+
+
+@dataclass(frozen=True)
+class QualityFigure:
+    """One published benchmark result (recipes/quality.toml): ``score`` on ``benchmark`` in
+    ``mode`` (``thinking``: a reasoning trace first; ``standard``: answered directly), higher
+    is better, as ``source`` gave it on ``date``; ``setting`` is the source's own words (shots,
+    version), ``self_reported`` whether the publisher measured its own model."""
+
+    model: str
+    benchmark: str
+    mode: str
+    score: float
+    setting: str
+    self_reported: bool
+    source: str
+    date: str
+
+    @property
+    def column(self) -> str:
+        """The benchmark as scored: results in different modes are different tests."""
+        return f"{self.benchmark} ({self.mode})"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "benchmark": self.benchmark,
+            "mode": self.mode,
+            "score": self.score,
+            "setting": self.setting,
+            "self_reported": self.self_reported,
+            "source": self.source,
+            "date": self.date,
+        }
+
+
+@dataclass(frozen=True)
+class QuantLoss:
+    """A quantisation's measured loss against the 16-bit model: ``ppl_increase`` is the
+    relative perplexity increase (0.03: 3% higher), ``mean_kld`` the mean KL-divergence where
+    published (None: not in the source), measured on ``measured_on``."""
+
+    quant: str
+    ppl_increase: float
+    mean_kld: float | None
+    measured_on: str
+    source: str
+    date: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "quant": self.quant,
+            "ppl_increase": self.ppl_increase,
+            "mean_kld": self.mean_kld,
+            "measured_on": self.measured_on,
+            "source": self.source,
+            "date": self.date,
+        }

@@ -10,18 +10,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import cache
 
-from .catalog import ModelEntry, load_entry_headers, load_gpus, load_host_defaults
+from .catalog import ModelEntry, load_entry_headers, load_gpus, load_host_defaults, load_quality
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
 from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
 from .measure.calibrate import calibration_key, load_calibration
+from .plan.quality import ModelQuality, fit_quality
 from .plan.recommend import CatalogRecommendation, recommend_catalog
 from .plan.source import machine_for
 
-__all__ = ["catalog_recommendation", "engine_version"]
+__all__ = ["catalog_recommendation", "catalog_quality", "engine_version"]
+
+
+@cache
+def catalog_quality() -> dict[str, dict[str, ModelQuality]]:
+    """Every catalog model's score per task, fitted from recipes/quality.toml's figures
+    (:func:`tierlocal.plan.quality.fit_quality`).
+
+    Raises:
+        CatalogError: recipes/quality.toml is unreadable or malformed.
+    """
+    facts = load_quality()
+    return fit_quality(facts.figures, facts.benchmark_tasks)
 
 
 def engine_version() -> str | None:
@@ -42,6 +56,7 @@ def catalog_recommendation(
     min_tokens_per_s: float,
     purpose: str = "chat",
     request: RunRequest | None = None,
+    prefer: str = "balanced",
 ) -> CatalogRecommendation:
     """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots.
 
@@ -60,4 +75,5 @@ def catalog_recommendation(
     return recommend_catalog(
         entries, headers, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
         request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=machine_gpu_speed(machine),
+        quality=catalog_quality(), quant_losses=load_quality().quant_losses, prefer=prefer,
     )  # fmt: skip

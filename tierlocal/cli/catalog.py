@@ -21,6 +21,7 @@ from ..fit.memory import kv_cache, server_context
 from ..fit.model import model_spec
 from ..gguf.compact import to_compact
 from ..gguf.summary import summarize
+from ..recommendation import catalog_quality
 from ..units import format_bytes, format_count
 from .common import COMPACT_WIDTH, console, json_option, print_json
 
@@ -72,13 +73,45 @@ def _family_json(entries: list[ModelEntry], *, facts: bool) -> dict[str, object]
         "facts_date": first.facts_date,
         "source": first.source,
         "gguf_repo": first.gguf_repo,
-        "quality": first.quality.to_json() if first.quality else None,
+        "quality": _quality_json(first.family),
         "frontier": first.frontier,
         "note": first.note,
     }
     if facts and not first.frontier:
         payload["quantisations"] = [_quant_facts(entry) for entry in entries]
     return payload
+
+
+def _quality_json(family: str) -> dict[str, object] | None:
+    """The model's score per task and the published figures they come from (None: none)."""
+    scores = catalog_quality().get(family)
+    if not scores:
+        return None
+    figures = {id(f): f for q in scores.values() for f in q.figures}
+    return {
+        "scores": {task: {"score": round(q.score, 1), "basis": q.basis, "benchmarks_reported": q.reported} for task, q in scores.items()},
+        "figures": [f.to_json() for f in figures.values()],
+    }
+
+
+def _quality_cell(quality: dict[str, object] | None) -> str:
+    """``chat 88.3 (4)``: the chat score and how many chat benchmarks the publisher reported."""
+    if quality is None:
+        return "-"
+    chat = quality["scores"]["chat"]  # type: ignore[index]
+    return f"chat {chat['score']:.1f} ({chat['benchmarks_reported']})"
+
+
+def _quality_lines(quality: dict[str, object]) -> str:
+    """Each task's score, then every figure it comes from with its source."""
+    scores = quality["scores"]
+    lines = ", ".join(f"{task} {s['score']:.1f}" + (" (from its other figures)" if s["basis"] == "general" else "") for task, s in scores.items())  # type: ignore[attr-defined]
+    figures = quality["figures"]
+    cited = "".join(
+        f"\n    {escape(str(f['benchmark']))} ({f['mode']}) {f['score']:g}: {escape(str(f['setting']))} — {escape(str(f['source']))}, {f['date']}"
+        for f in figures  # type: ignore[attr-defined]
+    )
+    return escape(lines) + cited
 
 
 @catalog.command("list")
@@ -106,7 +139,7 @@ def list_(as_json: bool) -> None:
         table.add_row(
             str(family["name"]), str(family["series"]), format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
             str(family["architecture"]), f"{family['context_length']:,}", " ".join(family["quants"]),  # type: ignore[arg-type]
-            str(family["facts_date"]), "-" if quality is None else f"{quality['score']:g} {quality['benchmark']}",  # type: ignore[index]
+            str(family["facts_date"]), _quality_cell(quality),  # type: ignore[arg-type]
         )  # fmt: skip
     console().print(table)
     console().print("`tierlocal catalog show NAME` prints one model's facts; `tierlocal check NAME` plans it on this machine.")
@@ -123,7 +156,7 @@ def _compact_list(families: list[dict[str, object]], title: str, width: int) -> 
     for family in families:
         params, active = int(family["params"]), int(family["active_params"])  # type: ignore[call-overload]
         quality = family["quality"]
-        scored = "" if quality is None else f" · {quality['score']:g} {quality['benchmark']}"  # type: ignore[index]
+        scored = "" if quality is None else f" · {_quality_cell(quality)}"  # type: ignore[arg-type]
         table.add_row(
             f"[bold]{escape(str(family['name']))}[/bold]\n[dim]{escape(str(family['architecture']))} · {family['facts_date']}{escape(scored)}[/dim]",
             format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
@@ -152,7 +185,7 @@ def show(name: str, as_json: bool) -> None:
         if value not in (None, ""):
             out.print(f"  {key}: {escape(f'{value:,}' if isinstance(value, int) else str(value))}")
     quality = payload["quality"]
-    out.print("  quality: " + ("none published in the catalog" if quality is None else escape(str(quality))))
+    out.print("  quality: " + ("no published figures in recipes/quality.toml" if quality is None else _quality_lines(quality)))  # type: ignore[arg-type]
     if payload["frontier"]:
         out.print(f"  never fits one machine: `tierlocal plan {payload['name']}`")
         return

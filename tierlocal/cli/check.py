@@ -19,7 +19,7 @@ from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
 from ..measure.calibrate import calibration_key, load_calibration
-from ..plan.recommend import PURPOSES
+from ..plan.recommend import PREFERENCES, PURPOSES
 from ..plan.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
@@ -59,7 +59,14 @@ __all__ = ["check", "render_source_check"]
     type=click.Choice(PURPOSES),
     default="chat",
     show_default=True,
-    help="What the catalog recommendation is for: long-context plans 32k tokens and keeps models trained for 128k+.",
+    help='What the catalog recommendation is for: the task whose published benchmarks score the models (README "Quality scores"); long-context also plans 32k tokens and keeps models trained for 128k+.',
+)
+@click.option(
+    "--prefer",
+    type=click.Choice(list(PREFERENCES)),
+    default="balanced",
+    show_default=True,
+    help="How the catalog recommendation weighs quality against speed: quality (speed only breaks ties), balanced (2 score points per doubling of tok/s), speed (8).",
 )
 @click.option("--all", "show_all", is_flag=True, help="List every catalog entry, not only the nearest ones.")
 @ram_options
@@ -78,6 +85,7 @@ def check(
     mmproj: str | None,
     min_speed: float,
     purpose: str,
+    prefer: str,
     show_all: bool,
     ram: str | None,
     ram_bandwidth: str | None,
@@ -100,6 +108,7 @@ def check(
       tierlocal check
       tierlocal check --gpu "2xRTX 3090" --ram 64GiB
       tierlocal check --ram 16GiB --for long-context
+      tierlocal check --gpu 12GiB --for code --prefer speed
       tierlocal check qwen3-30b-a3b --gpu 24GiB
       tierlocal check --gpu 24GiB --ctx 32768
       tierlocal check ./model.gguf --ctx max --json
@@ -120,11 +129,21 @@ def check(
     request = RunRequest(
         ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch
     )  # fmt: skip
-    _check_catalog(source, hardware, ctx, parallel, request, min_speed=min_speed, purpose=purpose, show_all=show_all, as_json=as_json)
+    _check_catalog(source, hardware, ctx, parallel, request, min_speed=min_speed, purpose=purpose, prefer=prefer, show_all=show_all, as_json=as_json)
 
 
 def _check_catalog(
-    source: str | None, hardware: Hardware, ctx: str, parallel: str, request: RunRequest, *, min_speed: float, purpose: str, show_all: bool, as_json: bool
+    source: str | None,
+    hardware: Hardware,
+    ctx: str,
+    parallel: str,
+    request: RunRequest,
+    *,
+    min_speed: float,
+    purpose: str,
+    prefer: str,
+    show_all: bool,
+    as_json: bool,
 ) -> None:
     """The catalog recommendation (every entry, or a catalog name's quantisations), ranked."""
     entries = find_model(source) if source is not None else list(load_models())
@@ -133,7 +152,9 @@ def _check_catalog(
     tokens = parse_ctx(ctx) or constants.DEFAULT_CTX
     if purpose == "long-context" and click.get_current_context().get_parameter_source("ctx") == click.core.ParameterSource.DEFAULT:
         tokens = constants.LONG_CONTEXT_CTX
-    recommendation = catalog_recommendation(entries, hardware, ctx=tokens, parallel=int(parallel), min_tokens_per_s=min_speed, purpose=purpose, request=request)
+    recommendation = catalog_recommendation(
+        entries, hardware, ctx=tokens, parallel=int(parallel), min_tokens_per_s=min_speed, purpose=purpose, request=request, prefer=prefer
+    )
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
     shown = recommendation.best or (recommendation.candidates[0] if source is not None and recommendation.candidates else None)
     if as_json:

@@ -60,6 +60,10 @@ def render_catalog_recommendation(
     legend = _basis_legend({c.speed_basis for c in shown if c.decode_tokens_per_s is not None}, recommendation)
     if legend:
         out.print(f"tok/s: {legend}.")
+    out.print(
+        f'score: the {recommendation.purpose} benchmarks each model\'s publisher reports, made comparable (README "Quality scores"; '
+        "* from all its figures, none for this task), less its quantisation's measured loss; - no published figures."
+    )
     _print_frontier(out, recommendation)
 
 
@@ -112,12 +116,12 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
         for column, column_width in fixed.items():
             table.add_column(column, width=column_width, justify="left" if column == "where" else "right", no_wrap=column != "where")
         for candidate in rows:
-            family, quant, params, needs, busiest, where, speed, verdict = _row(candidate)
-            table.add_row(f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · [dim]{verdict}[/dim]", needs, busiest, speed, where)
+            family, quant, params, needs, busiest, where, speed, score, verdict = _row(candidate)
+            table.add_row(f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · score {score} · [dim]{verdict}[/dim]", needs, busiest, speed, where)
         return table
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in ("model", "quant", "params", "needs", "busiest: need/free", "where", "~tok/s", "verdict"):
-        table.add_column(column, justify="right" if column in ("params", "needs", "busiest: need/free", "~tok/s") else "left")
+    for column in ("model", "quant", "params", "needs", "busiest: need/free", "where", "~tok/s", "score", "verdict"):
+        table.add_column(column, justify="right" if column in ("params", "needs", "busiest: need/free", "~tok/s", "score") else "left")
     for candidate in rows:
         table.add_row(*_row(candidate))
     return table
@@ -125,7 +129,7 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
 
 def _row(candidate: Candidate) -> list[str]:
     """model, quant, params, needs (the whole run), busiest device (its need / free), where,
-    tok/s, verdict."""
+    tok/s, quality score (* when not from this task's own figures), verdict."""
     entry = candidate.entry
     params = format_count(candidate.params) + (f"-A{format_count(entry.active_params)}" if entry.active_params < entry.params else "")
     speed = "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}"
@@ -137,7 +141,9 @@ def _row(candidate: Candidate) -> list[str]:
     verdict = candidate.status if candidate.reason in (candidate.status, "fits") else candidate.reason
     if candidate.status == "best":
         verdict = "best: " + candidate.reason
-    return [entry.family, entry.quant, params, needs, busiest, candidate.where, speed, escape(verdict)]
+    quality = candidate.quality
+    score = "-" if quality is None else f"{quality.score:.1f}" + ("*" if quality.model.basis == "general" else "")
+    return [entry.family, entry.quant, params, needs, busiest, candidate.where, speed, score, escape(verdict)]
 
 
 def _print_frontier(out: Console, recommendation: CatalogRecommendation) -> None:

@@ -16,13 +16,15 @@ Each planned entry then gets a status:
 - ``not for PURPOSE``: ``--for long-context`` and a trained context under 128k tokens;
 - ``fits``: eligible.
 
-The best eligible entry is the one with the highest published quality figure when every
-eligible entry has one of the same benchmark; otherwise (the usual case today: the catalog
-carries no such figures yet) the largest model, sized dense-equivalent (a mixture of experts
-counts √(total × active) parameters: a 30B-A3B model ranks with ~10B dense ones), then the
-highest precision (bits per weight, counted up to Q6_K's: :data:`PRECISION_CAP_BITS`), then
-the faster, then the newer release (``facts_date``: Qwen3.6 over Qwen3.5 of the same shape).
-Tight entries are taken only when nothing else fits. Every other row says why it lost.
+The best eligible entry weighs quality against speed: each file's score for the task
+(:mod:`.quality`: the model's published figures made comparable, less its quantisation's
+measured loss) plus :data:`PREFERENCES` points per doubling of its decode speed (``quality``:
+speed only breaks ties; ``balanced``, the default; ``speed``). The pick maximises that, so no
+other eligible entry is both at least as good and at least as fast. Entries without a score
+(no published figures) rank after those with one, among themselves by size, dense-equivalent
+(a mixture of experts counts √(total × active) parameters), then precision (bits per weight,
+counted up to Q6_K's: :data:`PRECISION_CAP_BITS`), then speed, then the newer release. Tight
+entries are taken only when nothing else fits. Every other row says why it lost.
 """
 
 from __future__ import annotations
@@ -37,13 +39,29 @@ from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunRequest
 from ..gguf import GGUFHeader
 from ..hardware.types import Hardware
+from ..published import QuantLoss
 from ..units import format_bytes
+from .quality import EntryQuality, ModelQuality, entry_quality
 from .rule_of_thumb import Budget, CatalogFit, FrontierVerdict, fit_entry, frontier_verdict, memory_budget
 from .source import SourceCheck, check_source
+from .where import load_note, where_text
 
-__all__ = ["Candidate", "CatalogRecommendation", "PURPOSES", "PRECISION_CAP_BITS", "LONG_CONTEXT_TOKENS", "recommend_catalog", "dense_equivalent_params"]
+__all__ = [
+    "Candidate",
+    "CatalogRecommendation",
+    "PURPOSES",
+    "PREFERENCES",
+    "PRECISION_CAP_BITS",
+    "LONG_CONTEXT_TOKENS",
+    "recommend_catalog",
+    "dense_equivalent_params",
+]
 
-PURPOSES = ("chat", "code", "long-context")
+PURPOSES = ("chat", "code", "reasoning", "long-context")
+#: Score points one doubling of decode speed is worth, per ``--prefer``: a choice, not a
+#: measurement (``balanced``: a Q4_K_M that loses ~1.5 points to its Q8_0 and runs ~1.8x as
+#: fast is preferred to it).
+PREFERENCES = {"quality": 0.0, "balanced": 2.0, "speed": 8.0}
 #: Precision counts up to Q6_K's bits per weight (its files carry 6.5–6.6): a choice, not a
 #: measurement — above it the gain is small beside size and speed, so a faster Q6_K beats a
 #: slower Q8_0 of one model.
@@ -79,6 +97,8 @@ class Candidate:
     note: str = ""
     #: The whole run: every device's need added up (``needed_bytes`` is the busiest device's).
     needed_total_bytes: int | None = None
+    #: This file's quality score for the task (None: the model has no published figures).
+    quality: EntryQuality | None = None
 
     @property
     def size_params(self) -> float:
@@ -117,7 +137,7 @@ class Candidate:
             "speed_basis": self.speed_basis,
             "est_prefill_tokens_per_s": _rounded(self.plan.headline.prefill_tokens_per_s) if self.plan else None,
             "bound_decode_tokens_per_s": _rounded(self.plan.headline.bound_decode_tokens_per_s) if self.plan else _rounded(self.decode_tokens_per_s),
-            "quality": entry.quality.to_json() if entry.quality else None,
+            "quality": self.quality.to_json() if self.quality else None,
             "method": "estimator" if self.plan else "rule-of-thumb",
             "ollama_tag": entry.ollama,
             "gguf_repo": entry.gguf_repo,
@@ -142,6 +162,7 @@ class CatalogRecommendation:
     candidates: tuple[Candidate, ...]
     frontier: tuple[FrontierVerdict, ...]
     notes: tuple[str, ...] = ()
+    prefer: str = "balanced"
 
     @property
     def best(self) -> Candidate | None:
@@ -171,6 +192,7 @@ class CatalogRecommendation:
             "ctx": self.ctx,
             "parallel": self.parallel,
             "purpose": self.purpose,
+            "prefer": self.prefer,
             "min_tokens_per_s": self.min_tokens_per_s,
             "recommendation": best.to_json() if best else None,
             "alternatives": [{"role": role, **c.to_json()} for role, c in (("smaller", self.smaller), ("larger", self.larger)) if c is not None],
@@ -202,9 +224,14 @@ def recommend_catalog(
     host_speed: DeviceSpeed | None = None,
     gpu_speed: DeviceSpeed | None = None,
     tight_fraction: float = 0.05,
+    quality: Mapping[str, Mapping[str, ModelQuality]] | None = None,
+    quant_losses: Mapping[str, QuantLoss] | None = None,
+    prefer: str = "balanced",
 ) -> CatalogRecommendation:
     """Plan every entry (``headers`` by entry key; an entry without is planned by the rule of
-    thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring)."""
+    thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring) by
+    ``quality`` (model → task → score) less ``quant_losses`` (by upper-case type), weighed
+    against speed as ``prefer`` (:data:`PREFERENCES`) says."""
     request = request or RunRequest()
     budget = memory_budget(hardware, host)
     planned = []
@@ -217,17 +244,29 @@ def recommend_catalog(
                 host_speed=host_speed, gpu_speed=gpu_speed, model_path=f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>",
                 template=_PUBLISHED_TEMPLATE, host_is_here=not hardware.ram_overridden,
             )  # fmt: skip
-            planned.append(_from_plan(entry, check, min_tokens_per_s, purpose, tight_fraction))
+            candidate = _from_plan(entry, check, min_tokens_per_s, purpose, tight_fraction)
         else:
-            planned.append(_from_rule(entry, fit_entry(entry, budget, host, ctx=ctx, parallel=parallel), min_tokens_per_s, purpose))
-    ranked = _rank(planned)
-    notes = []
-    if purpose == "code":
-        notes.append("no code benchmark figures in the catalog yet: ranked as for chat")
-    if not any(c.entry.quality for c in ranked):
-        notes.append("no published quality figures in the catalog yet: ranked by size (dense-equivalent), then precision")
+            candidate = _from_rule(entry, fit_entry(entry, budget, host, ctx=ctx, parallel=parallel), min_tokens_per_s, purpose)
+        scores = (quality or {}).get(entry.family, {})
+        planned.append(replace(candidate, quality=entry_quality(scores.get(purpose), entry.quant, quant_losses or {})))
+    ranked = _rank(planned, PREFERENCES[prefer], purpose)
     frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
-    return CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, tuple(notes))
+    return CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, _quality_notes(ranked, purpose), prefer)
+
+
+def _quality_notes(ranked: Sequence[Candidate], purpose: str) -> tuple[str, ...]:
+    """What the scores rest on, where it matters to the reader."""
+    notes = []
+    unscored = sorted({c.entry.family for c in ranked if c.quality is None})
+    if unscored:
+        notes.append(f"no published quality figures for {', '.join(unscored)}: ranked after the scored entries, by size then precision")
+    general = sorted({c.entry.family for c in ranked if c.quality is not None and c.quality.model.basis == "general"})
+    if general:
+        notes.append(f"no {purpose} figures for {', '.join(general)}: scored from all of their published figures")
+    unmeasured = sorted({c.entry.quant for c in ranked if c.quality is not None and c.quality.unmeasured})
+    if unmeasured:
+        notes.append(f"no measured quantisation loss for {', '.join(unmeasured)}: scored as lossless")
+    return tuple(notes)
 
 
 def _rounded(value: float | None) -> float | None:
@@ -238,20 +277,6 @@ def _speed(check: SourceCheck) -> tuple[float | None, str]:
     """The decode tokens/s a row is judged by and its basis (:class:`HeadlineSpeed`)."""
     headline = check.headline
     return headline.decode_tokens_per_s, headline.basis
-
-
-def _where(check: SourceCheck) -> str:
-    estimate = check.estimate
-    if estimate is None:
-        return "-"
-    if check.host_only or estimate.layers_offloaded == 0:
-        return "CPU"
-    gpu = f"{len(estimate.tensor_split)} GPUs" if estimate.tensor_split else "GPU"
-    if estimate.request.n_cpu_moe:
-        return f"{gpu}, experts of {estimate.request.n_cpu_moe} blocks in RAM"
-    if estimate.layers_offloaded < estimate.layers_total:
-        return f"{gpu} {estimate.layers_offloaded}/{estimate.layers_total}, rest in RAM"
-    return gpu
 
 
 def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose: str, tight_fraction: float) -> Candidate:
@@ -269,28 +294,11 @@ def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose:
         reason = f"no room: needs {format_bytes(limiting.total_needed_bytes)} on {limiting.name}, {format_bytes(free)} free"
     elif status == "no room":
         reason = f"no room: {check.reason}"
-    note = _load_note(check)
+    note = load_note(check)
     if note:  # the printed command loads it the way it fits
         check = replace(check, command=[*check.command, "--load-mode", "none"])
     total = sum(d.total_needed_bytes for d in devices) if devices else None
-    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, _where(check), check.params, bits, note, total)
-
-
-def _load_note(check: SourceCheck) -> str:
-    """``--load-mode none`` when mmap's peak (the mapped file beside the CPU's repacked copy of
-    its weights) would not fit the RAM available, while loading without mmap would."""
-    modes = {memory.load_mode: memory for memory in check.host_memory}
-    estimate = check.estimate
-    if estimate is None or "mmap" not in modes or "none" not in modes:
-        return ""
-    free = estimate.devices[-1].free_bytes
-    if modes["mmap"].peak_bytes <= free or modes["none"].peak_bytes > free:
-        return ""
-    return (
-        f"load it with --load-mode none (`tierlocal serve {check.source.split(':')[0]} -- --load-mode none`): with mmap the file stays mapped "
-        f"beside its repacked copy, {format_bytes(modes['mmap'].peak_bytes)} at load against {format_bytes(free)}; without, "
-        f"{format_bytes(modes['none'].peak_bytes)}"
-    )
+    return Candidate(entry, check, None, status, reason, speed, basis, needed, free, where_text(check), check.params, bits, note, total)
 
 
 def _from_rule(entry: ModelEntry, fit: CatalogFit, min_speed: float, purpose: str) -> Candidate:
@@ -320,49 +328,64 @@ def _released(entry: ModelEntry) -> float:
     return int(year) * 12 + int(month) - 1 if year.isdigit() and month.isdigit() else 0.0
 
 
-def _rank_key(candidate: Candidate, by_quality: bool) -> tuple[float, float, float, float, float]:
-    quality = candidate.entry.quality.score if by_quality and candidate.entry.quality else 0.0
+def _size_key(candidate: Candidate) -> tuple[float, float, float, float]:
+    """The fallback order for entries without a score: size, precision, speed, release."""
+    return (candidate.size_params, min(candidate.bits_per_weight, PRECISION_CAP_BITS), _known_speed(candidate), _released(candidate.entry))
+
+
+def _known_speed(candidate: Candidate) -> float:
     speed = candidate.decode_tokens_per_s
     if speed is None:  # unknown: the GPU's bandwidth was not given; whole on the GPU is the fastest way
-        speed = math.inf if candidate.where in ("GPU",) or candidate.where.endswith(" GPUs") else 0.0
-    return (quality, candidate.size_params, min(candidate.bits_per_weight, PRECISION_CAP_BITS), speed, _released(candidate.entry))
+        return math.inf if candidate.where in ("GPU",) or candidate.where.endswith(" GPUs") else 0.0
+    return speed
 
 
-def _rank(candidates: list[Candidate]) -> tuple[Candidate, ...]:
+def _utility(quality: EntryQuality, speed: float | None, points_per_doubling: float) -> float:
+    """Score plus the speed's worth (:data:`PREFERENCES`); no speed term when the speed is
+    unknown or zero."""
+    return quality.score + (points_per_doubling * math.log2(speed) if speed and points_per_doubling else 0.0)
+
+
+def _rank_key(candidate: Candidate, points_per_doubling: float) -> tuple[float, ...]:
+    if candidate.quality is None:
+        return (0.0, 0.0, 0.0, *_size_key(candidate))
+    return (1.0, _utility(candidate.quality, candidate.decode_tokens_per_s, points_per_doubling), _known_speed(candidate), *_size_key(candidate))
+
+
+def _rank(candidates: list[Candidate], points_per_doubling: float, purpose: str) -> tuple[Candidate, ...]:
     """Best first (module docstring); the winner's status becomes ``best`` and its reason says why."""
     eligible = [c for c in candidates if c.status == "fits"] or [c for c in candidates if c.status == "tight"]
-    benchmarks = {c.entry.quality.benchmark if c.entry.quality else None for c in eligible}
-    by_quality = bool(eligible) and None not in benchmarks and len(benchmarks) == 1
-    ordered = sorted(candidates, key=lambda c: (_ORDER[c.status], tuple(-v for v in _rank_key(c, by_quality))))
+    ordered = sorted(candidates, key=lambda c: (_ORDER[c.status], tuple(-v for v in _rank_key(c, points_per_doubling))))
     if not eligible:
         return tuple(ordered)
-    winner = max(eligible, key=lambda c: _rank_key(c, by_quality))
-    if by_quality and winner.entry.quality:
-        why = f"highest {winner.entry.quality.benchmark} ({winner.entry.quality.score:g}) that fits"
+    winner = max(eligible, key=lambda c: _rank_key(c, points_per_doubling))
+    if winner.quality is None:
+        why = "largest model that fits (no published quality figures)" + (", highest precision" if winner.bits_per_weight > 6 else "")
+    elif points_per_doubling == 0:
+        why = f"the highest {purpose} score that fits ({winner.quality.score:.1f})"
     else:
-        why = "largest model that fits" + (", highest precision" if winner.bits_per_weight > 6 else "")
-        if any(c.entry.family == winner.entry.family and c.bits_per_weight > winner.bits_per_weight for c in eligible):
-            why += ", faster than its higher-precision files"
+        why = f"the {purpose} score ({winner.quality.score:.1f}) and speed that weigh most"
     if winner.status == "tight":
         why += f" — {winner.reason}; nothing fits with room to spare"
     best = replace(winner, status="best", reason=why)
-    lost = []
-    for c in ordered:
-        if c is winner:
-            continue
-        if c.status == "fits":
-            c = replace(c, reason=_lost_to(c, winner, by_quality))
-        lost.append(c)
-    return (best, *lost)
+    return (best, *(replace(c, reason=_lost_to(c, winner)) if c.status == "fits" else c for c in ordered if c is not winner))
 
 
-def _lost_to(candidate: Candidate, winner: Candidate, by_quality: bool) -> str:
-    if by_quality and candidate.entry.quality and winner.entry.quality and candidate.entry.quality.score < winner.entry.quality.score:
-        return f"fits; lower {candidate.entry.quality.benchmark} ({candidate.entry.quality.score:g})"
-    if candidate.size_params < winner.size_params:
-        return "fits; smaller"
-    if min(candidate.bits_per_weight, PRECISION_CAP_BITS) < min(winner.bits_per_weight, PRECISION_CAP_BITS):
-        return "fits; lower precision"
-    if candidate.decode_tokens_per_s == winner.decode_tokens_per_s and _released(candidate.entry) < _released(winner.entry):
-        return "fits; an older release of the same size"
-    return "fits; slower"
+def _lost_to(candidate: Candidate, winner: Candidate) -> str:
+    """Why an eligible entry lost, in one phrase: its score and speed beside the winner's."""
+    if candidate.quality is None or winner.quality is None:
+        if winner.quality is not None:
+            return "fits; no published quality figures"
+        if candidate.size_params < winner.size_params:
+            return "fits; smaller"
+        if min(candidate.bits_per_weight, PRECISION_CAP_BITS) < min(winner.bits_per_weight, PRECISION_CAP_BITS):
+            return "fits; lower precision"
+        return "fits; slower" if _known_speed(candidate) < _known_speed(winner) else "fits; an older release of the same size"
+    points = winner.quality.score - candidate.quality.score
+    score = f"{points:.1f} points lower" if points >= 0.05 else f"{-points:.1f} points higher" if points <= -0.05 else "the same score"
+    ours, theirs = candidate.decode_tokens_per_s, winner.decode_tokens_per_s
+    if not ours or not theirs:
+        return f"fits; {score}"
+    ratio = ours / theirs
+    speed = f"{ratio:.1f}× faster" if ratio >= 1.05 else f"{1 / ratio:.1f}× slower" if ratio <= 1 / 1.05 else "as fast"
+    return f"fits; {score}, {speed}"

@@ -1,0 +1,134 @@
+"""Quality scores (tierlocal/plan/quality.py, recipes/quality.toml): the one-factor fit recovers
+a known order where raw averages do not, the checked-in figures cover the catalog with sources,
+quantisation loss is applied as measured, and on every machine of the issue's grid the pick is
+not dominated by another eligible entry in (score, estimated speed)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+import pytest
+
+from tierlocal.catalog import _figure_problem, load_models, load_quality
+from tierlocal.hardware.detect import detect
+from tierlocal.hardware.override import with_gpu_override, with_ram_override
+from tierlocal.plan.quality import MIN_REPORTERS, TASKS, entry_quality, fit_quality
+from tierlocal.published import QualityFigure, QuantLoss
+from tierlocal.recommendation import catalog_recommendation
+
+#: Five benchmarks from easy to hard (figure = a + b × strength), six models of known strength.
+_LINES = {"easy": (80.0, 6.0), "mid": (60.0, 10.0), "hard": (30.0, 12.0), "harder": (15.0, 10.0), "hardest": (5.0, 4.0)}
+_STRENGTH = {"m1": -1.5, "m2": -0.9, "m3": -0.3, "m4": 0.3, "m5": 0.9, "m6": 1.5}
+#: What each reports: the weak ones the easy tests, the strong ones the hard ones (as happens).
+_REPORTS = {
+    "m1": ("easy", "mid"),
+    "m2": ("easy", "mid", "hard"),
+    "m3": ("easy", "mid", "hard"),
+    "m4": ("mid", "hard", "harder", "hardest"),
+    "m5": ("hard", "harder", "hardest"),
+    "m6": ("harder", "hardest"),
+}
+
+
+def _figure(model: str, benchmark: str, score: float, mode: str = "standard") -> QualityFigure:
+    return QualityFigure(model, benchmark, mode, score, "test", True, "https://example.org/card", "2026-01-01")
+
+
+def _synthetic() -> list[QualityFigure]:
+    return [_figure(m, c, _LINES[c][0] + _LINES[c][1] * _STRENGTH[m]) for m, columns in _REPORTS.items() for c in columns]
+
+
+def test_the_fit_recovers_the_order_raw_averages_get_wrong() -> None:
+    figures = _synthetic()
+    raw = {m: statistics.fmean(f.score for f in figures if f.model == m) for m in _STRENGTH}
+    assert raw["m4"] > raw["m6"]  # reporting only hard tests makes the strongest look weak
+    scores = fit_quality(figures, dict.fromkeys(_LINES, ("chat",)))
+    chat = {m: scores[m]["chat"].score for m in _STRENGTH}
+    assert sorted(chat, key=chat.__getitem__) == sorted(_STRENGTH, key=_STRENGTH.__getitem__)
+    assert scores["m6"]["chat"].reported == 2 and scores["m6"]["chat"].columns == 5 and scores["m6"]["chat"].basis == "task"
+
+
+def test_a_model_without_figures_for_a_task_is_placed_by_its_others() -> None:
+    """m1..m6 report chat only; three of them also a code test: the other three get a code
+    score from their chat strength, marked ``general``, in the same order."""
+    figures = _synthetic() + [_figure(m, "code-test", 20 + 10 * _STRENGTH[m]) for m in ("m1", "m3", "m6")]
+    tasks = {**dict.fromkeys(_LINES, ("chat",)), "code-test": ("code",)}
+    scores = fit_quality(figures, tasks)
+    code = {m: scores[m]["code"] for m in _STRENGTH}
+    assert [m for m in _STRENGTH if code[m].basis == "general"] == ["m2", "m4", "m5"]
+    assert all(code[m].reported == 0 and code[m].figures == () for m in ("m2", "m4", "m5"))
+    assert sorted(code, key=lambda m: code[m].score) == sorted(_STRENGTH, key=_STRENGTH.__getitem__)
+
+
+def test_a_benchmark_too_few_models_report_is_left_out() -> None:
+    figures = _synthetic() + [_figure(m, "rare", 99.0) for m in ("m1", "m2")][: MIN_REPORTERS - 1]
+    scores = fit_quality(figures, {**dict.fromkeys(_LINES, ("chat",)), "rare": ("chat",)})
+    assert scores["m1"]["chat"].columns == 5 and all(f.benchmark != "rare" for f in scores["m1"]["chat"].figures)
+
+
+def test_thinking_and_standard_results_are_different_columns() -> None:
+    assert _figure("m", "AIME 2025", 80, "thinking").column != _figure("m", "AIME 2025", 20).column
+
+
+def test_quantisation_loss_is_applied_as_measured() -> None:
+    model = fit_quality(_synthetic(), dict.fromkeys(_LINES, ("chat",)))["m3"]["chat"]
+    loss = QuantLoss("Q4_K_M", 0.025, 0.028, "Llama-3-8B", "https://example.org/table", "2024-05-20")
+    q4 = entry_quality(model, "Q4_K_M", {"Q4_K_M": loss})
+    assert q4 is not None and q4.score == pytest.approx(model.score * 0.975) and not q4.unmeasured
+    unmeasured = entry_quality(model, "IQ1_S", {"Q4_K_M": loss})
+    assert unmeasured is not None and unmeasured.score == model.score and unmeasured.unmeasured
+    native = entry_quality(model, "MXFP4_MOE", {})
+    assert native is not None and not native.unmeasured  # gpt-oss as published: nothing lost
+    assert entry_quality(None, "Q4_K_M", {"Q4_K_M": loss}) is None
+
+
+def test_every_catalog_model_has_cited_figures_or_says_why_not() -> None:
+    quality = load_quality()
+    families = {entry.family for entry in load_models() if not entry.frontier}
+    with_figures = {figure.model for figure in quality.figures}
+    assert families <= with_figures | set(quality.no_figures), sorted(families - with_figures - set(quality.no_figures))
+    assert not with_figures & set(quality.no_figures)
+    assert len(with_figures & families) >= 35
+    for figure in quality.figures:
+        assert figure.source.startswith("https://") and re.fullmatch(r"\d{4}-\d{2}(-\d{2})?", figure.date), figure
+        assert set(quality.benchmark_tasks[figure.benchmark]) <= set(TASKS)
+
+
+def test_every_catalog_quantisation_has_a_measured_loss() -> None:
+    losses = load_quality().quant_losses
+    quants = {entry.quant.upper() for entry in load_models() if not entry.frontier} - {"MXFP4_MOE"}
+    assert quants <= set(losses), sorted(quants - set(losses))
+    assert 0 < losses["Q8_0"].ppl_increase < losses["Q6_K"].ppl_increase < losses["Q4_K_M"].ppl_increase < 0.05
+
+
+def test_a_malformed_figure_is_named() -> None:
+    tasks = {"MMLU-Pro": ("chat",)}
+    assert _figure_problem(_figure("no-such-model", "MMLU-Pro", 50), {"qwen3-8b"}, tasks) == "an unknown model"
+    assert _figure_problem(_figure("qwen3-8b", "Vibes", 50), {"qwen3-8b"}, tasks) == "an unlisted benchmark"
+    assert _figure_problem(_figure("qwen3-8b", "MMLU-Pro", 50, "pondering"), {"qwen3-8b"}, tasks).startswith("a mode other than")
+    assert _figure_problem(_figure("qwen3-8b", "MMLU-Pro", 150), {"qwen3-8b"}, tasks) == "a score outside 0-100"
+    assert _figure_problem(_figure("qwen3-8b", "MMLU-Pro", 50), {"qwen3-8b"}, tasks) == ""
+
+
+#: The machines of issue 29's grid: cards with 64 GB of RAM, one with 128 GB, CPU-only boxes.
+GRID = [*((gpu, "64GiB") for gpu in ("8GiB", "12GiB", "16GiB", "24GiB", "2x24GiB", "48GiB", "80GiB")), ("16GiB", "128GiB")]
+GRID += [(None, ram) for ram in ("8GiB", "16GiB", "32GiB", "64GiB")]
+
+
+@pytest.mark.parametrize(("prefer", "purpose"), [("quality", "chat"), ("balanced", "chat"), ("speed", "chat"), ("balanced", "code")])
+def test_the_pick_is_never_dominated_on_the_grid(prefer: str, purpose: str) -> None:
+    for gpu, ram in GRID:
+        hardware = with_ram_override(with_gpu_override(detect(), [gpu or "none"]), ram, None)
+        result = catalog_recommendation(list(load_models()), hardware, ctx=8192, parallel=1, min_tokens_per_s=5, purpose=purpose, prefer=prefer)
+        best = result.best
+        assert best is not None and best.quality is not None, (gpu, ram)
+        rivals = [c for c in result.candidates if c.status == "fits" and c.quality is not None]
+        for rival in rivals:
+            assert rival.quality is not None
+            at_least = rival.quality.score >= best.quality.score and (rival.decode_tokens_per_s or 0) >= (best.decode_tokens_per_s or 0)
+            strictly = rival.quality.score > best.quality.score or (rival.decode_tokens_per_s or 0) > (best.decode_tokens_per_s or 0)
+            assert not (at_least and strictly), (gpu, ram, prefer, rival.entry.key, best.entry.key)
+            assert " points " in rival.reason or "the same score" in rival.reason
+        if prefer == "quality":
+            assert all(rival.quality.score <= best.quality.score for rival in rivals if rival.quality)

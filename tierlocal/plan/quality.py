@@ -1,0 +1,177 @@
+"""One comparable quality score per task from the benchmark figures publishers report. Pure.
+
+Publishers report different benchmarks, in different modes (``thinking``: a reasoning trace
+before the answer; ``standard``), so raw figures do not compare: a model that reports only hard
+tests looks weak beside one that reports only easy ones. The method (README "Quality scores",
+recipes/quality.toml):
+
+1. Each benchmark in each mode is a column; a task (``chat``, ``code``, ``reasoning``,
+   ``long-context``) takes the columns its benchmarks make (recipes/quality.toml ``[[benchmark]]``).
+   A column reported by fewer than :data:`MIN_REPORTERS` catalog models is left out (its
+   difficulty cannot be told from the models' strength); two figures for one cell are averaged.
+2. One strength ``q`` per model and a line per column are fitted together (a one-factor model,
+   by alternating least squares): figure ≈ ``a_column + b_column × q_model``. A model's ``q``
+   comes from the columns it reports, each read through that column's own line, so a model is
+   not penalised for reporting a hard benchmark. The ``general`` fit takes every column of every
+   task, its ``q`` shrunk towards the average by :data:`RIDGE` (one figure says less than six);
+   each task's fit starts from the general ``q`` and is shrunk towards it, which places models
+   whose task figures share no benchmark with the others' (Llama's long-context tests, say) by
+   what their other figures say.
+3. The score is the mean, over every column of the task, of the figure the model's ``q``
+   predicts (0–100): what it would score on average across those benchmarks. ``reported``
+   says how many of them it published.
+
+A model with no figure in a task's columns is placed on them by its general strength (basis
+``general``, marked so in the output); a model with no figure at all has no score.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..published import QualityFigure, QuantLoss
+
+__all__ = ["TASKS", "MIN_REPORTERS", "RIDGE", "ModelQuality", "EntryQuality", "fit_quality", "entry_quality"]
+
+TASKS = ("chat", "code", "reasoning", "long-context")
+#: The fewest catalog models a column needs to be fitted.
+MIN_REPORTERS = 3
+#: Shrinkage of each model's strength towards the average, in units of one column's evidence.
+RIDGE = 0.5
+_ITERATIONS = 200
+
+
+@dataclass(frozen=True)
+class ModelQuality:
+    """A model's score for one task: ``score`` 0–100 (the mean predicted figure over the
+    ``columns`` fitted), from the ``reported`` columns it published (``figures``); ``basis``
+    ``task`` (its own figures for this task) or ``general`` (none for this task: every task's)."""
+
+    model: str
+    task: str
+    score: float
+    basis: str
+    reported: int
+    columns: int
+    figures: tuple[QualityFigure, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "task": self.task,
+            "score": round(self.score, 1),
+            "basis": self.basis,
+            "benchmarks_reported": self.reported,
+            "benchmarks_fitted": self.columns,
+            "figures": [figure.to_json() for figure in self.figures],
+        }
+
+
+@dataclass(frozen=True)
+class EntryQuality:
+    """One catalog file's score: the model's, less its quantisation's measured loss (``loss``:
+    None where none is measured, then counted as no loss and said so)."""
+
+    model: ModelQuality
+    quant: str
+    loss: QuantLoss | None
+    #: The loss is not measured for this quantisation: taken as none.
+    unmeasured: bool
+
+    @property
+    def score(self) -> float:
+        """The model's score × (1 − the quantisation's relative perplexity increase)."""
+        return self.model.score * (1.0 - (self.loss.ppl_increase if self.loss else 0.0))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **self.model.to_json(),
+            "model_score": round(self.model.score, 1),
+            "score": round(self.score, 1),
+            "quant": self.quant,
+            "quant_loss": self.loss.to_json() if self.loss else None,
+            "quant_loss_measured": not self.unmeasured,
+        }
+
+
+def entry_quality(model: ModelQuality | None, quant: str, losses: Mapping[str, QuantLoss]) -> EntryQuality | None:
+    """``model``'s score for a file in ``quant`` (16-bit files and MXFP4 as published lose
+    nothing), or None when the model has no score."""
+    if model is None:
+        return None
+    lossless = quant.upper() in ("F16", "BF16", "F32", "MXFP4", "MXFP4_MOE")
+    loss = losses.get(quant.upper())
+    return EntryQuality(model, quant, loss, unmeasured=loss is None and not lossless)
+
+
+def fit_quality(figures: Sequence[QualityFigure], benchmark_tasks: Mapping[str, Sequence[str]]) -> dict[str, dict[str, ModelQuality]]:
+    """model → task → :class:`ModelQuality`, for every model with a figure in a fitted column
+    (module docstring). ``benchmark_tasks``: benchmark → the tasks it counts for."""
+    _, strength = _fit_task("general", figures, None)
+    found: dict[str, dict[str, ModelQuality]] = {}
+    for task in TASKS:
+        own, _ = _fit_task(task, [f for f in figures if task in benchmark_tasks.get(f.benchmark, ())], strength)
+        for model, quality in own.items():
+            found.setdefault(model, {})[task] = quality
+    return found
+
+
+def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, float] | None) -> tuple[dict[str, ModelQuality], dict[str, float]]:
+    """Each model's score for ``task`` from ``figures``, and its fitted strength; ``prior``:
+    the general strengths this fit starts from and is shrunk towards (None: the general fit)."""
+    cells: dict[tuple[str, str], list[float]] = {}
+    for figure in figures:
+        cells.setdefault((figure.model, figure.column), []).append(figure.score)
+    reporters: dict[str, int] = {}
+    for _model, column in cells:
+        reporters[column] = reporters.get(column, 0) + 1
+    kept = {column for column, count in reporters.items() if count >= MIN_REPORTERS}
+    matrix: dict[str, dict[str, float]] = {}
+    for (model, column), scores in cells.items():
+        if column in kept:
+            matrix.setdefault(model, {})[column] = statistics.fmean(scores)
+    if prior is not None:
+        matrix = {model: row for model, row in matrix.items() if model in prior}
+    if len(matrix) < 2:
+        return {}, {}
+    lines, strength = _one_factor(matrix, prior)
+    found = {}
+    for model, q in {**(prior or {}), **strength}.items():
+        predicted = statistics.fmean(min(max(a + b * q, 0.0), 100.0) for a, b in lines.values())
+        own = tuple(f for f in figures if f.model == model and f.column in kept)
+        basis = "task" if model in matrix else "general"
+        found[model] = ModelQuality(model, task, predicted, basis, len(matrix.get(model, {})), len(lines), own)
+    return found, strength
+
+
+def _one_factor(matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, float] | None) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+    """Fit figure ≈ a_c + b_c × q_m by alternating least squares: without ``prior``, q is
+    standardised each round and shrunk towards 0 by :data:`RIDGE`; with it, q starts at and is
+    shrunk towards ``prior`` (which also fixes its scale). Returns ({column: (a, b)}, {model: q})."""
+    columns = sorted({column for row in matrix.values() for column in row})
+    by_column = {c: {m: row[c] for m, row in matrix.items() if c in row} for c in columns}
+    spread = {c: (statistics.fmean(v.values()), statistics.pstdev(v.values()) or 1.0) for c, v in by_column.items()}
+    if prior is None:
+        strength = {m: statistics.fmean((s - spread[c][0]) / spread[c][1] for c, s in row.items()) for m, row in matrix.items()}
+    else:
+        strength = {m: prior[m] for m in matrix}
+    lines: dict[str, tuple[float, float]] = {}
+    for _ in range(_ITERATIONS):
+        if prior is None:
+            mean, scale = statistics.fmean(strength.values()), statistics.pstdev(strength.values()) or 1.0
+            strength = {m: (q - mean) / scale for m, q in strength.items()}
+        for column, values in by_column.items():
+            qs = [strength[m] for m in values]
+            q_mean, s_mean = statistics.fmean(qs), statistics.fmean(values.values())
+            variance = sum((q - q_mean) ** 2 for q in qs)
+            slope = sum((strength[m] - q_mean) * (s - s_mean) for m, s in values.items()) / variance if variance > 1e-9 else 0.0
+            slope = max(slope, 0.1 * spread[column][1])  # a harder test never ranks the stronger model lower
+            lines[column] = (s_mean - slope * q_mean, slope)
+        weight = RIDGE * statistics.fmean(b * b for _, b in lines.values())  # one typical column's evidence × RIDGE
+        towards = prior or {}
+        strength = {
+            m: (sum(lines[c][1] * (s - lines[c][0]) for c, s in row.items()) + weight * towards.get(m, 0.0)) / (sum(lines[c][1] ** 2 for c in row) + weight)
+            for m, row in matrix.items()
+        }
+    return lines, strength
