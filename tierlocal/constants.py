@@ -65,9 +65,10 @@ ENGINE_STOP_GRACE_S = 15.0
 FIRST_ANSWER_TIMEOUT_S = 300.0
 #: Output tokens of that first chat.
 FIRST_ANSWER_TOKENS = 2
-#: First ranged read of a remote header, in bytes; later reads grow with what was read.
+#: First read of a header (a ranged request for a remote one), in bytes; later reads grow with
+#: what was read (tierlocal.gguf.parse.HeaderLimits).
 REMOTE_FIRST_READ_BYTES = 256 * 1024
-#: Largest single ranged read of a remote header, in bytes.
+#: Largest single read of a header, in bytes.
 REMOTE_MAX_READ_BYTES = 8 * 1024 * 1024
 #: Free disk kept after a download unless --keep-free says otherwise (bytes).
 DEFAULT_KEEP_FREE_BYTES = 1 << 30

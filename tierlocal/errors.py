@@ -9,8 +9,9 @@ The tree::
     ├── HardwareError              a GPU override that names nothing we know             exit 2
     ├── CatalogError               recipes/ data that is missing or malformed
     ├── EngineError                an engine binary that cannot be run, built or used
-    │   └── EngineFailed           the engine died, or never became healthy
-    │       └── AllocationFailed   it could not allocate a buffer while loading
+    │   ├── EngineFailed           the engine died, or never became healthy
+    │   │   └── AllocationFailed   it could not allocate a buffer while loading
+    │   └── CalibrationFailed      its timings here do not determine the speed figures
     ├── DownloadError              a download that could not finish
     │   ├── PartialDownload        the connection kept failing; the bytes so far are kept
     │   └── DiskFullError          not enough free disk for it

@@ -23,7 +23,9 @@ from ..errors import SourceError, UsageError
 
 __all__ = ["RepoFile", "RepoListing", "FileLocation", "hub_errors", "list_gguf_files", "locate_file", "select_files"]
 
-_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+#: A split GGUF's shard name, ``model-00002-of-00003.gguf`` (llama.cpp's gguf-split), with or
+#: without a directory: the one pattern the fetchers and header sources share.
+SHARD_NAME = re.compile(r"^(?P<prefix>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 #: Most files one repo listing may hold before we stop reading it.
 MAX_REPO_FILES = 100_000
 
@@ -118,7 +120,8 @@ def _quant_pattern(quant: str) -> re.Pattern[str]:
 
 def _file_set_key(path: str) -> str:
     """The name shared by every shard of a split file (the path itself when unsplit)."""
-    return _SHARD_RE.sub("", path)
+    match = SHARD_NAME.match(path)
+    return match.group("prefix") if match else path
 
 
 def _quant_of(path: str) -> str | None:
@@ -160,11 +163,11 @@ def select_files(listing: RepoListing, *, quant: str | None = None, filename: st
 
 
 def _check_shards_complete(name: str, files: list[RepoFile]) -> None:
-    match = _SHARD_RE.search(files[0].path)
+    match = SHARD_NAME.match(files[0].path)
     if match is None:
         return
-    count = int(match.group(2))
-    indices = sorted(int(m.group(1)) for f in files if (m := _SHARD_RE.search(f.path)))
+    count = int(match.group("count"))
+    indices = sorted(int(m.group("index")) for f in files if (m := SHARD_NAME.match(f.path)))
     if indices != list(range(1, count + 1)):
         raise SourceError(
             name,

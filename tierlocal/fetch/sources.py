@@ -21,11 +21,10 @@ from huggingface_hub import get_session
 from .. import constants
 from ..errors import SourceError, UsageError
 from ..gguf.parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
-from .hub import locate_file
+from .hub import SHARD_NAME, locate_file
 
 __all__ = ["SourceSpec", "parse_source", "shard_names", "read_headers", "LocalFileReader", "HttpRangeReader"]
 
-_SHARD_RE = re.compile(r"^(?P<prefix>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 _MAX_SHARDS = 1000
 
@@ -70,7 +69,7 @@ def shard_names(filename: str) -> list[str]:
     ``model-00002-of-00003.gguf`` → ``model-00001-of-00003.gguf`` … ``model-00003-of-00003.gguf``.
     """
     directory, _, base = filename.rpartition("/")
-    match = _SHARD_RE.match(base)
+    match = SHARD_NAME.match(base)
     if match is None:
         return [filename]
     count = int(match.group("count"))

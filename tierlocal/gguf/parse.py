@@ -19,6 +19,7 @@ from typing import Protocol
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
+from .. import constants
 from ..errors import HeaderError
 
 __all__ = [
@@ -70,9 +71,9 @@ class HeaderLimits:
     #: Arrays longer than this are kept as an :class:`ArraySummary` (type and length).
     max_kept_array_elements: int = 4096
     #: First read size in bytes; later reads grow with what has been read so far.
-    first_read_bytes: int = 256 * 1024
+    first_read_bytes: int = constants.REMOTE_FIRST_READ_BYTES
     #: Largest single read in bytes.
-    max_read_bytes: int = 8 * 1024 * 1024
+    max_read_bytes: int = constants.REMOTE_MAX_READ_BYTES
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,9 @@ TASKS = ("chat", "code", "reasoning", "long-context")
 MIN_REPORTERS = 3
 #: Shrinkage of each model's strength towards the average, in units of one column's evidence.
 RIDGE = 0.5
-_ITERATIONS = 200
+_ITERATIONS = 500
+#: The fit stops once no strength moves by more than this in a round.
+_TOLERANCE = 1e-7
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,7 @@ def _one_factor(matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, f
         strength = {m: prior[m] for m in matrix}
     lines: dict[str, tuple[float, float]] = {}
     for _ in range(_ITERATIONS):
+        before = strength
         if prior is None:
             mean, scale = statistics.fmean(strength.values()), statistics.pstdev(strength.values()) or 1.0
             strength = {m: (q - mean) / scale for m, q in strength.items()}
@@ -174,4 +177,6 @@ def _one_factor(matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, f
             m: (sum(lines[c][1] * (s - lines[c][0]) for c, s in row.items()) + weight * towards.get(m, 0.0)) / (sum(lines[c][1] ** 2 for c in row) + weight)
             for m, row in matrix.items()
         }
+        if max(abs(strength[m] - before[m]) for m in strength) < _TOLERANCE:
+            break
     return lines, strength
