@@ -44,4 +44,4 @@ def test_bench_attaches_to_the_running_serve(assets: Assets, tmp_path: Path) -> 
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout)["url"] == f"http://127.0.0.1:{port}"
     nothing = run_cli("bench", env=_env(assets, tmp_path / "empty"))
-    assert nothing.returncode == 2 and nothing.stderr.startswith("error: no tierlocal serve is running")
+    assert nothing.returncode == 1 and nothing.stderr.startswith("error: no tierlocal serve is running")  # as `status` exits

@@ -17,6 +17,14 @@ The tree::
     │   └── DiskFullError          not enough free disk for it
     └── Interrupted                Ctrl-C during long work (what was done is kept)      exit 130
 
+Exit codes, the same for every command:
+
+    0    done
+    1    it could not be done: an engine failed, a download stopped, nothing is running, the
+         catalog data is broken (``TierlocalError`` and the classes above without a code)
+    2    the input is wrong: an option, a GGUF header, a source, a GPU name (fix it and rerun)
+    130  interrupted (Ctrl-C); what was done is kept
+
 The CLI catches ``TierlocalError`` in one place, prints ``error: <message>`` and
 ``hint: <hint>`` to stderr and exits with ``exit_code``. Anything else is a bug and
 keeps its traceback. Private control-flow exceptions (a retry signal inside one module) live

@@ -11,7 +11,7 @@ import sys
 import click
 from rich.table import Table
 
-from ..errors import EngineFailed, UsageError
+from ..errors import EngineFailed, TierlocalError, UsageError
 from ..serve.bench import BenchRun, bench_path, bench_server, record_bench
 from ..serve.state import running_servers
 from ..units import format_bytes
@@ -41,11 +41,13 @@ def bench(source: str | None, port: int | None, ctx: str, llama_server: str | No
     """
     if source is None:
         servers = running_servers(port)
-        if len(servers) != 1:
-            raise UsageError(
-                "no tierlocal serve is running" + (f" on port {port}" if port else "") if not servers else f"{len(servers)} servers are running",
-                hint="start one with `tierlocal serve MODEL`, give --port, or give a SOURCE to serve for the measurement",
+        if not servers:  # a state, not a bad option: exit 1, as `status` says it
+            raise TierlocalError(
+                "no tierlocal serve is running" + (f" on port {port}" if port else ""),
+                hint="start one with `tierlocal serve MODEL`, or give a SOURCE to serve for the measurement",
             )
+        if len(servers) > 1:
+            raise UsageError(f"{len(servers)} servers are running", hint="give --port to say which")
         run = bench_server(servers[0], say=_say)
     else:
         run = _bench_source(source, ctx, llama_server, threads)
