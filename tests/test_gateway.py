@@ -257,6 +257,10 @@ def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byt
             assert "model=gone" in gw.log_text() and "fallback=engine_down" in gw.log_text()
             metrics = httpx2.get(gw.url.removesuffix("/v1") + "/metrics", headers=gw.headers()).text
             assert 'tierlocal_gateway_fallbacks_total{model="gone",reason="engine_down"} 1.0' in metrics
+            # ... and the dashboard's Live page shows it (it once said "Fallbacks taken: None")
+            live = httpx2.get(gw.url.removesuffix("/v1") + "/ui/data/live.json", headers=gw.headers(), timeout=30)
+            assert live.status_code == 200 and live.json()["data"]["fallbacks"] == {"gone · engine_down": 1.0}
+            assert "Fallbacks taken" in live.json()["html"] and "gone · engine_down" in live.json()["html"]
             assert httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["gone"][1]["state"] == "up"  # it answered
             # Cut after one byte: nothing reached the client, so the stream falls back whole.
             first.queue(Fault(cut_after=1))
@@ -436,6 +440,9 @@ def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted
         worst = (len(json.dumps(request).encode()) + 64) * PRICES["input_cache_miss"] / 1e6 + 4 * PRICES["output"] / 1e6
         assert budget - spent < worst * 1.5
         assert served > 25  # reconciliation freed what the worst cases held
+        # usage says the same figures with their digits (it once printed "$0.0016 of $0.00")
+        table = " ".join(run_cli("usage", "--period", "day", "--config", str(gw.config)).stdout.split())
+        assert "of $0.005" in table and "$0.00 " not in table + " ", table
 
 
 # --- secrets and bad input ---------------------------------------------------------------------------

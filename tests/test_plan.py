@@ -267,3 +267,13 @@ def test_pulling_a_model_that_never_fits_points_at_plan() -> None:
             "hint: see `tierlocal plan kimi-k3` for the cluster that serves it (tier 1) and the hosted API (tier 3)",
         ],
     )
+
+
+def test_a_gpus_marketed_memory_reads_in_decimal_gb_in_the_sources_too() -> None:
+    """B300 read "288.0 GiB" in check, "288.00 GB" in plan and "288 GiB" in --sources: one unit,
+    decimal as marketed, in the table and in the sources list alike."""
+    said = run_cli("plan", "kimi-k3", "--sources").stdout
+    table, _, sources = said.partition("Sources:")
+    assert "│ B300           │ 288 GB │" in table
+    assert "B300: 288 GB (marketed)" in sources and "H100: 80 GB (marketed)" in sources
+    assert "288 GiB" not in said and "288.0 GiB" not in said and "288.00 GB" not in said
