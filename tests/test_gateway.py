@@ -217,7 +217,9 @@ def test_fallback_matrix(case: str, tmp_path: Path, local_engine: Engine, hosted
     fault, reason, cools_down = FALLBACKS[case]
     with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first:
         body = route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + PRICES_TOML
-        with gateway(tmp_path, body, env=ENV, server="error_cooldown_s = 30") as gw:
+        # A cooldown without a hint lasts error_cooldown_s: long enough that two requests to the
+        # hosted engine on a loaded machine (CI twice took over 30 s) cannot outlast it.
+        with gateway(tmp_path, body, env=ENV, server="error_cooldown_s = 600") as gw:
             first.queue(fault)
             answer = httpx2.post(gw.url + "/chat/completions", json=CHAT, headers=gw.headers(), timeout=60)
             assert answer.status_code == 200, answer.text
