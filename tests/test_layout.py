@@ -29,6 +29,7 @@ PURE = [
     "tierlocal.fit.split",
     "tierlocal.fit.estimate",
     "tierlocal.fit.speed",
+    "tierlocal.fit.features",
     "tierlocal.fit.device_speed",
     "tierlocal.fit.calibration",
     "tierlocal.fit.recurrent",

@@ -13,7 +13,6 @@ from rich.table import Table
 from .. import constants
 from ..catalog import find_model, load_host_defaults, load_models
 from ..errors import UsageError
-from ..fetch.sources import read_headers
 from ..fit.estimate import RunEstimate, RunRequest
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..gpu_figures import machine_gpu_speed
@@ -166,6 +165,8 @@ def _check_catalog(
 
 
 def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, request: RunRequest) -> SourceCheck:
+    from ..fetch.sources import read_headers  # the hub's client loads only when a file is read (~0.15 s)
+
     if "/" not in source and not source.endswith(".gguf"):
         hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
         raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx2
-
 from .. import constants
 from .watchdog import Watchdog, start_watchdog
 
@@ -107,6 +105,8 @@ class EngineChild:
         """Poll ``health_url`` (with ``headers``) until it answers 200 (llama-server answers
         503 while loading); give up when the child exits, ``timeout_s`` passes or ``stop`` is
         set."""
+        import httpx2  # the HTTP client loads when an engine is waited for, not with every command
+
         started = time.monotonic()
         with httpx2.Client(timeout=2.0, headers=headers) as client:
             while True:

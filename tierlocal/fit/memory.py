@@ -161,30 +161,40 @@ def _cache_cells(spec: ModelSpec, params: ContextParams) -> tuple[int, int]:
     return cells_full, cells_full if params.swa_full else _pad(min(cells_full, window))
 
 
+def _kv_layout(spec: ModelSpec, cache_type_k: str, cache_type_v: str, flash_attn: bool) -> tuple[tuple[bool, bool, int], ...]:
+    """Per layer: (keeps a recurrent state, sliding-window, K+V bytes per cell — 0 for none),
+    which depend on the spec and the cache types only (computed once per spec and setting)."""
+    table = spec.plan_cache.setdefault("kv_layout", {})
+    key = (cache_type_k, cache_type_v, flash_attn)
+    if key in table:
+        return table[key]
+    # Without flash attention V rows are padded to the widest layer's (Gemma 4: 4 × 512 to 16 × 256).
+    v_widest = 0 if flash_attn else max((spec.n_embd_v_gqa(il) for il in range(spec.n_layer)), default=0)
+    layout = []
+    for il in range(spec.n_layer):
+        recurrent = bool(spec.is_recurrent and spec.is_recurrent[il])
+        if (recurrent and not spec.attention_in_recurrent) or spec.n_head_kv[il] == 0:
+            layout.append((recurrent, False, 0))
+            continue
+        v_elements = spec.n_embd_v_gqa(il) and max(spec.n_embd_v_gqa(il), v_widest)
+        per_cell = cache_type_bytes(cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(cache_type_v, v_elements) if v_elements else 0)
+        layout.append((recurrent, bool(spec.is_swa[il]), per_cell))
+    found = table[key] = tuple(layout)
+    return found
+
+
 def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
     """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers), and of
     the fixed-size recurrent state for recurrent layers (:mod:`tierlocal.fit.recurrent`); a
     Falcon-H1 layer keeps both."""
     cells_full, cells_swa = _cache_cells(spec, params)
-    # Without flash attention V rows are padded to the widest layer's (Gemma 4: 4 × 512 to 16 × 256).
-    v_widest = 0 if params.flash_attn else max((spec.n_embd_v_gqa(il) for il in range(spec.n_layer)), default=0)
-    layers = []
-    for il in range(spec.n_layer):
-        state = 0
-        if spec.is_recurrent and spec.is_recurrent[il]:
-            # Recurrent state: (n_embd_r + n_embd_s) float32 values per sequence, whatever the context.
-            state = (spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max)
-            if not spec.attention_in_recurrent:
-                layers.append(state)
-                continue
-        if spec.n_head_kv[il] == 0:
-            layers.append(state)
-            continue
-        cells = cells_swa if spec.is_swa[il] else cells_full
-        v_elements = spec.n_embd_v_gqa(il) and max(spec.n_embd_v_gqa(il), v_widest)
-        per_cell = cache_type_bytes(params.cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(params.cache_type_v, v_elements) if v_elements else 0)
-        layers.append(state + per_cell * cells * params.n_stream)
-    return KvCache(cells_full, cells_swa, params.n_stream, tuple(layers))
+    # Recurrent state: (n_embd_r + n_embd_s) float32 values per sequence, whatever the context.
+    state = (spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max)
+    layers = tuple(
+        (state if recurrent else 0) + per_cell * (cells_swa if swa else cells_full) * params.n_stream
+        for recurrent, swa, per_cell in _kv_layout(spec, params.cache_type_k, params.cache_type_v, params.flash_attn)
+    )
+    return KvCache(cells_full, cells_swa, params.n_stream, layers)
 
 
 def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:

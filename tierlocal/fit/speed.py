@@ -23,14 +23,13 @@ A CPU's figures come from ``tierlocal hw --calibrate`` (the engine timed on prob
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .device_speed import DeviceSpeed
 from .estimate import Machine, RunEstimate
-from .memory import EXPERT_TENSOR, cache_type_bytes, device_binds, gpu_layers, weights_split
-from .model import ModelSpec, PlacedTensor
+from .features import DEFAULT_DEPTH, PREFILL_PROMPT, Features, RunFeatures, add_feature, run_features
+from .model import ModelSpec
 
 __all__ = [
     "RunFeatures",
@@ -48,115 +47,8 @@ __all__ = [
     "BASES",
 ]
 
-#: Tokens already in the context when a decode speed is quoted (a short chat turn).
-DEFAULT_DEPTH = 512
 #: Prompt lengths time to first token is quoted for (those that fit a slot).
 TTFT_PROMPTS = (128, 512, 2048)
-#: The prompt length a prefill rate is quoted at (llama-bench's pp512).
-PREFILL_PROMPT = 512
-
-Features = dict[str, float]
-
-
-@dataclass(frozen=True)
-class RunFeatures:
-    """What one run asks of each device (``host``, ``gpu``): decode features per generated
-    token at ``depth`` tokens of context, and prefill features per prompt token for a prompt
-    of ``prompt`` tokens (``once`` holds the output layer's, paid once per prompt)."""
-
-    depth: int
-    prompt: int
-    decode: dict[str, Features]
-    prefill: dict[str, Features]
-    once: dict[str, Features]
-
-
-def _is_matrix(tensor: PlacedTensor) -> bool:
-    return len(tensor.shape) >= 2 and min(tensor.shape[:2]) > 1
-
-
-def _elements(tensor: PlacedTensor) -> int:
-    return math.prod(tensor.shape) if tensor.shape else 0
-
-
-def add_feature(features: Features, name: str, amount: float) -> None:
-    if amount:
-        features[name] = features.get(name, 0.0) + amount
-
-
-def run_features(
-    spec: ModelSpec,
-    *,
-    ngl: int = 0,
-    n_cpu_moe: int = 0,
-    max_tensor_bytes: int | None = None,
-    depth: int = DEFAULT_DEPTH,
-    prompt: int = PREFILL_PROMPT,
-    cache_type_k: str = "f16",
-    cache_type_v: str = "f16",
-) -> RunFeatures:
-    """The features of decoding at ``depth`` and prefilling ``prompt`` tokens with
-    ``-ngl ngl --n-cpu-moe n_cpu_moe``, per device."""
-    split = weights_split(spec, ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes)
-    on_host = {id(tensor) for tensor in split.cpu_tensors}
-    layer_on_gpu = gpu_layers(spec, ngl)
-    share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
-    decode: dict[str, Features] = {"host": {}, "gpu": {}}
-    prefill: dict[str, Features] = {"host": {}, "gpu": {}}
-    once: dict[str, Features] = {"host": {}, "gpu": {}}
-
-    ffn_width = [0.0] * (spec.n_layer + 1)
-
-    def account(tensor: PlacedTensor, device: str, output_layer: bool) -> None:
-        expert = EXPERT_TENSOR.search(tensor.name) is not None
-        used = share if expert else 1.0
-        prefix = "x" if expert else ""  # experts' mat-mul runs through mul_mat_id: a rate of its own
-        ggml_type = "F16" if tensor.ggml_type == "F32" else tensor.ggml_type  # small F32 matrices (routers): F16's rates
-        add_feature(decode[device], f"bytes:{ggml_type}", tensor.n_bytes * used)
-        add_feature(decode[device], f"rows:{ggml_type}", _elements(tensor) / tensor.shape[0] * used)
-        flops = 2.0 * _elements(tensor) * used
-        add_feature(once[device] if output_layer else prefill[device], f"{prefix}flops:{ggml_type}", flops)
-        if ".ffn_up" in tensor.name and len(tensor.shape) >= 2:
-            ffn_width[tensor.layer] += tensor.shape[1] * (spec.n_expert_used if expert else 1)
-
-    for tensor in spec.tensors:
-        if tensor.layer < 0 or not _is_matrix(tensor):
-            continue  # the embedding is a row lookup; norms and biases are in the per-layer cost
-        account(tensor, "host" if id(tensor) in on_host else "gpu", tensor.layer == spec.n_layer)
-    if spec.tied_output:  # the output projection multiplies by the embedding matrix
-        embedding = spec.embedding
-        if embedding is not None:
-            fits = device_binds(embedding, max_tensor_bytes)
-            account(embedding, "gpu" if layer_on_gpu[spec.n_layer] and fits else "host", True)
-
-    for il in range(spec.n_layer):
-        device = "gpu" if layer_on_gpu[il] else "host"
-        add_feature(decode[device], "layer", 1)
-        add_feature(prefill[device], "layer", 1)
-        # element-wise work (norms, activations, residuals) per token grows with the widths
-        add_feature(prefill[device], "elems", spec.n_embd + ffn_width[il])
-        kv_bytes, attn_flops = _attention(spec, il, depth, prompt, cache_type_k, cache_type_v)
-        add_feature(decode[device], "kv_bytes", kv_bytes)
-        add_feature(prefill[device], "attn_flops", attn_flops)
-    decode["host"]["token"] = 1
-    if any(layer_on_gpu):  # the GPU's own per-token cost: kernel launches, the round trip
-        decode["gpu"]["token"] = 1
-    decode["host"]["vocab"] = spec.n_vocab
-    prefill["host"]["token"] = 1
-    return RunFeatures(depth, prompt, decode, prefill, once)
-
-
-def _attention(spec: ModelSpec, il: int, depth: int, prompt: int, cache_type_k: str, cache_type_v: str) -> tuple[float, float]:
-    """Layer ``il``'s KV bytes read per decoded token at ``depth``, and its attention FLOPs per
-    prompt token over a ``prompt``-token prompt (none for a recurrent layer)."""
-    if (spec.is_recurrent and spec.is_recurrent[il] and not spec.attention_in_recurrent) or spec.n_head_kv[il] == 0:
-        return 0.0, 0.0
-    window = spec.n_swa if spec.is_swa[il] and spec.n_swa else None
-    keys_decode = min(depth, window) if window else depth
-    cell = cache_type_bytes(cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(cache_type_v, spec.n_embd_v_gqa(il)) if spec.n_embd_v_gqa(il) else 0)
-    # mean keys attended over the prompt's positions 1..prompt (capped by the window)
-    keys = sum(min(p, window) for p in range(1, prompt + 1)) / prompt if window and window < prompt else (prompt + 1) / 2
-    return float(cell * keys_decode), 2.0 * spec.n_head[il] * (spec.head_k_at(il) + spec.head_v_at(il)) * keys
 
 
 def _priced(features: Features, table: Mapping[str, float], unit: str, speed: DeviceSpeed, uncalibrated: set[str]) -> float:

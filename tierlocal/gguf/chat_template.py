@@ -15,8 +15,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import jinja2
-import jinja2.sandbox
 from gguf.constants import Keys
 
 from .parse import GGUFHeader
@@ -90,6 +88,8 @@ def template_family(source: str) -> str | None:
 
 def _parse_error(source: str) -> str | None:
     """Why Jinja2 cannot compile ``source`` (None: it can). Compiling runs nothing."""
+    import jinja2.sandbox  # only when there is a template to read: a slow import
+
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"])
     try:
         environment.parse(_GENERATION_TAG.sub("", source))

@@ -112,20 +112,35 @@ def _value_in(value: object, what: str, limits: HeaderLimits) -> object:
     return value
 
 
+#: Each ggml type's (block elements, block bytes) by name, looked up once.
+_TYPE_SIZES = {qtype.name: GGML_QUANT_SIZES[qtype] for qtype in GGMLQuantizationType if qtype in GGML_QUANT_SIZES}
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and 0 <= value < 1 << 62
+
+
 def _tensor(item: object, source: str, limits: HeaderLimits) -> TensorInfo:
+    """One ``[name, shape, type, offset]`` entry, checked (the messages are built only on a
+    failure: a catalog header holds thousands of tensors)."""
     if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str) or not isinstance(item[1], list) or not isinstance(item[2], str):
         raise CompactError(f"{source}: a tensor must be [name, shape, type, offset]")
-    name, dims, type_name = item[0], item[1], item[2]
+    name, dims, type_name, offset = item
     if not 1 <= len(dims) <= limits.max_dims:
         raise CompactError(f"{source}: tensor {name!r} has {len(dims)} dimensions")
-    shape = tuple(_count(dim, f"{source}: a dimension of {name!r}") for dim in dims)
-    try:
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
-    except KeyError:
-        raise CompactError(f"{source}: tensor {name!r} has unknown type {type_name!r}") from None
+    for dim in dims:
+        if not _is_count(dim):
+            _count(dim, f"{source}: a dimension of {name!r}")  # raises, with the message
+    sizes = _TYPE_SIZES.get(type_name)
+    if sizes is None:
+        raise CompactError(f"{source}: tensor {name!r} has unknown type {type_name!r}")
+    block, size = sizes
+    shape = tuple(dims)
     n_elements = 1
     for dim in shape:
         n_elements *= dim
     if n_elements >= 1 << 62 or shape[0] % block:
         raise CompactError(f"{source}: tensor {name!r} of shape {shape} is not whole {type_name} blocks")
-    return TensorInfo(name, shape, type_name, _count(item[3], f"{source}: offset of {name!r}"), n_elements, n_elements // block * size)
+    if not _is_count(offset):
+        _count(offset, f"{source}: offset of {name!r}")
+    return TensorInfo(name, shape, type_name, offset, n_elements, n_elements // block * size)

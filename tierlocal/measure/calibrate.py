@@ -26,19 +26,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx2
 import psutil
 
 from .. import constants
 from ..engines.process import start_child
 from ..errors import CalibrationFailed, EngineFailed, UsageError
-from ..fetch.sources import read_headers
 from ..fit.calibration import TimedRun, fit_device_speed
 from ..fit.device_speed import DeviceSpeed
 from ..fit.model import model_spec
 from ..fit.speed import run_features
 from ..gguf.synthetic import ProbeShape, write_probe_gguf
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = [
     "PROBE_TYPES",
@@ -141,6 +143,8 @@ def time_probe(binary: Path, model: Path, prompt: int, *, log_dir: Path, repeats
             tail = " | ".join(child.lines()[-3:])
             raise EngineFailed(f"llama-server did not load the probe {model.name}: {tail[:300]}", hint="check the engine with `tierlocal engine status`")
         url = f"http://127.0.0.1:{port}"
+        import httpx2  # the HTTP client loads when probes run, not with every command
+
         with httpx2.Client(timeout=600.0) as client:
             _timed(client, url, warmup or prompt)  # a warm-up: first-use allocations and a cold CPU are not speed
             results = [_timed(client, url, prompt) for _ in range(repeats)]
@@ -271,6 +275,8 @@ def _time_probes(
                 )
             started = time.monotonic()
             path = write_probe_gguf(directory / f"{probe.shape.name}.gguf", probe.shape)
+            from ..fetch.sources import read_headers  # only when probes run: the hub client is a slow import
+
             spec = model_spec(read_headers(str(path)))
             prefill_s, decode_s = time_probe(binary, path, probe.prompt, log_dir=directory, repeats=repeats)
             features = run_features(spec, depth=probe.prompt + DECODE_TOKENS // 2, prompt=probe.prompt)

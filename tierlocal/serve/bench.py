@@ -13,11 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx2
+from typing import TYPE_CHECKING
 
 from .. import constants
 from ..errors import EngineFailed, UsageError
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = ["BenchRun", "PromptRun", "bench_server", "bench_device", "bench_key", "record_bench", "measured_speed", "bench_path", "PROMPT_LENGTHS"]
 
@@ -144,6 +146,8 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
     lengths = [length for length in PROMPT_LENGTHS if length + DECODE_TOKENS + 16 <= per_slot] or [max(16, per_slot // 4)]
     url = str(state["url"])
     runs = []
+    import httpx2  # the HTTP client loads when a server is measured, not when a record is read
+
     with httpx2.Client(timeout=constants.FIRST_ANSWER_TIMEOUT_S * 2) as client:
         _one(client, url, 16)  # warm-up: first-use allocations are not speed
         for length in lengths:
