@@ -30,6 +30,7 @@ PURE = [
     "tierlocal.fit.estimate",
     "tierlocal.fit.speed",
     "tierlocal.fit.features",
+    "tierlocal.fit.placement",
     "tierlocal.fit.device_speed",
     "tierlocal.fit.calibration",
     "tierlocal.fit.recurrent",

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .memory import EXPERT_TENSOR, cache_type_bytes, device_binds, expert_flags, gpu_layers, tensor_binds
+from .memory import cache_type_bytes
 from .model import ModelSpec, PlacedTensor
+from .placement import EXPERT_TENSOR, device_binds, expert_flags, gpu_layers, tensor_binds
 
 __all__ = ["Features", "RunFeatures", "run_features", "add_feature", "DEFAULT_DEPTH", "PREFILL_PROMPT"]
 

@@ -21,14 +21,14 @@ src/llama-kv-cache-iswa.cpp:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .. import constants
 from ..errors import UsageError
-from .model import ModelSpec, PlacedTensor
+from .model import ModelSpec
+from .placement import EXPERT_TENSOR, SUPPORT_TEST_TOKENS, WeightsSplit, device_binds, expert_flags, gpu_layers, tensor_binds, weights_split
 from .recurrent import rwkv7_compute_bytes
 
 __all__ = [
@@ -195,119 +195,6 @@ def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
         for recurrent, swa, per_cell in _kv_layout(spec, params.cache_type_k, params.cache_type_v, params.flash_attn)
     )
     return KvCache(cells_full, cells_swa, params.n_stream, layers)
-
-
-def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
-    """Which of the n_layer + 1 layers (the last is the output layer) ``-ngl ngl`` puts on the GPU."""
-    start = max(spec.n_layer + 1 - max(ngl, 0), 0)
-    return tuple(il >= start for il in range(spec.n_layer + 1))
-
-
-#: llama.cpp's LLM_FFN_EXPS_REGEX: the expert tensors --n-cpu-moe keeps on the CPU.
-EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
-
-
-@dataclass(frozen=True)
-class WeightsSplit:
-    """Model weights per side of a partial offload, in bytes.
-
-    ``cpu_bytes`` sums the tensors kept on the CPU; ``cpu_mapped_bytes`` is what llama.cpp
-    reports as CPU_Mapped with mmap: the span of each file from its first to its last CPU
-    tensor (offloaded tensors inside that span stay mapped, though they are not resident).
-    ``gpu_read_bytes`` / ``cpu_read_bytes`` are the bytes each side reads per generated token
-    (expert tensors count n_expert_used / n_expert of their size).
-    """
-
-    gpu_bytes: int
-    cpu_bytes: int
-    cpu_mapped_bytes: int
-    gpu_read_bytes: int = 0
-    cpu_read_bytes: int = 0
-    #: The tensors kept on the CPU.
-    cpu_tensors: tuple[PlacedTensor, ...] = ()
-
-
-#: Tokens of the batch llama.cpp tests a weight's operation with when it picks the weight's
-#: device (llama-model-loader.cpp ``weight_buft_supported``).
-SUPPORT_TEST_TOKENS = 512
-
-
-def device_binds(tensor: PlacedTensor, max_tensor_bytes: int | None, n_expert_used: int = 1) -> bool:
-    """Whether a device whose buffers hold at most ``max_tensor_bytes`` can take ``tensor``'s
-    operation, as llama.cpp tests it: the weight itself, and for a matrix the f32 product of a
-    512-token batch (rows × 512 × 4 bytes; × the experts used for an expert tensor) must each
-    fit one buffer. On Mesa's llvmpipe (128 MiB) a 65,537-row output matrix therefore stays in
-    RAM while a 65,536-row one is offloaded (measured: Falcon-H1, Granite-4.0-H, RWKV-6)."""
-    if max_tensor_bytes is None:
-        return True
-    if tensor.n_bytes > max_tensor_bytes:
-        return False
-    if len(tensor.shape) < 2 or tensor.name.endswith(".bias") or ".ffn_gate_inp" in tensor.name:
-        return True
-    per_token = tensor.shape[1] * (n_expert_used if EXPERT_TENSOR.search(tensor.name) else 1)
-    return per_token * SUPPORT_TEST_TOKENS * 4 <= max_tensor_bytes
-
-
-def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> WeightsSplit:
-    """Where ``-ngl ngl --n-cpu-moe n_cpu_moe`` puts the weights.
-
-    Offloaded blocks, and with the output layer its tensors, go to the GPU; the token
-    embedding always stays on the CPU. A tied output is the token embedding duplicated onto
-    the output layer's device. ``--n-cpu-moe N`` keeps the expert tensors of blocks 0..N-1 on
-    the CPU. A tensor the device cannot bind (:func:`device_binds` with ``max_tensor_bytes``,
-    e.g. Vulkan's maxStorageBufferRange: 128 MiB on Mesa's llvmpipe) stays on the CPU, as
-    llama.cpp falls back when the device does not support the operation. CPU repack copies are host memory's
-    business (:mod:`tierlocal.fit.host_memory`).
-    """
-    key = (ngl, n_cpu_moe, max_tensor_bytes)
-    cache = spec.plan_cache.setdefault("weights_split", {})  # the planners ask for the same -ngl many times
-    if key in cache:
-        return cache[key]
-    on_gpu = gpu_layers(spec, ngl)
-    expert = expert_flags(spec)
-    binds = tensor_binds(spec, max_tensor_bytes)
-    expert_share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
-    gpu = 0
-    gpu_read = 0.0
-    cpu_tensors = []
-    for index, tensor in enumerate(spec.tensors):
-        kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and expert[index]
-        if tensor.layer >= 0 and on_gpu[tensor.layer] and not kept_on_cpu and binds[index]:
-            gpu += tensor.n_bytes
-            gpu_read += tensor.n_bytes * (expert_share if expert[index] else 1.0)
-        else:
-            cpu_tensors.append(index)
-    embedding = spec.embedding
-    if spec.tied_output and on_gpu[spec.n_layer] and (embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)):
-        gpu += spec.token_embd_bytes
-    tensors = spec.tensors
-    spans: dict[int, tuple[int, int]] = {}
-    for index in cpu_tensors:
-        tensor = tensors[index]
-        start, end = spans.get(tensor.shard, (tensor.offset, tensor.offset + tensor.n_bytes))
-        spans[tensor.shard] = (min(start, tensor.offset), max(end, tensor.offset + tensor.n_bytes))
-    mapped = sum(end - start for start, end in spans.values())
-    # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
-    cpu_read = sum(tensors[i].n_bytes * (expert_share if expert[i] else 1.0) for i in cpu_tensors if tensors[i].layer >= 0)
-    split = WeightsSplit(gpu, sum(tensors[i].n_bytes for i in cpu_tensors), mapped, round(gpu_read), round(cpu_read), tuple(tensors[i] for i in cpu_tensors))
-    cache[key] = split
-    return split
-
-
-def expert_flags(spec: ModelSpec) -> tuple[bool, ...]:
-    """Whether each of the spec's tensors is an expert tensor (computed once per spec)."""
-    flags = spec.plan_cache.get("expert_flags")
-    if flags is None:
-        flags = spec.plan_cache["expert_flags"] = tuple(EXPERT_TENSOR.search(t.name) is not None for t in spec.tensors)
-    return flags
-
-
-def tensor_binds(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[bool, ...]:
-    """:func:`device_binds` for each of the spec's tensors (computed once per spec and limit)."""
-    table = spec.plan_cache.setdefault("binds", {})
-    if max_tensor_bytes not in table:
-        table[max_tensor_bytes] = tuple(device_binds(t, max_tensor_bytes, spec.n_expert_used or 1) for t in spec.tensors)
-    return table[max_tensor_bytes]
 
 
 def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
