@@ -22,7 +22,9 @@ Exit codes, the same for every command:
     0    done
     1    it could not be done: an engine failed, a download stopped, nothing is running, the
          catalog data is broken (``TierlocalError`` and the classes above without a code)
-    2    the input is wrong: an option, a GGUF header, a source, a GPU name (fix it and rerun)
+    2    the input cannot be used: an option, a GGUF header, a GPU name, a source that cannot
+         be read (missing, unreachable, refused), an engine path that points nowhere (fix it and
+         rerun; tests/test_error_paths.py runs each command's)
     130  interrupted (Ctrl-C); what was done is kept
 
 The CLI catches ``TierlocalError`` in one place, prints ``error: <message>`` and
