@@ -180,7 +180,13 @@ def test_status_says_a_server_is_starting_until_it_serves(assets: Assets, tmp_pa
     """Between /health answering and the state file (the load checked, a first answer) status
     said "no serve running"; now it says what the server is doing, then the state."""
     port = free_port()
-    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    # The real llama-server, started 4 s late: Gemma 270M loads in about a second, and on a
+    # loaded machine one `status` run can take longer than that, so CI once saw the window pass
+    # between two polls. A sure window of 4 s keeps what is tested and takes the race out.
+    late = tmp_path / "llama-server"
+    late.write_text(f'#!/bin/sh\ncase "$*" in *--port*) sleep 4;; esac\nexec \'{assets.llama_server_cpu}\' "$@"\n')  # not its --help or --version
+    late.chmod(0o755)
+    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(late)}
     process = subprocess.Popen(
         [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--port", str(port), "--threads", "2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
