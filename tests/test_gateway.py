@@ -648,6 +648,42 @@ def test_a_model_that_cannot_fit_has_no_local_target(tmp_path: Path, local_engin
         assert "kimi-k3 needs at least" in gw.log_text() and "local targets are skipped" in gw.log_text()
 
 
+def test_kimi_goes_to_your_cluster_first_and_to_the_hosted_api_when_it_stops(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    """Tier 1 first: a llama-server stands in for the rented cluster (behind the fault proxy, so
+    it can go away), a second one with --api-key for the hosted API. The cluster answers; once
+    it refuses connections (stopped, or loading) the API takes over; usage says which tier
+    answered each request, and the cluster's hours against what its tokens cost on the API."""
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as cluster:
+        cluster_target = f'{{ url = "{cluster.url}/v1", model = "moonshotai/Kimi-K3", tier = 1, usd_per_hour = 2.0 }}'
+        with gateway(tmp_path, route("kimi-k3", cluster_target, hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+            health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["kimi-k3"]
+            assert [target["url"] for target in health] == [cluster.url + "/v1", hosted_engine.url]  # not dropped as "cannot fit"
+            first = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
+            assert first.status_code == 200 and first.headers["x-tierlocal-target"] == cluster.url + "/v1"
+            assert cluster.seen[-1].body["model"] == "moonshotai/Kimi-K3" and cluster.seen[-1].authorization is None
+            cluster.stop()  # the cluster stops: its port refuses connections
+            second = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
+            assert second.status_code == 200 and second.headers["x-tierlocal-target"] == hosted_engine.url
+            rows = usage_rows(gw)
+            assert [(row["tier"], row["target"]) for row in rows] == [(1, f"{cluster.url}/v1#moonshotai/Kimi-K3"), (3, f"{hosted_engine.url}#kimi-k3")]
+            assert rows[0]["cost_usd"] == 0 and rows[1]["cost_usd"] > 0  # the cluster is paid by the hour, not per token
+            # Refused at once, or already marked down by the health poll: either way, a fallback with its reason.
+            assert rows[0]["fallback_reason"] is None and rows[1]["fallback_reason"] in ("connect_error", "engine_down")
+            report = run_cli("usage", "--config", str(gw.config), "--period", "all", "--json")
+            text = run_cli("usage", "--config", str(gw.config), "--period", "all")
+    assert report.returncode == 0, report.stderr
+    usage = json.loads(report.stdout)
+    tiers = usage["by_tier"]
+    assert set(tiers) == {"1", "3"} and (tiers["1"]["name"], tiers["1"]["requests"], tiers["3"]["requests"]) == ("your cluster", 1, 1)
+    mine = usage["clusters"][f"{cluster.url}/v1#moonshotai/Kimi-K3"]
+    served = first.json()["usage"]
+    assert mine["tokens"] == served["prompt_tokens"] + served["completion_tokens"] and mine["usd_per_hour"] == 2.0
+    assert mine["api_usd"] == pytest.approx(cost(served), abs=1e-6)  # the same tokens at the API's price, computed here
+    assert mine["cluster_usd"] == pytest.approx(2.0 * mine["hours"], abs=1e-5) and mine["cheaper"] == ("cluster" if mine["cluster_usd"] < mine["api_usd"] else "api")
+    assert "tier 1 (your cluster): 1 requests" in text.stdout and "tier 3 (hosted API): 1 requests" in text.stdout
+    assert f"cluster {cluster.url}/v1#moonshotai/Kimi-K3:" in text.stdout
+
+
 def test_a_real_context_overflow_goes_to_the_larger_context_target(tmp_path: Path, assets: Assets, hosted_engine: Engine) -> None:
     """A local llama-server with a 256-token context answers a longer prompt with its real 400
     exceed_context_size_error; the gateway sends the request on to the 2048-token target."""

@@ -82,11 +82,12 @@ def test_racing_processes_cannot_overrun_a_budget_in_redis(clean_redis: str) -> 
         # Settling replaces a hold by the actual cost; totals add up; keys are hashed.
         hold = store.reserve("bob", 0.05, 0.10, "day")
         assert hold is not None and store.reserve("bob", 0.06, 0.10, "day") is None
-        store.settle(hold, UsageRecord("bob", "kimi-k3", "kimi-k3", "t", 200, 1000, 400, 100, 0.01, 5.0, None, "chatcmpl-1"))
+        store.settle(hold, UsageRecord("bob", "kimi-k3", "kimi-k3", "t", 200, 1000, 400, 100, 0.01, 5.0, None, "chatcmpl-1", tier=3))
         assert store.spent("bob", "day") == pytest.approx(0.01)
         assert store.reserve("bob", 0.06, 0.10, "day") is not None
         totals = store.totals(0)
         assert totals["users"]["bob"] == {"requests": 1, "prompt_tokens": 1000, "cached_tokens": 400, "completion_tokens": 100, "cost_usd": 0.01}
+        assert totals["tiers"] == {"3": totals["users"]["bob"]}  # the tier that answered, as SQLite records it
         key = store.add_key("carol")
         assert store.authenticate(key) == "carol" and store.authenticate(key + "x") is None
         with redis.Redis.from_url(clean_redis) as client:

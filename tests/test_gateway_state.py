@@ -119,6 +119,37 @@ def test_settling_replaces_the_hold_and_usage_totals_add_up(tmp_path: Path) -> N
     assert totals["models"]["kimi-k3"]["cost_usd"] == 0.0051 and totals["models"]["qwen3-14b"]["requests"] == 1
 
 
+def _one_target(**target: object) -> dict[str, object]:
+    return {"routes": [{"model": "kimi-k3", "targets": [{"url": "http://10.0.0.5:8000/v1", "model": "moonshotai/Kimi-K3", **target}]}]}
+
+
+def test_tiers_default_by_key_and_a_cluster_of_your_own_is_tier_1() -> None:
+    cluster = parse_config(_one_target(tier=1, usd_per_hour=56.0), "g.toml").routes[0].targets[0]
+    assert (cluster.tier, cluster.usd_per_hour, cluster.hosted) == (1, 56.0, False)
+    assert parse_config(_one_target(), "g.toml").routes[0].targets[0].tier == 2
+    assert parse_config(_one_target(api_key_env="K"), "g.toml").routes[0].targets[0].tier == 3
+    # A cluster behind a key is still tier 1: it has a key, and no per-token price.
+    behind_key = parse_config(_one_target(tier=1, api_key_env="K"), "g.toml").routes[0].targets[0]
+    assert (behind_key.tier, behind_key.hosted) == (1, True)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ({"tier": 4}, "routes[0].targets[0].tier: 4 is not a tier"),
+        ({"tier": True}, "routes[0].targets[0].tier: True is not a tier"),
+        ({"tier": 3}, "routes[0].targets[0].tier: a hosted API (tier 3) needs a key"),
+        ({"usd_per_hour": 10.0}, "routes[0].targets[0].usd_per_hour: only a cluster of your own (tier = 1) has a cost per hour"),
+        ({"tier": 1, "usd_per_hour": -1}, "routes[0].targets[0].usd_per_hour: must be a number above 0, not -1"),
+        ({"tiers": 1}, "routes[0].targets[0]: unknown key 'tiers'"),
+    ],
+)
+def test_a_bad_tier_is_one_precise_error(target: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError) as error:
+        parse_config(_one_target(**target), "g.toml")
+    assert str(error.value) == f"g.toml: {message}"
+
+
 def test_default_config_routes_kimi_to_the_hosted_api() -> None:
     config = parse_config({}, "(test)")
     assert config.routes == ()
@@ -195,14 +226,16 @@ def test_an_old_database_is_migrated_without_losing_a_row(tmp_path: Path, schema
     store = SqliteStore(tmp_path / "state")
     try:
         assert store.authenticate(key) == "alice"
-        store.settle(None, UsageRecord("alice", "kimi-k3", "kimi-k3", "hosted", 200, 1, 0, 1, request_id="chatcmpl-after"))
+        store.settle(None, UsageRecord("alice", "kimi-k3", "kimi-k3", "hosted", 200, 1, 0, 1, request_id="chatcmpl-after", tier=3))
     finally:
         store.close()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
         columns = "time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason"
         assert db.execute(f"SELECT {columns} FROM usage WHERE id <= 3 ORDER BY id").fetchall() == rows
         assert db.execute("SELECT request_id FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), ("chatcmpl-after",)]
+        # Rows from before the tier was recorded say so (NULL); the new row names its tier.
+        assert db.execute("SELECT tier FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), (3,)]
         assert db.execute("SELECT user, amount_usd FROM reservations").fetchall() == [("alice", 0.25)]
         # The old rows' cost, carried into the per-day totals budgets are checked against.
         days = db.execute("SELECT user, day, cost_usd FROM spend_by_day ORDER BY day").fetchall()
@@ -216,7 +249,7 @@ def test_a_database_newer_than_this_code_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         db.execute("PRAGMA user_version = 99")
-    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 4"):
+    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 5"):
         SqliteStore(tmp_path / "state")
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 99  # untouched: still in rollback-journal mode

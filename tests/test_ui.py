@@ -57,11 +57,11 @@ def _seed(state_dir: Path) -> None:
     user and a model whose names are script tags, with a stored body."""
     store = SqliteStore(state_dir)
     try:
-        store.settle(None, UsageRecord("bob", "kimi-k3", "kimi-k3", "http://127.0.0.1:9/v1#kimi-k3", 200, 1_000_000, 400_000, 100_000, 3.42, 900.0))
+        store.settle(None, UsageRecord("bob", "kimi-k3", "kimi-k3", "http://127.0.0.1:9/v1#kimi-k3", 200, 1_000_000, 400_000, 100_000, 3.42, 900.0, tier=3))
         store.settle(
             None,
             UsageRecord(
-                EVIL_USER, EVIL_MODEL, EVIL_MODEL, "http://127.0.0.1:9/v1#local-model", 200, 50, 0, 20, 0.0, 10.0, None, "chatcmpl-x", STORED_BODY, STORED_BODY
+                EVIL_USER, EVIL_MODEL, EVIL_MODEL, "http://127.0.0.1:9/v1#local-model", 200, 50, 0, 20, 0.0, 10.0, None, "chatcmpl-x", STORED_BODY, STORED_BODY, 2
             ),
         )
     finally:
@@ -188,11 +188,11 @@ def test_the_spend_page_shows_what_usage_json_says(running: RunningGateway) -> N
         assert client.get("/ui/spend").text.count('<section class="break-even"') == 1
     assert data["data"]["users"] == report["users"] and data["data"]["models"] == report["models"]
     assert (
-        data["data"]["by_kind"]
-        == report["by_kind"]
+        data["data"]["by_tier"]
+        == report["by_tier"]
         == {
-            "hosted": {"requests": 1, "prompt_tokens": 1_000_000, "cached_tokens": 400_000, "completion_tokens": 100_000, "cost_usd": 3.42},
-            "local": {"requests": 1, "prompt_tokens": 50, "cached_tokens": 0, "completion_tokens": 20, "cost_usd": 0.0},
+            "2": {"name": "local", "requests": 1, "prompt_tokens": 50, "cached_tokens": 0, "completion_tokens": 20, "cost_usd": 0.0},
+            "3": {"name": "hosted API", "requests": 1, "prompt_tokens": 1_000_000, "cached_tokens": 400_000, "completion_tokens": 100_000, "cost_usd": 3.42},
         }
     )
     assert report["budgets"]["bob"] == {"budget_usd": 2.0, "budget_period": "day", "spent_usd": 3.42, "left_usd": 0.0}

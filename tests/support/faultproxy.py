@@ -91,8 +91,13 @@ class FaultProxy:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        self.stop()
+
+    def stop(self) -> None:
+        """Close the port (connections are refused from here on), once."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(10)
 
     def queue(self, *faults: Fault) -> None:
         self.faults.extend(faults)

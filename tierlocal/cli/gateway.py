@@ -129,7 +129,7 @@ def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
     show_default=True,
     help="From the start of the current day/week/month (UTC), or everything.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users, models, targets, by_kind, budgets, break_even}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users, models, targets, by_tier, clusters, budgets, break_even}.")
 def usage(config_path: Path | None, period: str, as_json: bool) -> None:
     """Requests, tokens (prompt, cached, completion) and spend per user and per model, and for a
     hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
@@ -152,8 +152,11 @@ def _render_usage(report: dict[str, Any]) -> None:
             click.echo(
                 f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  {format_usd(row['cost_usd'])}"
             )
-    for kind, row in report["by_kind"].items():
-        click.echo(f"{kind} targets: {row['requests']} requests, {row['prompt_tokens'] + row['completion_tokens']} tokens, {format_usd(row['cost_usd'])}")
+    for tier, row in report["by_tier"].items():
+        label = f"tier {tier} ({row['name']})" if tier != "none" else row["name"]
+        click.echo(f"{label}: {row['requests']} requests, {row['prompt_tokens'] + row['completion_tokens']} tokens, {format_usd(row['cost_usd'])}")
+    for label, cluster in report["clusters"].items():
+        click.echo(_cluster_line(label, cluster))
     for name, budget in report["budgets"].items():
         click.echo(f"budget {printable(name)}: {format_usd(budget['spent_usd'])} of {format_usd(budget['budget_usd'])} this {budget['budget_period']}")
     for model, verdict in report["break_even"].items():
@@ -162,3 +165,18 @@ def _render_usage(report: dict[str, Any]) -> None:
             f" renting {verdict['rent']} costs ${verdict['rent_usd_per_month']:,.0f}/month — {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"
             f" (break-even ~{verdict['break_even_tokens_per_month']:,.0f} tokens/month)"
         )
+
+
+def _cluster_line(label: str, cluster: dict[str, Any]) -> str:
+    """One tier-1 cluster's cost over the period against the API price of the tokens it served."""
+    line = (
+        f"cluster {printable(label)}: {cluster['hours']:.1f} h at ${cluster['usd_per_hour']:,.2f}/h = {format_usd(cluster['cluster_usd'])}"
+        f" for {cluster['tokens']:,} tokens ({cluster['requests']} requests)"
+    )
+    if cluster["api_usd"] is None:
+        return line + "; no API price for this route to compare with"
+    cheaper = "the cluster" if cluster["cheaper"] == "cluster" else "the API"
+    even = cluster["break_even_tokens_per_hour"]
+    return (
+        line + f"; the API would have cost {format_usd(cluster['api_usd'])}: {cheaper} was cheaper" + (f" (break-even ~{even:,} tokens/hour)" if even else "")
+    )

@@ -17,8 +17,9 @@ from .. import constants
 from ..catalog import load_apis
 from ..errors import UsageError
 from ..tiers.arithmetic import ApiPrices
+from .config_values import as_table, config_error, flag, positive_int, positive_number, variable_name
 
-__all__ = ["ServerConfig", "Target", "Route", "User", "GatewayConfig", "load_config", "default_config", "BUDGET_PERIODS"]
+__all__ = ["TIER_NAMES", "ServerConfig", "Target", "Route", "User", "GatewayConfig", "load_config", "default_config", "BUDGET_PERIODS"]
 
 #: Budget periods a user may have.
 BUDGET_PERIODS = ("day", "week", "month")
@@ -73,19 +74,35 @@ class ServerConfig:
     body_timeout_s: float = 30.0
 
 
+#: What each tier is, as usage reports and the dashboard name it.
+TIER_NAMES = {1: "your cluster", 2: "local", 3: "hosted API"}
+
+
 @dataclass(frozen=True)
 class Target:
     """One upstream: an OpenAI-compatible base URL, the model id it knows, and where its key
-    comes from (None: a local engine without a key)."""
+    comes from (None: a local engine without a key). ``declared_tier``: 1 for a cluster of your
+    own (``usd_per_hour`` its cost, whether it serves or not), 2 a local engine, 3 a hosted API
+    billed per token; None: 3 with a key, else 2."""
 
     url: str
     model: str
     api_key_env: str | None = None
     api_key_credential: str | None = None
+    declared_tier: int | None = None
+    usd_per_hour: float | None = None
 
     @property
     def hosted(self) -> bool:
+        """It needs a key (a hosted API, or a cluster behind one)."""
         return self.api_key_env is not None or self.api_key_credential is not None
+
+    @property
+    def tier(self) -> int:
+        """1 your cluster, 2 a local engine, 3 a hosted API (the only tier priced per token)."""
+        if self.declared_tier is not None:
+            return self.declared_tier
+        return 3 if self.hosted else 2
 
     @property
     def label(self) -> str:
@@ -147,69 +164,52 @@ class GatewayConfig:
         return user.admin if user is not None else name == "local"
 
 
-def _error(source: str, where: str, what: str, hint: str) -> UsageError:
-    return UsageError(f"{source}: {where}: {what}", hint=hint)
-
-
-def _table(value: object, source: str, where: str) -> dict[str, object]:
-    if not isinstance(value, dict):
-        raise _error(source, where, "must be a table", "see the example in the README")
-    return value
-
-
-def _positive_int(value: object, source: str, where: str) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise _error(source, where, f"must be a whole number above 0, not {value!r}", "or leave it out for no limit")
-    return value
-
-
-def _name(value: object, source: str, where: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or "/" in value:
-        raise _error(
-            source,
-            where,
-            f"must name an environment variable, not {value!r}",
-            'e.g. "TIERLOCAL_REDIS_URL" (the URL itself, with its password, stays out of this file)',
-        )
-    return value
-
-
-def _positive_number(value: object, source: str, where: str) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise _error(source, where, f"must be a number above 0, not {value!r}", "or leave it out for the default")
-    return float(value)
-
-
 def _target(raw: object, source: str, where: str) -> Target:
-    table = _table(raw, source, where)
+    table = as_table(raw, source, where)
     if "api_key" in table:
-        raise _error(
+        raise config_error(
             source,
             f"{where}.api_key",
             "keys never go in the config file",
             "name the environment variable with api_key_env (or a systemd credential with api_key_credential)",
         )
-    unknown = set(table) - {"url", "model", "api_key_env", "api_key_credential"}
+    unknown = set(table) - {"url", "model", "api_key_env", "api_key_credential", "tier", "usd_per_hour"}
     if unknown:
-        raise _error(source, where, f"unknown key {sorted(unknown)[0]!r}", "a target has url, model, and optionally api_key_env or api_key_credential")
+        raise config_error(
+            source,
+            where,
+            f"unknown key {sorted(unknown)[0]!r}",
+            "a target has url, model, and optionally api_key_env or api_key_credential, tier and usd_per_hour",
+        )
     url, model = table.get("url"), table.get("model")
     if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
-        raise _error(source, f"{where}.url", f"{url!r} is not an http(s) URL", 'e.g. "http://127.0.0.1:8080/v1"')
+        raise config_error(source, f"{where}.url", f"{url!r} is not an http(s) URL", 'e.g. "http://127.0.0.1:8080/v1"')
     if not isinstance(model, str) or not model:
-        raise _error(source, f"{where}.model", "is missing", "the model id this upstream knows")
+        raise config_error(source, f"{where}.model", "is missing", "the model id this upstream knows")
     key_env, credential = table.get("api_key_env"), table.get("api_key_credential")
     for name, value in (("api_key_env", key_env), ("api_key_credential", credential)):
         if value is not None and (not isinstance(value, str) or not value):
-            raise _error(source, f"{where}.{name}", "must be a non-empty name", "e.g. MOONSHOT_API_KEY")
-    if urlsplit(url).scheme == "https" and urlsplit(url).hostname not in ("localhost", "127.0.0.1") and key_env is None and credential is None:
-        raise _error(source, where, f"the hosted target {url} has no key", 'add api_key_env = "…" naming the variable that holds it')
-    return Target(url.rstrip("/"), model, key_env, credential)  # type: ignore[arg-type]
+            raise config_error(source, f"{where}.{name}", "must be a non-empty name", "e.g. MOONSHOT_API_KEY")
+    tier, usd_per_hour = _tier(table, source, where)
+    keyless_remote = urlsplit(url).scheme == "https" and urlsplit(url).hostname not in ("localhost", "127.0.0.1") and key_env is None and credential is None
+    if keyless_remote and tier != 1:
+        raise config_error(source, where, f"the hosted target {url} has no key", 'add api_key_env = "…" naming the variable that holds it')
+    return Target(url.rstrip("/"), model, key_env, credential, tier, usd_per_hour)  # type: ignore[arg-type]
+
+
+def _tier(table: dict[str, object], source: str, where: str) -> tuple[int | None, float | None]:
+    """A target's ``tier`` (1, 2 or 3; None when not given) and ``usd_per_hour`` (tier 1 only)."""
+    tier = table.get("tier")
+    if tier is not None and (isinstance(tier, bool) or tier not in TIER_NAMES):
+        raise config_error(source, f"{where}.tier", f"{tier!r} is not a tier", "1 your own cluster, 2 a local engine, 3 a hosted API priced per token")
+    if tier == 3 and table.get("api_key_env") is None and table.get("api_key_credential") is None:
+        raise config_error(source, f"{where}.tier", "a hosted API (tier 3) needs a key", 'add api_key_env = "…" naming the variable that holds it')
+    usd_per_hour = positive_number(table.get("usd_per_hour"), source, f"{where}.usd_per_hour")
+    if usd_per_hour is not None and tier != 1:
+        raise config_error(
+            source, f"{where}.usd_per_hour", "only a cluster of your own (tier = 1) has a cost per hour", "add tier = 1, or leave usd_per_hour out"
+        )
+    return tier, usd_per_hour
 
 
 def name_problem(name: str) -> str | None:
@@ -224,43 +224,37 @@ def name_problem(name: str) -> str | None:
 
 
 def _user(raw: object, source: str, where: str) -> User:
-    table = _table(raw, source, where)
+    table = as_table(raw, source, where)
     name = table.get("name")
     if not isinstance(name, str) or not name:
-        raise _error(source, f"{where}.name", "is missing", "each [[users]] needs a name")
+        raise config_error(source, f"{where}.name", "is missing", "each [[users]] needs a name")
     if problem := name_problem(name):
-        raise _error(source, f"{where}.name", problem, "use letters, digits and punctuation")
+        raise config_error(source, f"{where}.name", problem, "use letters, digits and punctuation")
     budget = table.get("budget_usd")
     if budget is not None and (not isinstance(budget, int | float) or isinstance(budget, bool) or budget < 0):
-        raise _error(source, f"{where}.budget_usd", f"must be a number of dollars ≥ 0, not {budget!r}", "or leave it out for no budget")
+        raise config_error(source, f"{where}.budget_usd", f"must be a number of dollars ≥ 0, not {budget!r}", "or leave it out for no budget")
     period = table.get("budget_period", "month")
     if period not in BUDGET_PERIODS:
-        raise _error(source, f"{where}.budget_period", f"{period!r} is not a period", f"one of: {', '.join(BUDGET_PERIODS)}")
+        raise config_error(source, f"{where}.budget_period", f"{period!r} is not a period", f"one of: {', '.join(BUDGET_PERIODS)}")
     return User(
         name,
-        _positive_int(table.get("requests_per_minute"), source, f"{where}.requests_per_minute"),
-        _positive_int(table.get("tokens_per_minute"), source, f"{where}.tokens_per_minute"),
-        _positive_int(table.get("concurrent_requests"), source, f"{where}.concurrent_requests"),
+        positive_int(table.get("requests_per_minute"), source, f"{where}.requests_per_minute"),
+        positive_int(table.get("tokens_per_minute"), source, f"{where}.tokens_per_minute"),
+        positive_int(table.get("concurrent_requests"), source, f"{where}.concurrent_requests"),
         None if budget is None else float(budget),
         str(period),
-        _flag(table.get("admin", False), source, f"{where}.admin"),
+        flag(table.get("admin", False), source, f"{where}.admin"),
     )
-
-
-def _flag(value: object, source: str, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise _error(source, where, f"must be true or false, not {value!r}", "write admin = true or leave it out")
-    return value
 
 
 def _prices(raw: object, source: str) -> dict[str, ApiPrices]:
     prices = {api.model: api.prices for api in load_apis()}  # dated defaults from recipes/apis.toml
-    for model, entry in _table(raw, source, "prices").items():
-        table = _table(entry, source, f"prices.{model}")
+    for model, entry in as_table(raw, source, "prices").items():
+        table = as_table(entry, source, f"prices.{model}")
         try:
             prices[model] = ApiPrices(float(table["input_cache_hit"]), float(table["input_cache_miss"]), float(table["output"]))  # type: ignore[arg-type]
         except (KeyError, TypeError, ValueError):
-            raise _error(
+            raise config_error(
                 source, f"prices.{model}", "needs input_cache_hit, input_cache_miss and output (USD per million tokens)", "see the README example"
             ) from None
     return prices
@@ -275,36 +269,36 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
     """
     unknown = set(data) - {"server", "routes", "prices", "users"}
     if unknown:
-        raise _error(source, sorted(unknown)[0], "unknown section", "the sections are [server], [[routes]], [prices.MODEL] and [[users]]")
+        raise config_error(source, sorted(unknown)[0], "unknown section", "the sections are [server], [[routes]], [prices.MODEL] and [[users]]")
     server = _server(data, source)
     raw_routes = data.get("routes", [])
     if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:
-        raise _error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")
+        raise config_error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")
     routes: list[Route] = []
     for index, raw in enumerate(raw_routes):
         routes.append(_route(raw, source, f"routes[{index}]", routes))
     raw_users = data.get("users", [])
     if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
-        raise _error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")
+        raise config_error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")
     users = [_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
     if len({user.name for user in users}) != len(users):
-        raise _error(source, "users", "a name appears twice", "each [[users]] name must be unique")
+        raise config_error(source, "users", "a name appears twice", "each [[users]] name must be unique")
     return GatewayConfig(server, tuple(routes), _prices(data.get("prices", {}), source), tuple(users), source)
 
 
 def _server(data: dict[str, object], source: str) -> ServerConfig:
     """The [server] table, with the defaults for what it leaves out."""
-    server_table = _table(data.get("server", {}), source, "server")
+    server_table = as_table(data.get("server", {}), source, "server")
     port = server_table.get("port", constants.GATEWAY_PORT)
     if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise _error(source, "server.port", f"{port!r} is not a port", "1 to 65535")
+        raise config_error(source, "server.port", f"{port!r} is not a port", "1 to 65535")
     unknown = set(server_table) - _SERVER_KEYS
     if unknown:
-        raise _error(source, f"server.{sorted(unknown)[0]}", "unknown key", f"[server] has: {', '.join(sorted(_SERVER_KEYS))}")
+        raise config_error(source, f"server.{sorted(unknown)[0]}", "unknown key", f"[server] has: {', '.join(sorted(_SERVER_KEYS))}")
     state_dir = server_table.get("state_dir", str(constants.home_dir() / "gateway"))
     tls_cert, tls_key = server_table.get("tls_cert"), server_table.get("tls_key")
     if (tls_cert is None) != (tls_key is None):
-        raise _error(source, "server", "tls_cert and tls_key go together", "give both PEM files, or neither (and put a TLS proxy in front)")
+        raise config_error(source, "server", "tls_cert and tls_key go together", "give both PEM files, or neither (and put a TLS proxy in front)")
     defaults = ServerConfig()
     return ServerConfig(
         str(server_table.get("host", constants.DEFAULT_HOST)),
@@ -312,28 +306,28 @@ def _server(data: dict[str, object], source: str) -> ServerConfig:
         Path(str(state_dir)),
         None if tls_cert is None else Path(str(tls_cert)),
         None if tls_key is None else Path(str(tls_key)),
-        _positive_int(server_table.get("default_max_tokens"), source, "server.default_max_tokens") or defaults.default_max_tokens,
-        _positive_int(server_table.get("max_body_bytes"), source, "server.max_body_bytes") or defaults.max_body_bytes,
-        _positive_number(server_table.get("upstream_timeout_s"), source, "server.upstream_timeout_s") or defaults.upstream_timeout_s,
-        _positive_number(server_table.get("retry_deadline_s"), source, "server.retry_deadline_s") or defaults.retry_deadline_s,
-        _name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
-        _positive_number(server_table.get("error_cooldown_s"), source, "server.error_cooldown_s") or defaults.error_cooldown_s,
-        _positive_number(server_table.get("body_timeout_s"), source, "server.body_timeout_s") or defaults.body_timeout_s,
+        positive_int(server_table.get("default_max_tokens"), source, "server.default_max_tokens") or defaults.default_max_tokens,
+        positive_int(server_table.get("max_body_bytes"), source, "server.max_body_bytes") or defaults.max_body_bytes,
+        positive_number(server_table.get("upstream_timeout_s"), source, "server.upstream_timeout_s") or defaults.upstream_timeout_s,
+        positive_number(server_table.get("retry_deadline_s"), source, "server.retry_deadline_s") or defaults.retry_deadline_s,
+        variable_name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
+        positive_number(server_table.get("error_cooldown_s"), source, "server.error_cooldown_s") or defaults.error_cooldown_s,
+        positive_number(server_table.get("body_timeout_s"), source, "server.body_timeout_s") or defaults.body_timeout_s,
     )
 
 
 def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
     """One [[routes]] entry (its model not routed by an ``earlier`` one)."""
-    table = _table(raw, source, where)
+    table = as_table(raw, source, where)
     model, targets = table.get("model"), table.get("targets")
     if not isinstance(model, str) or not model:
-        raise _error(source, f"{where}.model", "is missing", "the model id clients send")
+        raise config_error(source, f"{where}.model", "is missing", "the model id clients send")
     if problem := name_problem(model):
-        raise _error(source, f"{where}.model", problem, "use the model id clients send")
+        raise config_error(source, f"{where}.model", problem, "use the model id clients send")
     if any(route.model == model for route in earlier):
-        raise _error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
+        raise config_error(source, f"{where}.model", f"{model!r} is routed twice", "merge the targets into one [[routes]]")
     if not isinstance(targets, list) or not 1 <= len(targets) <= MAX_TARGETS:
-        raise _error(
+        raise config_error(
             source,
             f"{where}.targets",
             f"must list 1 to {MAX_TARGETS} targets",
@@ -341,13 +335,13 @@ def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
         )
     unknown = set(table) - {"model", "targets", "store_bodies", "max_stored_body_bytes"}
     if unknown:
-        raise _error(
+        raise config_error(
             source, f"{where}.{sorted(unknown)[0]}", "unknown key", "a route has model, targets, and optionally store_bodies and max_stored_body_bytes"
         )
     store_bodies = table.get("store_bodies", False)
     if not isinstance(store_bodies, bool):
-        raise _error(source, f"{where}.store_bodies", f"must be true or false, not {store_bodies!r}", "bodies are not stored unless it is true")
-    cap = _positive_int(table.get("max_stored_body_bytes"), source, f"{where}.max_stored_body_bytes") or Route.max_stored_body_bytes
+        raise config_error(source, f"{where}.store_bodies", f"must be true or false, not {store_bodies!r}", "bodies are not stored unless it is true")
+    cap = positive_int(table.get("max_stored_body_bytes"), source, f"{where}.max_stored_body_bytes") or Route.max_stored_body_bytes
     return Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets)), store_bodies, min(cap, 1 << 20))
 
 

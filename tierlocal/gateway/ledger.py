@@ -86,14 +86,15 @@ class Ledger:
         return protocol.sanitise(data[:cap].decode("utf-8", "replace"), self.secrets, limit=cap)
 
     async def reserve(self, user: User, route: Route, input_bound: int, output_bound: int) -> int:
-        """Hold the request's worst case (every hosted target's price at these token bounds).
+        """Hold the request's worst case (every hosted API's price at these token bounds; a
+        cluster of your own (tier 1) costs by the hour, not by the request).
 
         Raises:
-            Reject: a hosted target has no price (403), or the budget would be exceeded (429).
+            Reject: a hosted API has no price (403), or the budget would be exceeded (429).
         """
         worst = 0.0
         for target in route.targets:
-            if not target.hosted:
+            if target.tier != 3:
                 continue
             prices = self.price(route, target)
             if prices is None:
@@ -117,17 +118,19 @@ class Ledger:
         """Replace the reservation by the request's cost, write its usage row, count it."""
         route, state = exchange.route, exchange.target
         usage = exchange.usage or Usage()
-        prices = None if state is None or not state.target.hosted else self.price(route, state.target)
+        priced = state is not None and state.target.tier == 3
+        prices = self.price(route, state.target) if state is not None and priced else None
         cost = 0.0 if prices is None else cost_usd(prices, usage)
         reason = ",".join(exchange.reasons) or None
         if exchange.usage_estimated:
             reason = f"{reason or ''},usage_estimated".lstrip(",")
         latency_ms = (time.monotonic() - exchange.started) * 1000
-        model = state.target.model if state is not None and state.target.hosted else route.model
+        model = state.target.model if state is not None and priced else route.model
         record = UsageRecord(
             exchange.user.name, model, route.model, "" if state is None else state.label, exchange.status,
             usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason, exchange.request_id,
             exchange.request_body, self.redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
+            None if state is None else state.target.tier,
         )  # fmt: skip
         budgeted = exchange.user.budget_usd is not None
         spent = await self.book(Settle(reservation, record, exchange.user.budget_period if budgeted else None))

@@ -88,7 +88,7 @@ async def discover_local_routes(engines: tuple[str, ...]) -> list[Route]:
 
 
 def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -> GatewayConfig:
-    """Drop the local targets of routes whose model can never fit ``memory_bytes`` (this
+    """Drop the local (tier-2) targets of routes whose model can never fit ``memory_bytes`` (this
     machine's GPU memory plus RAM): a frontier model in recipes/ whose serving floor is larger.
     A route left with no target is dropped; both are logged."""
     from ..catalog import find_frontier
@@ -96,13 +96,13 @@ def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -
     routes: list[Route] = []
     for route in config.routes:
         frontier = find_frontier(route.model)
-        if frontier is None or frontier.serving_floor_bytes <= memory_bytes or all(t.hosted for t in route.targets):
+        if frontier is None or frontier.serving_floor_bytes <= memory_bytes or all(t.tier != 2 for t in route.targets):
             routes.append(route)
             continue
-        kept = tuple(target for target in route.targets if target.hosted)
+        kept = tuple(target for target in route.targets if target.tier != 2)  # a cluster of your own or a hosted API
         log.warning(
             "%s needs at least %.0f GiB to serve and this machine has %.0f GiB (GPU + RAM): its local targets are skipped%s",
-            route.model, frontier.serving_floor_bytes / 2**30, memory_bytes / 2**30, "" if kept else ", and with no hosted target the route is dropped",
+            route.model, frontier.serving_floor_bytes / 2**30, memory_bytes / 2**30, "" if kept else ", and with no cluster or hosted target the route is dropped",
         )  # fmt: skip
         if kept:
             routes.append(Route(route.model, kept))

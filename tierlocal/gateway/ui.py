@@ -263,7 +263,8 @@ class Dashboard:
             "budgets": budgets,
             "models": {},
             "targets": {},
-            "by_kind": {},
+            "by_tier": {},
+            "clusters": {},
             "break_even": {},
         }
 

@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import time
 
-from .config import GatewayConfig
+from .config import TIER_NAMES, GatewayConfig
+from .pricing import Usage, cost_usd
 from .store import Store, period_start
 
 __all__ = ["usage_report", "PERIODS"]
 
 #: Periods a report may cover: from the start of the current day/week/month (UTC), or everything.
 PERIODS = ("day", "week", "month", "all")
-_COLUMNS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost_usd")
 
 
 def usage_report(config: GatewayConfig, store: Store, period: str, now: float | None = None) -> dict[str, object]:
     """Requests, tokens and spend (USD) per user, per model and per target since the start of
-    ``period``; the same summed for local and hosted targets; each budgeted user's spend in
-    their own budget period (recorded plus held) against the budget; and, for hosted frontier
-    models, the break-even verdict at the measured volume. ``since`` in seconds since the epoch."""
+    ``period``; the same per tier that answered (your cluster, local, hosted API); each
+    budgeted user's spend in their own budget period (recorded plus held) against the budget;
+    each cluster of your own against what its tokens would have cost on the API; and, for
+    hosted frontier models, the break-even verdict at the measured volume. ``since`` in
+    seconds since the epoch."""
     moment = time.time() if now is None else now
     since = 0.0 if period == "all" else period_start(period, moment)
     totals = store.totals(since)
@@ -32,24 +34,53 @@ def usage_report(config: GatewayConfig, store: Store, period: str, now: float | 
         "period": period,
         "since": since,
         **totals,
-        "by_kind": _by_kind(config, totals.get("targets", {})),
+        "by_tier": _by_tier(totals.get("tiers", {})),
+        "clusters": _clusters(config, totals.get("targets", {}), since, moment),
         "budgets": _budgets(config, store),
         "break_even": verdicts,
     }
 
 
-def _by_kind(config: GatewayConfig, targets: dict[str, dict[str, float | int]]) -> dict[str, dict[str, float | int]]:
-    """Target rows summed into local, hosted and — for requests no target answered, or a target
-    no longer in the config — "none" and "other"."""
-    kinds = {target.label: ("hosted" if target.hosted else "local") for route in config.routes for target in route.targets}
-    result: dict[str, dict[str, float | int]] = {}
-    for label, row in targets.items():
-        kind = "none" if not label else kinds.get(label, "other")
-        summed = result.setdefault(kind, dict.fromkeys(_COLUMNS, 0))
-        for column in _COLUMNS:
-            summed[column] += row[column]
-    for row in result.values():
-        row["cost_usd"] = round(float(row["cost_usd"]), 6)
+def _by_tier(tiers: dict[str, dict[str, float | int]]) -> dict[str, dict[str, object]]:
+    """The recorded tiers' rows ("1", "2", "3"; "none" where no target answered or the row
+    predates the tier being recorded), each with the tier's name."""
+    result: dict[str, dict[str, object]] = {}
+    for tier, row in tiers.items():
+        name = TIER_NAMES.get(int(tier)) if tier.isdigit() else None
+        result[tier if name else "none"] = {"name": name or "no tier recorded", **row}
+    return result
+
+
+def _clusters(config: GatewayConfig, targets: dict[str, dict[str, float | int]], since: float, now: float) -> dict[str, dict[str, object]]:
+    """For each cluster of your own (a tier-1 target with ``usd_per_hour``): what it cost over
+    the period, always on from ``since`` to ``now`` (seconds since the epoch), against what the
+    tokens it answered would have cost on the route's hosted API; and the tokens per hour at
+    which the two cost the same, at this period's mix of input, cached input and output."""
+    result: dict[str, dict[str, object]] = {}
+    for route in config.routes:
+        hosted = next((t for t in route.targets if t.tier == 3), None)
+        prices = config.prices.get(hosted.model if hosted else route.model) or config.prices.get(route.model)
+        for target in route.targets:
+            if target.tier != 1 or target.usd_per_hour is None:
+                continue
+            row = targets.get(target.label, {})
+            usage = Usage(int(row.get("prompt_tokens", 0)), int(row.get("cached_tokens", 0)), int(row.get("completion_tokens", 0)))
+            hours = max(now - since, 0.0) / 3600
+            cluster_usd = target.usd_per_hour * hours
+            tokens = usage.prompt_tokens + usage.completion_tokens
+            api_usd = cost_usd(prices, usage) if prices else None
+            entry: dict[str, object] = {
+                "route": route.model,
+                "hours": round(hours, 6),
+                "usd_per_hour": target.usd_per_hour,
+                "cluster_usd": round(cluster_usd, 6),
+                "requests": int(row.get("requests", 0)),
+                "tokens": tokens,
+                "api_usd": None if api_usd is None else round(api_usd, 6),
+                "cheaper": None if api_usd is None else ("cluster" if cluster_usd < api_usd else "api"),
+                "break_even_tokens_per_hour": round(target.usd_per_hour / (api_usd / tokens)) if api_usd and tokens else None,
+            }
+            result[target.label] = entry
     return result
 
 

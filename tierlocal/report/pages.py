@@ -225,17 +225,19 @@ def spend_section(report: Mapping[str, Any], *, user: str, everyone: bool) -> st
                 else "<p>No requests yet.</p>"
             )
         )
-        kind_rows = [
+        tier_rows = [
             [
-                _text(kind),
+                _text(f"{tier} · {row.get('name')}" if tier != "none" else row.get("name")),
                 _text(row.get("requests")),
                 _number(row.get("prompt_tokens", 0) + row.get("completion_tokens", 0), 0),
                 f"${_number(row.get('cost_usd'), 4)}",
             ]
-            for kind, row in (report.get("by_kind") or {}).items()
+            for tier, row in (report.get("by_tier") or {}).items()
         ]
-        if kind_rows:
-            parts.append("<h2>Local and hosted</h2>" + _table(["targets", "requests", "tokens", "spend"], kind_rows, css="kinds"))
+        if tier_rows:
+            parts.append("<h2>By tier</h2>" + _table(["tier", "requests", "tokens", "spend"], tier_rows, css="tiers"))
+        for label, cluster in (report.get("clusters") or {}).items():
+            parts.append(_cluster(label, cluster))
         for model, verdict in (report.get("break_even") or {}).items():
             parts.append(_break_even(model, verdict))
     return "".join(parts)
@@ -272,6 +274,23 @@ def _budget_bar(budget: Mapping[str, Any]) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="120" height="10" viewBox="0 0 120 10" role="img"><title>{share:.0%} of the budget</title>'
         f'<rect width="120" height="10" fill="#e5e5e5"/><rect class="spent" data-value="{spent}" width="{120 * share:.2f}" height="10" fill="{"#e15759" if share >= 0.9 else "#4e79a7"}"/></svg>'
         f" {format_usd(spent)} of {format_usd(limit)} this {_text(budget.get('budget_period'))}</span>"
+    )
+
+
+def _cluster(label: str, cluster: Mapping[str, Any]) -> str:
+    """A cluster of your own (tier 1): its cost over the period against the API price of its tokens."""
+    api = cluster.get("api_usd")
+    verdict = "no API price for this route to compare with"
+    if api is not None:
+        cheaper = "the cluster" if cluster.get("cheaper") == "cluster" else "the API"
+        verdict = f"the API would have cost ${float(api):,.2f}: {cheaper} was cheaper"
+        if cluster.get("break_even_tokens_per_hour"):
+            verdict += f" (break-even ~{float(cluster['break_even_tokens_per_hour']):,.0f} tokens/hour)"
+    return (
+        f'<section class="cluster" data-target="{_text(label)}"><h2>Your cluster: {_text(label)}</h2>'
+        f"<p>{float(cluster.get('hours') or 0):,.1f} h at ${float(cluster.get('usd_per_hour') or 0):,.2f}/h ="
+        f' <span data-field="cluster_usd">${float(cluster.get("cluster_usd") or 0):,.2f}</span>'
+        f" for {float(cluster.get('tokens') or 0):,.0f} tokens; {_text(verdict)}.</p></section>"
     )
 
 

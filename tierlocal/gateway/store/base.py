@@ -77,6 +77,8 @@ class UsageRecord:
     #: Only for routes with store_bodies: the first bytes of each, redacted.
     request_body: str | None = None
     response_body: str | None = None
+    #: Which tier answered: 1 your cluster, 2 a local engine, 3 a hosted API (None: none did).
+    tier: int | None = None
 
 
 def new_key() -> str:

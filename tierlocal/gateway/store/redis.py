@@ -247,12 +247,13 @@ class RedisStore:
         return float(entries[0][1]["time"]) if entries else None
 
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
-        result: dict[str, dict[str, dict[str, float | int]]] = {"users": {}, "models": {}, "targets": {}}
+        result: dict[str, dict[str, dict[str, float | int]]] = {"users": {}, "models": {}, "targets": {}, "tiers": {}}
         start = f"{int(since * 1000)}-0"
         while True:
             batch = self._redis.xrange(PREFIX + "usage", min=start, count=10_000)
             for _entry_id, fields in batch:
-                for label, name in (("users", fields["user"]), ("models", fields["model"]), ("targets", fields["target"])):
+                names = (("users", fields["user"]), ("models", fields["model"]), ("targets", fields["target"]), ("tiers", fields.get("tier", "")))
+                for label, name in names:
                     row = result[label].setdefault(name, {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
                     row["requests"] += 1
                     for column in ("prompt_tokens", "cached_tokens", "completion_tokens"):

@@ -96,8 +96,15 @@ def _rate_limits(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS admissions_user_time ON admissions (user, time)")
 
 
+def _usage_tier(db: sqlite3.Connection) -> None:
+    """5: each usage row keeps the tier that answered (1 your cluster, 2 local, 3 hosted API;
+    NULL where none did, and in rows written before it was recorded)."""
+    if "tier" not in {row[1] for row in db.execute("PRAGMA table_info(usage)")}:
+        db.execute("ALTER TABLE usage ADD COLUMN tier INTEGER")
+
+
 #: The schema, step by step; a database at user_version N has had the first N.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_tables, _usage_ids_and_bodies, _spend_by_day, _rate_limits)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_tables, _usage_ids_and_bodies, _spend_by_day, _rate_limits, _usage_tier)
 
 
 def migrate(db: sqlite3.Connection) -> int:
@@ -310,11 +317,11 @@ class SqliteStore:
         )
         db.execute(
             "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms,"
-            " fallback_reason, request_id, request_body, response_body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " fallback_reason, request_id, request_body, response_body, tier) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now, record.user, record.model, record.route, record.target, record.status, record.prompt_tokens,
                 record.cached_tokens, record.completion_tokens, record.cost_usd, record.latency_ms, record.fallback_reason, record.request_id,
-                record.request_body, record.response_body,
+                record.request_body, record.response_body, record.tier,
             ),
         )  # fmt: skip
 
@@ -326,10 +333,10 @@ class SqliteStore:
         return None if value is None else float(value)
 
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
-        """Per user, per model and per target since ``since``: requests, prompt/cached/completion
-        tokens, cost."""
+        """Per user, per model, per target and per tier ("1", "2", "3"; "" where no tier was
+        recorded) since ``since``: requests, prompt/cached/completion tokens, cost."""
         result: dict[str, dict[str, dict[str, float | int]]] = {}
-        for column, label in (("user", "users"), ("model", "models"), ("target", "targets")):
+        for column, label in (("user", "users"), ("model", "models"), ("target", "targets"), ("COALESCE(tier, '')", "tiers")):
             rows = self._connection.execute(
                 f"SELECT {column}, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_usd)"
                 f" FROM usage WHERE time >= ? GROUP BY {column} ORDER BY {column}",
