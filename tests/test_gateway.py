@@ -679,7 +679,9 @@ def test_kimi_goes_to_your_cluster_first_and_to_the_hosted_api_when_it_stops(tmp
     served = first.json()["usage"]
     assert mine["tokens"] == served["prompt_tokens"] + served["completion_tokens"] and mine["usd_per_hour"] == 2.0
     assert mine["api_usd"] == pytest.approx(cost(served), abs=1e-6)  # the same tokens at the API's price, computed here
-    assert mine["cluster_usd"] == pytest.approx(2.0 * mine["hours"], abs=1e-5) and mine["cheaper"] == ("cluster" if mine["cluster_usd"] < mine["api_usd"] else "api")
+    assert mine["cluster_usd"] == pytest.approx(2.0 * mine["hours"], abs=1e-5) and mine["cheaper"] == (
+        "cluster" if mine["cluster_usd"] < mine["api_usd"] else "api"
+    )
     assert "tier 1 (your cluster): 1 requests" in text.stdout and "tier 3 (hosted API): 1 requests" in text.stdout
     assert f"cluster {cluster.url}/v1#moonshotai/Kimi-K3:" in text.stdout
 

@@ -49,6 +49,8 @@ PURE = [
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",
     "tierlocal.tiers.plan",
+    "tierlocal.tiers.launch",
+    "tierlocal.tiers.launch_specs",
     "tierlocal.gguf",
     "tierlocal.gguf.parse",
     "tierlocal.gguf.summary",

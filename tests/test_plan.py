@@ -84,7 +84,8 @@ def test_kimi_k3_defaults() -> None:
     assert payload["disk_bytes"] == 4_000_000_000_000
     vllm, sglang = payload["launch"]["vllm"], payload["launch"]["sglang"]
     assert vllm[vllm.index("--tensor-parallel-size") + 1] == "8" and "--enable-prefix-caching" in vllm
-    assert int(sglang[sglang.index("--tp-size") + 1]) * int(sglang[sglang.index("--ep-size") + 1]) == 8
+    # One node: the cookbook's B300 1×8 cell, one tensor group of the 8 GPUs (no --ep-size).
+    assert sglang[sglang.index("--tp-size") + 1] == "8" and "--ep-size" not in sglang and "--nnodes" not in sglang
     assert payload["headline"].startswith("Kimi K3 needs ≥ 1.39 TB for weights alone: tier 1 (a cluster), ≥ 5 × B300")
 
 
@@ -102,8 +103,9 @@ def test_other_gpu_price_and_volume() -> None:
         "rent_usd_per_month": monthly,
         "cheaper": "api",
     }
+    # Two nodes: the cookbook's H200 2×8 cell, --tp-size 16 --ep-size 16 (the tensor group spans both nodes).
     sglang = payload["launch"]["sglang"]
-    assert sglang[sglang.index("--tp-size") + 1 : sglang.index("--tp-size") + 4] == ["8", "--ep-size", "2"]
+    assert sglang[sglang.index("--tp-size") + 1 : sglang.index("--tp-size") + 4] == ["16", "--ep-size", "16"]
     assert sglang[sglang.index("--nnodes") + 1] == "2"
     assert "At 2.0B tokens/month the API is cheaper" in payload["headline"]
 

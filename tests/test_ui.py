@@ -61,7 +61,21 @@ def _seed(state_dir: Path) -> None:
         store.settle(
             None,
             UsageRecord(
-                EVIL_USER, EVIL_MODEL, EVIL_MODEL, "http://127.0.0.1:9/v1#local-model", 200, 50, 0, 20, 0.0, 10.0, None, "chatcmpl-x", STORED_BODY, STORED_BODY, 2
+                EVIL_USER,
+                EVIL_MODEL,
+                EVIL_MODEL,
+                "http://127.0.0.1:9/v1#local-model",
+                200,
+                50,
+                0,
+                20,
+                0.0,
+                10.0,
+                None,
+                "chatcmpl-x",
+                STORED_BODY,
+                STORED_BODY,
+                tier=2,
             ),
         )
     finally:

@@ -221,9 +221,9 @@ class FrontierModel:
     attention_dims_source: str
     published_configs: tuple[PublishedConfig, ...]
     guidance: dict[str, str]
-    vllm_flags: tuple[str, ...]
     vllm_notes: dict[str, str]
-    sglang_flags: tuple[str, ...]
+    #: ``[model.launch]`` as written: the engines' published flags per GPU family (tiers.launch reads it).
+    launch: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -638,9 +638,8 @@ def load_frontier() -> tuple[FrontierModel, ...]:
                         PublishedConfig(c["label"], c["gpu"], int(c["count"]), int(c["memory_bytes"])) for c in m.get("published_configs", [])
                     ),
                     guidance=dict(m.get("guidance", {})),
-                    vllm_flags=tuple(m.get("vllm", {}).get("flags", [])),
-                    vllm_notes={k: v for k, v in m.get("vllm", {}).items() if k != "flags"},
-                    sglang_flags=tuple(m.get("sglang", {}).get("flags", [])),
+                    vllm_notes=dict(m.get("vllm", {})),
+                    launch=dict(m.get("launch", {})),
                 )
             )
     except (KeyError, TypeError, ValueError) as exc:

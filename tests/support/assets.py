@@ -30,6 +30,8 @@ class Assets:
     redis_libs: Path
     #: llama.cpp's RPC backend server, from the CPU build: the devices of a multi-device split.
     rpc_server: Path
+    #: SkyPilot and kubernetes-validate, pip-installed here (PYTHONPATH for ``python -S``).
+    launch_validators: Path
 
 
 def manifest_path() -> Path:
@@ -57,4 +59,5 @@ def load_assets() -> Assets | None:
         redis_server=Path(data["redis_server"]),
         redis_libs=Path(data["redis_libs"]),
         rpc_server=Path(data["rpc_server"]),
+        launch_validators=Path(data["launch_validators"]),
     )

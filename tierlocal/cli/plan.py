@@ -3,8 +3,8 @@ the report (or its ``--json``)."""
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import replace
+from typing import Any
 
 import click
 from rich.console import Console
@@ -15,9 +15,11 @@ from ..catalog import ApiEntry, GpuSpec, RentalDefaults, load_apis, load_precisi
 from ..errors import UsageError
 from ..tiers.arithmetic import PublishedConfig
 from ..tiers.facts import gpu_options, resolve_model_facts
+from ..tiers.launch import ENGINES, LAYOUTS, shell_line
 from ..tiers.plan import KV_MEASURE_PROCEDURE, ModelFacts, PlanOptions, TierPlan, build_plan, headline
 from ..units import format_bytes, format_count, format_decimal_bytes, format_duration, format_marketed_bytes, parse_bandwidth, parse_count
 from .common import console, print_json
+from .launch_spec import EMITS, EmitOptions, emit_spec
 
 __all__ = ["plan", "render_plan"]
 
@@ -86,7 +88,17 @@ def _sources(rental: RentalDefaults, rate: float | None, specs: list[GpuSpec], a
 @click.option("--bandwidth", "bandwidths", multiple=True, help="Download bandwidth, e.g. 1GB/s or 10Gbit/s. Repeatable.")
 @click.option("--model-path", default="<path-or-repo-of-the-weights>", show_default=True, help="Weights path or repo for the launch commands.")
 @click.option("--sources", "show_sources", is_flag=True, help="List the dated sources of every fact used.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
+@click.option(
+    "--emit", type=click.Choice(EMITS), help="Write the cluster's launch spec instead of the report: a SkyPilot task or a Kubernetes LeaderWorkerSet."
+)
+@click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True, help="The engine --emit starts.")
+@click.option(
+    "--layout", type=click.Choice(LAYOUTS), default="tensor", show_default=True, help="--emit: tensor (and pipeline) parallel, or data + expert parallel."
+)
+@click.option("--nodes", type=click.IntRange(1, 64), help="--emit: nodes of the GPU (default: the fewest that serve the model).")
+@click.option("--gpus-per-node", type=click.IntRange(1, 16), default=8, show_default=True, help="--emit: GPUs in each node.")
+@click.option("--volume", help="--emit: the bucket (SkyPilot) or PersistentVolumeClaim (Kubernetes) that keeps the weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report (with --emit: the spec as JSON).")
 def plan(
     model: str,
     params: str | None,
@@ -104,6 +116,7 @@ def plan(
     model_path: str,
     show_sources: bool,
     as_json: bool,
+    **emit_args: Any,
 ) -> None:
     """Size a model that does not fit one machine: GPUs (tier 1), cost, and when the hosted
     API (tier 3) is cheaper.
@@ -116,12 +129,12 @@ def plan(
       tierlocal plan kimi-k3
       tierlocal plan kimi-k3 --gpu H200 --rate 3.5 --tokens-per-month 2B
       tierlocal plan hf://OWNER/REPO --precision fp8 --json
+      tierlocal plan kimi-k3 --emit skypilot --gpu H200 > k3.sky.yaml
+      tierlocal plan kimi-k3 --emit lws --engine sglang --gpu H100 | kubectl apply -f -
     """
     facts = _facts(model, params, active, precision)
-    gpu_options_, specs = gpu_options(gpus)
-    rental = load_rental_defaults()
+    (gpu_options_, specs), rental = gpu_options(gpus), load_rental_defaults()
     api = next((entry for entry in load_apis() if entry.model == facts.name), None)
-    sources = _sources(rental, rate, specs, api)
     options = PlanOptions(
         gpus=gpu_options_,
         rate_usd_per_gpu_hour=rate if rate is not None else rental.default,
@@ -136,10 +149,12 @@ def plan(
         api_prices=api.prices if api else None,
         api_name=f"{api.name} {api.model_id}" if api else None,
         model_path=model_path,
-        sources=tuple(sources),
+        sources=tuple(_sources(rental, rate, specs, api)),
     )
     result = build_plan(facts, options, load_precisions())
-    if as_json:
+    if emit_args["emit"] is not None:  # --emit, --engine, --layout, --nodes, --gpus-per-node, --volume
+        emit_spec(result, EmitOptions(**emit_args), as_json=as_json)
+    elif as_json:
         print_json(result.to_json())
     else:
         render_plan(result, show_sources=show_sources)
@@ -186,10 +201,15 @@ def render_plan(plan: TierPlan, *, show_sources: bool) -> None:
     if plan.launch and plan.chosen is not None:
         out.print(f"7. Tier-1 launch on {plan.chosen.count} × {plan.chosen.gpu}:")
         for engine, argv in plan.launch.items():
-            out.print(f"   {engine}: {shlex.join(argv)}")
+            out.print(f"   {engine}: {shell_line(argv)}", soft_wrap=True, markup=False, highlight=False)
         for key, text in facts.vllm_notes.items():
-            out.print(f"   vLLM {key.replace('_', ' ')}: {text}")
+            out.print(f"   vLLM {key.replace('_', ' ')}: {text}", markup=False)
+        out.print(f"   As a launch spec for every node: tierlocal plan {facts.name} --emit skypilot|lws [--engine sglang] [--gpu NAME --nodes N]", markup=False)
+        if plan.launch_refused:
+            out.print(f"   Not launched as planned: {plan.launch_refused}", markup=False)
         out.print("   Before traffic: " + "; ".join(plan.health))
+    elif plan.launch_refused:
+        out.print(f"7. Tier-1 launch: {plan.launch_refused}", markup=False)
     if show_sources:
         out.print("Sources:")
         for source in (*facts.sources, *plan.options.sources):

@@ -38,7 +38,6 @@ __all__ = [
     "blended_usd_per_million",
     "break_even",
     "download_seconds",
-    "parallel_layout",
 ]
 
 HOURS_PER_MONTH = 720
@@ -177,13 +176,3 @@ def break_even(monthly_cost_usd: float, prices: ApiPrices, *, input_share: float
 def download_seconds(n_bytes: int, bandwidths_bytes_per_s: Sequence[float]) -> list[tuple[float, float]]:
     """(bandwidth, seconds) to fetch ``n_bytes`` at each bandwidth."""
     return [(bandwidth, n_bytes / bandwidth) for bandwidth in bandwidths_bytes_per_s]
-
-
-def parallel_layout(gpus: int, gpus_per_node: int = 8) -> tuple[int, int, int]:
-    """(nodes, tensor-parallel size, expert-parallel size) for ``gpus`` GPUs.
-
-    Tensor parallel stays inside a node (≤ ``gpus_per_node``); expert parallel spans the
-    nodes, so tp × ep = GPUs, as SGLang requires.
-    """
-    tp = math.gcd(gpus, gpus_per_node)
-    return math.ceil(gpus / gpus_per_node), tp, gpus // tp

@@ -19,6 +19,7 @@ from ..gguf import summarize
 from ..gguf.summary import ModelSummary
 from ..hardware.override import parse_gpu_override
 from .arithmetic import GpuOption
+from .launch import launch_recipe_from
 from .plan import ModelFacts
 
 __all__ = ["resolve_model_facts", "facts_from_config", "gpu_options"]
@@ -67,11 +68,11 @@ def _frontier_facts(model: FrontierModel) -> ModelFacts:
         disk_to_plan_bytes=model.disk_to_plan_bytes,
         published_configs=model.published_configs,
         guidance=model.guidance,
-        vllm_flags=model.vllm_flags,
         vllm_notes=model.vllm_notes,
-        sglang_flags=model.sglang_flags,
+        launch_recipe=launch_recipe_from(model.launch),
         sources=(f"{model.display_name} facts: {model.source} ({model.facts_date})",)
-        + ((f"{model.display_name} attention and state dimensions: {model.attention_dims_source}",) if model.attention_dims_source else ()),
+        + ((f"{model.display_name} attention and state dimensions: {model.attention_dims_source}",) if model.attention_dims_source else ())
+        + ((f"{model.display_name} launch flags: {model.launch['source']}",) if model.launch.get("source") else ()),
     )
 
 

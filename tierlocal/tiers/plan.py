@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from ..errors import UsageError
 from ..units import format_count, format_decimal_bytes
 from .arithmetic import (
     ApiPrices,
@@ -22,11 +23,11 @@ from .arithmetic import (
     download_seconds,
     gpus_for_weights,
     kv_per_user,
-    parallel_layout,
     rental_scenarios,
     weights_by_precision,
     weights_bytes,
 )
+from .launch import ENGINES, LaunchRecipe, launch_recipe_from, node_command, plan_topology
 
 __all__ = ["ModelFacts", "PlanOptions", "ServingConfig", "TierPlan", "build_plan", "headline", "KV_MEASURE_PROCEDURE", "deployable_count"]
 
@@ -60,9 +61,9 @@ class ModelFacts:
     disk_to_plan_bytes: int | None = None
     published_configs: tuple[PublishedConfig, ...] = ()
     guidance: dict[str, str] = field(default_factory=dict)
-    vllm_flags: tuple[str, ...] = ()
     vllm_notes: dict[str, str] = field(default_factory=dict)
-    sglang_flags: tuple[str, ...] = ()
+    #: The engines' published launch flags (None: a model without a recipe gets plain defaults).
+    launch_recipe: LaunchRecipe | None = None
     sources: tuple[str, ...] = ()
 
 
@@ -123,6 +124,8 @@ class TierPlan:
     launch: dict[str, list[str]]
     health: list[str]
     options: PlanOptions
+    #: Why the published recipe cannot launch the chosen cluster (None: it can, or none was chosen).
+    launch_refused: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """The plan as one JSON object (sizes in bytes, money in USD, time in seconds)."""
@@ -168,6 +171,7 @@ class TierPlan:
             "download": [{"bandwidth_bytes_per_s": bandwidth, "seconds": seconds} for bandwidth, seconds in self.download],
             "disk_bytes": self.disk_bytes,
             "launch": self.launch,
+            "launch_refused": self.launch_refused,
             "health": self.health,
             "sources": [*facts.sources, *options.sources],
         }
@@ -213,17 +217,27 @@ def _serving_floor(facts: ModelFacts, weights: int) -> tuple[int, bool]:
     return weights + kv + 2 * 1024**3, False
 
 
-def _launch(facts: ModelFacts, options: PlanOptions, gpus: int) -> dict[str, list[str]]:
-    nodes, tp, ep = parallel_layout(gpus, _GPUS_PER_NODE)
-    vllm = ["vllm", "serve", options.model_path, "--tensor-parallel-size", str(tp)]
-    if nodes > 1:
-        vllm += ["--pipeline-parallel-size", str(nodes)]
-    vllm += ["--enable-expert-parallel", *facts.vllm_flags, "--port", str(options.port)]
-    sglang = ["python3", "-m", "sglang.launch_server", "--model-path", options.model_path, "--tp-size", str(tp), "--ep-size", str(ep)]
-    if nodes > 1:
-        sglang += ["--nnodes", str(nodes), "--node-rank", f"<0..{nodes - 1}>", "--dist-init-addr", "<head-node>:5000"]
-    sglang += [*facts.sglang_flags, "--port", str(options.port)]
-    return {"vllm": vllm, "sglang": sglang}
+def _launch(facts: ModelFacts, options: PlanOptions, chosen: ServingConfig, floor: int) -> tuple[dict[str, list[str]], str | None]:
+    """Each engine's command on ``chosen`` (the head's, and the other nodes' when there are
+    several), from the published recipe; or why the recipe cannot start it there."""
+    recipe = facts.launch_recipe or launch_recipe_from(None)
+    nodes = math.ceil(chosen.count / _GPUS_PER_NODE)
+    per_node = chosen.count // nodes
+    launch: dict[str, list[str]] = {}
+    refusals: list[str] = []
+    for engine in ENGINES:
+        try:
+            top = plan_topology(recipe, engine, chosen.gpu, chosen.memory_bytes, nodes, per_node, "tensor", floor)
+        except UsageError as refused:
+            refusals.append(f"{engine}: {refused} ({refused.hint})")
+            continue
+        launch[engine] = node_command(top, recipe, "head", model_path=options.model_path, port=options.port, head="<head-node-ip>").argv
+        if nodes > 1:
+            rank = "1" if nodes == 2 else f"<1..{nodes - 1}>"
+            launch[f"{engine} (other nodes)"] = node_command(
+                top, recipe, "worker", model_path=options.model_path, port=options.port, rank=rank, head="<head-node-ip>"
+            ).argv
+    return launch, "; ".join(refusals) or None
 
 
 def _health(options: PlanOptions) -> list[str]:
@@ -277,6 +291,7 @@ def build_plan(facts: ModelFacts, options: PlanOptions, precisions: Sequence[Pre
     if options.api_prices is not None and monthly is not None:
         even = break_even(monthly, options.api_prices, input_share=options.input_share, cache_hit=options.cache_hit)
     download_bytes = facts.shipped_bytes or with_scales
+    launch, refused = _launch(facts, options, chosen, floor) if chosen else ({}, None)
     return TierPlan(
         facts=facts,
         precision=precision,
@@ -295,9 +310,10 @@ def build_plan(facts: ModelFacts, options: PlanOptions, precisions: Sequence[Pre
         volume_verdict=_volume_verdict(options, even),
         download=download_seconds(download_bytes, options.bandwidths_bytes_per_s),
         disk_bytes=facts.disk_to_plan_bytes or download_bytes,
-        launch=_launch(facts, options, chosen.count) if chosen else {},
+        launch=launch,
         health=_health(options),
         options=options,
+        launch_refused=refused,
     )
 
 

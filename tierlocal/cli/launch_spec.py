@@ -1,0 +1,99 @@
+"""``tierlocal plan MODEL --emit skypilot|lws``: the tier-1 plan's cluster as a launch spec on
+stdout — YAML for the launcher, or the same as JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import click
+import yaml
+
+from ..errors import UsageError
+from ..tiers.launch import Topology, launch_recipe_from, plan_topology
+from ..tiers.launch_specs import LaunchTarget, leaderworkerset, skypilot_task
+from ..tiers.plan import TierPlan
+
+__all__ = ["EMITS", "EmitOptions", "emit_spec"]
+
+#: The launchers ``--emit`` writes for.
+EMITS = ("skypilot", "lws")
+
+
+@dataclass(frozen=True)
+class EmitOptions:
+    """``--emit`` and what shapes it: engine, layout, nodes (None: as the plan chose), GPUs per
+    node, the volume's name (None: one named after the model and engine)."""
+
+    emit: str
+    engine: str
+    layout: str
+    nodes: int | None
+    gpus_per_node: int
+    volume: str | None
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for scripts (``setup: |``), so a spec reads as one would write it."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def topology_for(plan: TierPlan, options: EmitOptions) -> Topology:
+    """The cluster to write a spec for: the plan's cheapest one, or ``options.nodes`` nodes of its GPU.
+
+    Raises:
+        UsageError: no GPU option clears the model's serving floor, or the topology cannot work.
+    """
+    if plan.chosen is None:
+        raise UsageError(f"no cluster of the GPUs asked for serves {plan.facts.display_name}", hint="name a larger GPU with --gpu")
+    per_node = options.gpus_per_node
+    nodes = options.nodes if options.nodes is not None else math.ceil(plan.chosen.count / per_node)
+    recipe = plan.facts.launch_recipe or launch_recipe_from(None)
+    return plan_topology(recipe, options.engine, plan.chosen.gpu, plan.chosen.memory_bytes, nodes, per_node, options.layout, plan.serving_floor_bytes)
+
+
+def build_spec(plan: TierPlan, options: EmitOptions) -> dict[str, object] | list[dict[str, object]]:
+    """The spec as plain data: a SkyPilot task, or the Kubernetes objects in apply order."""
+    facts = plan.facts
+    recipe = facts.launch_recipe or launch_recipe_from(None)
+    top = topology_for(plan, options)
+    repo = recipe.hf_repo or (plan.options.model_path if "/" in plan.options.model_path and not plan.options.model_path.startswith("<") else None)
+    if repo is None:
+        raise UsageError(f"no Hugging Face repo is known for {facts.display_name}'s weights", hint="give it with --model-path OWNER/REPO")
+    name = f"{facts.name}-{options.engine}".lower().replace(".", "-").replace("_", "-")
+    target = LaunchTarget(
+        name=name,
+        model=facts.name,
+        hf_repo=repo,
+        weights_bytes=facts.shipped_bytes or plan.weights_with_scales_bytes,
+        disk_bytes=plan.disk_bytes,
+        port=plan.options.port,
+        volume=options.volume or f"tierlocal-{facts.name.lower()}-weights",
+    )
+    if options.emit == "skypilot":
+        return skypilot_task(top, recipe, target)
+    return leaderworkerset(top, recipe, target)
+
+
+def emit_spec(plan: TierPlan, options: EmitOptions, *, as_json: bool) -> None:
+    """Write the spec on stdout: YAML (several documents for Kubernetes), or JSON (a
+    Kubernetes ``List`` holding them)."""
+    spec = build_spec(plan, options)
+    if as_json:
+        document = spec if isinstance(spec, dict) else {"apiVersion": "v1", "kind": "List", "items": spec}
+        click.echo(json.dumps(document, indent=2, ensure_ascii=False))
+        return
+    top = topology_for(plan, options)
+    header = (
+        f"# {plan.facts.display_name} on {top.nodes} × {top.gpus_per_node} {top.gpu} with {options.engine}: tensor {top.tensor} × pipeline {top.pipeline}"
+        f" × data {top.data} = {top.gpus} GPUs, experts over {top.expert}; written by tierlocal plan --emit {options.emit}\n"
+    )
+    documents = [spec] if isinstance(spec, dict) else spec
+    click.echo(header + yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1_000_000), nl=False)
