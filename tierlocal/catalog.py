@@ -224,6 +224,8 @@ class FrontierModel:
     vllm_notes: dict[str, str]
     #: ``[model.launch]`` as written: the engines' published flags per GPU family (tiers.launch reads it).
     launch: dict[str, object]
+    #: ``[model.single_machine]`` as written: published GGUFs with the experts in RAM (plan.single_machine reads it).
+    single_machine: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -640,6 +642,7 @@ def load_frontier() -> tuple[FrontierModel, ...]:
                     guidance=dict(m.get("guidance", {})),
                     vllm_notes=dict(m.get("vllm", {})),
                     launch=dict(m.get("launch", {})),
+                    single_machine=dict(m.get("single_machine", {})),
                 )
             )
     except (KeyError, TypeError, ValueError) as exc:

@@ -12,15 +12,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 
-from .catalog import ModelEntry, load_entry_headers, load_gpus, load_host_defaults, load_quality
+from .catalog import ModelEntry, find_frontier, load_entry_headers, load_gpus, load_host_defaults, load_quality
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
+from .fit.recurrent import frontier_per_user_memory
 from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
 from .measure.calibrate import calibration_key, load_calibration
 from .plan.quality import ModelQuality, fit_quality
 from .plan.recommend import CatalogRecommendation, recommend_catalog
+from .plan.single_machine import SingleMachinePlan, single_machine_plan
 from .plan.source import machine_for
 
 __all__ = ["catalog_recommendation", "catalog_quality", "engine_version"]
@@ -72,8 +74,29 @@ def catalog_recommendation(
     host_speed = load_calibration(calibration_key(version)) if version else None
     headers = {entry.key: found for entry in entries if (found := load_entry_headers(entry)) is not None}
     request = request or RunRequest()
-    return recommend_catalog(
+    recommendation = recommend_catalog(
         entries, headers, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
         request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=machine_gpu_speed(machine),
         quality=catalog_quality(), quant_losses=load_quality().quant_losses, prefer=prefer,
+    )  # fmt: skip
+    frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
+    return replace(recommendation, frontier=frontier)
+
+
+def _single_machine(name: str, hardware: Hardware, ctx: int) -> SingleMachinePlan | None:
+    """The frontier model's published GGUFs on ``hardware`` (None: recipes name none)."""
+    model = find_frontier(name)
+    if model is None or not model.single_machine:
+        return None
+    kv_per_token, state = frontier_per_user_memory(model.attention_dims, model.attention_layers)
+    gpus = [gpu for gpu in hardware.gpus if not gpu.unified_pool_bytes]
+    bandwidths = [gpu.bandwidth_bytes_per_s for gpu in gpus if gpu.bandwidth_bytes_per_s]
+    unified = next((gpu for gpu in hardware.gpus if gpu.unified_pool_bytes), None)
+    ram_bandwidth = (
+        hardware.ram_bandwidth_bytes_per_s or (unified.bandwidth_bytes_per_s if unified else None) or load_host_defaults().assumed_ram_bandwidth_bytes_per_s
+    )
+    return single_machine_plan(
+        model.single_machine, params=model.params, kv_bytes=round((kv_per_token or 0) * ctx) + state, ctx=ctx,
+        gpu_bytes_here=sum(gpu.free_bytes for gpu in gpus), ram_bytes_here=hardware.ram_available_bytes + (unified.free_bytes if unified else 0),
+        ram_bandwidth_bytes_per_s=ram_bandwidth, gpu_bandwidth_bytes_per_s=min(bandwidths) if bandwidths else None,
     )  # fmt: skip

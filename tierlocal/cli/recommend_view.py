@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..plan.recommend import Candidate, CatalogRecommendation
+from ..plan.single_machine import SingleMachinePlan
 from ..plan.source import SourceCheck
 from ..units import format_bytes, format_count, format_decimal_bytes, format_marketed_bytes
 from .common import COMPACT_WIDTH, console
@@ -155,3 +156,49 @@ def _print_frontier(out: Console, recommendation: CatalogRecommendation) -> None
             f"({format_marketed_bytes(verdict.largest_gpu_bytes)} each) just to hold them. Rent a cluster (tier 1) or use the hosted API "
             f"(tier 3): `tierlocal plan {entry.family}` sizes both."
         )
+        if verdict.single_machine is not None:
+            _print_single_machine(out, verdict.single_machine)
+
+
+def _gb(n_bytes: int) -> str:
+    """Decimal gigabytes (terabytes from 1 TB), whole: the publisher's own unit."""
+    return f"{n_bytes / 1e12:.2f} TB" if n_bytes >= 1e12 else f"{n_bytes / 1e9:,.0f} GB"
+
+
+def _print_single_machine(out: Console, plan: SingleMachinePlan) -> None:
+    """The published GGUFs with the experts in RAM: not a GPU, not fast, and this much worse."""
+    out.print(
+        f"On one machine, not a GPU: {plan.engine}, {plan.placement}. Published GGUFs ({plan.source}); quality against {plan.baseline}.",
+        markup=False,
+    )
+    table = Table(box=box.SIMPLE_HEAD)
+    for column in (
+        "quant",
+        "file",
+        "GPU + RAM",
+        "publisher says",
+        "mean KLD",
+        "top-1 agrees",
+        f"decode ≤ at {plan.ram_bandwidth_bytes_per_s / 1e9:,.0f} GB/s",
+        "here",
+    ):
+        table.add_column(column)
+    for quant in plan.quants:
+        table.add_row(
+            quant.name,
+            _gb(quant.file_bytes),
+            f"{_gb(quant.gpu_bytes)} + {_gb(quant.ram_bytes)}",
+            "-" if quant.publisher_memory_bytes is None else _gb(quant.publisher_memory_bytes),
+            "-" if quant.mean_kld is None else f"{quant.mean_kld:.3f}",
+            "-" if quant.top1_agreement is None else f"{quant.top1_agreement:.1%}",
+            "-" if quant.decode_bound_tokens_per_s is None else f"{quant.decode_bound_tokens_per_s:.1f} tok/s",
+            "fits" if quant.fits_here else "no",
+        )
+    out.print(table)
+    for speed, setup, source in plan.measured:
+        out.print(f"  measured: {speed:g} tok/s — {setup} ({source})", markup=False)
+    out.print(
+        f"  GPU: the tensors outside the routed experts (assumed {plan.other_bits_per_weight:g} bits/weight) + KV and state for {plan.ctx:,} tokens;"
+        " RAM: the routed experts. Decode ≤ RAM bandwidth ÷ the experts each token reads (an upper bound; the measured runs reach a fraction of it).",
+        markup=False,
+    )

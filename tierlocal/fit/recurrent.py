@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RecurrentFacts", "recurrent_facts", "kda_state_floats", "rwkv7_compute_bytes", "RECURRENT_ARCHS", "HYBRID_ARCHS"]
+__all__ = ["RecurrentFacts", "recurrent_facts", "kda_state_floats", "frontier_per_user_memory", "rwkv7_compute_bytes", "RECURRENT_ARCHS", "HYBRID_ARCHS"]
 
 #: Every layer recurrent, no attention (llm_arch_is_recurrent).
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -123,3 +123,20 @@ def rwkv7_compute_bytes(n_embd: int, n_ff: int, head_size: int, n_tokens: int, n
     time_mix = 4 * n_tokens * (18 * n_embd + 96)
     channel_mix = 4 * n_tokens * (2 * n_ff + 5 * n_embd + 64)
     return max(time_mix, channel_mix) + 8 * n_seq_max * n_embd * head_size
+
+
+def frontier_per_user_memory(dims: Mapping[str, int], layers: Mapping[str, int]) -> tuple[float | None, int]:
+    """A frontier model's KV bytes per token and fixed state bytes per user from its published
+    dimensions, by llama.cpp's rules (f16 latent cache; float32 recurrent state): MLA layers
+    cache ``kv_lora_rank + qk_rope_head_dim`` values per token; Kimi Delta Attention layers
+    keep convolution rows and a head_dim² state per head. (None, 0) without the dimensions.
+    ``dims`` as recipes/frontier.toml names them (``mla_kv_lora_rank``, ``kda_heads`` …),
+    ``layers`` the counts by kind (``mla_layers``, ``linear_attention_layers``)."""
+    if not {"mla_kv_lora_rank", "mla_qk_rope_head_dim"} <= dims.keys():
+        return None, 0
+    kv_per_token = layers.get("mla_layers", 0) * (dims["mla_kv_lora_rank"] + dims["mla_qk_rope_head_dim"]) * 2.0
+    state = 0
+    if {"kda_heads", "kda_head_dim", "kda_conv_kernel"} <= dims.keys():
+        rows, square = kda_state_floats(dims["kda_heads"], dims["kda_head_dim"], dims["kda_conv_kernel"])
+        state = layers.get("linear_attention_layers", 0) * (rows + square) * 4
+    return kv_per_token, state

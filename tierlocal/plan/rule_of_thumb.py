@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..catalog import GpuSpec, HostDefaults, ModelEntry
 from ..hardware.types import Hardware
+from .single_machine import SingleMachinePlan
 
 __all__ = ["Budget", "CatalogFit", "FrontierVerdict", "Recommendation", "memory_budget", "fit_entry", "frontier_verdict", "recommend"]
 
@@ -93,9 +94,12 @@ class FrontierVerdict:
     largest_gpu: str
     largest_gpu_bytes: int
     gpus_for_floor: int
+    #: The published GGUFs with the experts in RAM on this machine (None: none published).
+    single_machine: SingleMachinePlan | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
+            "single_machine": None if self.single_machine is None else self.single_machine.to_json(),
             "model": self.entry.family,
             "fits": self.fits,
             "floor_bytes": self.floor_bytes,

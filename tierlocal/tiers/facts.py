@@ -14,7 +14,7 @@ from huggingface_hub import get_safetensors_metadata, hf_hub_download
 from ..catalog import FrontierModel, GpuSpec, find_frontier, find_gpu, find_model, load_gpus
 from ..errors import SourceError
 from ..fetch.sources import read_headers
-from ..fit.recurrent import kda_state_floats
+from ..fit.recurrent import frontier_per_user_memory
 from ..gguf import summarize
 from ..gguf.summary import ModelSummary
 from ..hardware.override import parse_gpu_override
@@ -29,24 +29,8 @@ _SAFETENSORS_PRECISION = {"BF16": "bf16", "F16": "bf16", "F32": "bf16", "F8_E4M3
 _NON_CLASSIC_KEYS = ("sliding_window", "kv_lora_rank", "ssm.", "wkv.", "shortconv.", "full_attention_interval")
 
 
-def _per_user_memory(model: FrontierModel) -> tuple[float | None, int]:
-    """A frontier model's KV bytes per token and fixed state bytes per user from its published
-    dimensions, by llama.cpp's rules (f16 latent cache; float32 recurrent state): MLA layers
-    cache ``kv_lora_rank + qk_rope_head_dim`` values per token; Kimi Delta Attention layers
-    keep convolution rows and a head_dim² state per head. (None, 0) without the dimensions."""
-    dims, layers = model.attention_dims, model.attention_layers
-    if not {"mla_kv_lora_rank", "mla_qk_rope_head_dim"} <= dims.keys():
-        return None, 0
-    kv_per_token = layers.get("mla_layers", 0) * (dims["mla_kv_lora_rank"] + dims["mla_qk_rope_head_dim"]) * 2.0
-    state = 0
-    if {"kda_heads", "kda_head_dim", "kda_conv_kernel"} <= dims.keys():
-        rows, square = kda_state_floats(dims["kda_heads"], dims["kda_head_dim"], dims["kda_conv_kernel"])
-        state = layers.get("linear_attention_layers", 0) * (rows + square) * 4
-    return kv_per_token, state
-
-
 def _frontier_facts(model: FrontierModel) -> ModelFacts:
-    kv_per_token, state = _per_user_memory(model)
+    kv_per_token, state = frontier_per_user_memory(model.attention_dims, model.attention_layers)
     example = model.classic_example
     classic = None
     if example:
