@@ -655,7 +655,8 @@ def test_kimi_goes_to_your_cluster_first_and_to_the_hosted_api_when_it_stops(tmp
     answered each request, and the cluster's hours against what its tokens cost on the API."""
     with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as cluster:
         cluster_target = f'{{ url = "{cluster.url}/v1", model = "moonshotai/Kimi-K3", tier = 1, usd_per_hour = 2.0 }}'
-        with gateway(tmp_path, route("kimi-k3", cluster_target, hosted(hosted_engine.url)) + PRICES_TOML, env=ENV) as gw:
+        admin = '[[users]]\nname = "alice"\nadmin = true\n'  # sees every tier on the dashboard
+        with gateway(tmp_path, route("kimi-k3", cluster_target, hosted(hosted_engine.url)) + PRICES_TOML + admin, env=ENV) as gw:
             health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]["kimi-k3"]
             assert [target["url"] for target in health] == [cluster.url + "/v1", hosted_engine.url]  # not dropped as "cannot fit"
             first = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
@@ -671,6 +672,10 @@ def test_kimi_goes_to_your_cluster_first_and_to_the_hosted_api_when_it_stops(tmp
             assert rows[0]["fallback_reason"] is None and rows[1]["fallback_reason"] in ("connect_error", "engine_down")
             report = run_cli("usage", "--config", str(gw.config), "--period", "all", "--json")
             text = run_cli("usage", "--config", str(gw.config), "--period", "all")
+            spend = httpx2.get(gw.url.removesuffix("/v1") + "/ui/data/spend.json?period=all", headers=gw.headers(), timeout=30).json()
+    # The dashboard's spend page draws the same report: the tiers, and the cluster against the API.
+    assert set(spend["data"]["by_tier"]) == {"1", "3"}
+    assert '<section class="cluster"' in spend["html"] and "Your cluster" in spend["html"] and "was cheaper" in spend["html"]
     assert report.returncode == 0, report.stderr
     usage = json.loads(report.stdout)
     tiers = usage["by_tier"]
