@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -138,6 +139,23 @@ def test_the_expert_layout_picks_the_all_to_all_backend_by_interconnect() -> Non
     nvlink = emit("--emit", "skypilot", "--gpu", "B300", "--layout", "expert")
     head, _worker = _commands(nvlink["run"])  # type: ignore[index]
     assert _value(head, "--all2all-backend") == "flashinfer_nvlink_one_sided"
+
+
+def test_the_header_names_the_gateway_target_the_cluster_is() -> None:
+    """The YAML's header gives the cluster as a tier-1 gateway target the gateway's own config
+    accepts: the model id the engine serves (--served-model-name), its cost at the plan's rate."""
+    import tomllib
+
+    from tierlocal.gateway.config import parse_config
+
+    text = run_cli("plan", "kimi-k3", "--emit", "lws", "--gpu", "H200", "--rate", "3.5").stdout
+    line = next(line for line in text.splitlines() if line.startswith("# as the gateway's tier-1 target: "))
+    inline = line.removeprefix("# as the gateway's tier-1 target: ").split(" (", 1)[0]
+    config = tomllib.loads(f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {inline} ]\n')
+    (target,) = parse_config(config, "header").routes[0].targets
+    assert (target.url, target.model, target.tier, target.usd_per_hour) == ("http://kimi-k3-vllm:8000/v1", "moonshotai/Kimi-K3", 1, 16 * 3.5)
+    head, worker = (_commands(script)[0] for script in re.findall(r"- \|\n((?:            .*\n)+)", text) if "exec " in script)
+    assert _value(head, "--served-model-name") == _value(worker, "--served-model-name") == "moonshotai/Kimi-K3"
 
 
 def test_yaml_is_the_same_spec_as_json() -> None:

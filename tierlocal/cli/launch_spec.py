@@ -59,24 +59,39 @@ def topology_for(plan: TierPlan, options: EmitOptions) -> Topology:
     return plan_topology(recipe, options.engine, plan.chosen.gpu, plan.chosen.memory_bytes, nodes, per_node, options.layout, plan.serving_floor_bytes)
 
 
-def build_spec(plan: TierPlan, options: EmitOptions) -> dict[str, object] | list[dict[str, object]]:
-    """The spec as plain data: a SkyPilot task, or the Kubernetes objects in apply order."""
-    facts = plan.facts
-    recipe = facts.launch_recipe or launch_recipe_from(None)
-    top = topology_for(plan, options)
-    repo = recipe.hf_repo or (plan.options.model_path if "/" in plan.options.model_path and not plan.options.model_path.startswith("<") else None)
+def recipe_repo(plan: TierPlan, options: EmitOptions) -> str:
+    """The Hugging Face repo of the weights: the recipe's, else ``--model-path OWNER/REPO``.
+
+    Raises:
+        UsageError: neither names one.
+    """
+    recipe = plan.facts.launch_recipe or launch_recipe_from(None)
+    path = plan.options.model_path
+    repo = recipe.hf_repo or (path if "/" in path and not path.startswith(("<", "/", ".")) else None)
     if repo is None:
-        raise UsageError(f"no Hugging Face repo is known for {facts.display_name}'s weights", hint="give it with --model-path OWNER/REPO")
-    name = f"{facts.name}-{options.engine}".lower().replace(".", "-").replace("_", "-")
-    target = LaunchTarget(
-        name=name,
+        raise UsageError(f"no Hugging Face repo is known for {plan.facts.display_name}'s weights", hint="give it with --model-path OWNER/REPO")
+    return repo
+
+
+def build_target(plan: TierPlan, options: EmitOptions) -> LaunchTarget:
+    """What the spec launches: its name, the weights' repo and sizes, the port, the volume."""
+    facts = plan.facts
+    return LaunchTarget(
+        name=f"{facts.name}-{options.engine}".lower().replace(".", "-").replace("_", "-"),
         model=facts.name,
-        hf_repo=repo,
+        hf_repo=recipe_repo(plan, options),
         weights_bytes=facts.shipped_bytes or plan.weights_with_scales_bytes,
         disk_bytes=plan.disk_bytes,
         port=plan.options.port,
         volume=options.volume or f"tierlocal-{facts.name.lower()}-weights",
     )
+
+
+def build_spec(plan: TierPlan, options: EmitOptions) -> dict[str, object] | list[dict[str, object]]:
+    """The spec as plain data: a SkyPilot task, or the Kubernetes objects in apply order."""
+    recipe = plan.facts.launch_recipe or launch_recipe_from(None)
+    top = topology_for(plan, options)
+    target = build_target(plan, options)
     if options.emit == "skypilot":
         return skypilot_task(top, recipe, target)
     return leaderworkerset(top, recipe, target)
@@ -93,7 +108,14 @@ def emit_spec(plan: TierPlan, options: EmitOptions, *, as_json: bool) -> None:
     top = topology_for(plan, options)
     header = (
         f"# {plan.facts.display_name} on {top.nodes} × {top.gpus_per_node} {top.gpu} with {options.engine}: tensor {top.tensor} × pipeline {top.pipeline}"
-        f" × data {top.data} = {top.gpus} GPUs, experts over {top.expert}; written by tierlocal plan --emit {options.emit}\n"
+        f" × data {top.data} = {top.gpus} GPUs, the experts {'sliced by tensor parallelism' if top.expert == 1 else f'spread over {top.expert} ranks'};"
+        f" written by tierlocal plan --emit {options.emit}\n"
+    )
+    usd_per_hour = top.gpus * plan.options.rate_usd_per_gpu_hour
+    address = f"http://{build_target(plan, options).name}:{plan.options.port}/v1" if options.emit == "lws" else f"http://<head-node-ip>:{plan.options.port}/v1"
+    header += (
+        f'# as the gateway\'s tier-1 target: {{ url = "{address}", model = "{recipe_repo(plan, options)}", tier = 1, usd_per_hour = {usd_per_hour:g} }}'
+        f" ({top.gpus} GPUs at ${plan.options.rate_usd_per_gpu_hour:g}/GPU-hour; --rate to change it)\n"
     )
     documents = [spec] if isinstance(spec, dict) else spec
     click.echo(header + yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1_000_000), nl=False)

@@ -319,8 +319,11 @@ def _merged(*groups: Sequence[str]) -> list[str]:
     return out
 
 
-def node_command(top: Topology, recipe: LaunchRecipe, role: str, *, model_path: str, port: int, rank: str = "${RANK}", head: str = "${HEAD}") -> NodeCommand:
-    """The engine command for the head node (``role="head"``) or any other (``"worker"``)."""
+def node_command(
+    top: Topology, recipe: LaunchRecipe, role: str, *, model_path: str, port: int, rank: str = "${RANK}", head: str = "${HEAD}", served_name: str | None = None
+) -> NodeCommand:
+    """The engine command for the head node (``role="head"``) or any other (``"worker"``);
+    ``served_name``: the model id clients (and the gateway) send, where it is not ``model_path``."""
     engine = recipe.engines[top.engine]
     family = engine.family_for(top.gpu)
     multi = top.nodes > 1
@@ -329,6 +332,8 @@ def node_command(top: Topology, recipe: LaunchRecipe, role: str, *, model_path: 
         env.update(engine.rdma_env)
     extra = engine.multi_node_flags if multi and top.layout == "tensor" and top.engine == "vllm" else ()
     flags = _merged(engine.flags, family.flags if family else (), extra)
+    if served_name:
+        flags += ["--served-model-name", served_name]
     if top.engine == "vllm":
         argv = ["vllm", "serve", model_path, *_parallel_flags(top, engine, role, rank, head), *flags, "--host", "0.0.0.0", "--port", str(port)]
     else:

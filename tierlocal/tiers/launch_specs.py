@@ -65,8 +65,8 @@ def _wait_for_weights(target: LaunchTarget) -> str:
 
 def _start(top: Topology, recipe: LaunchRecipe, target: LaunchTarget) -> tuple[str, str, dict[str, str]]:
     """(head line, worker line, environment) for every node."""
-    head = node_command(top, recipe, "head", model_path=target.weights_dir, port=target.port)
-    worker = node_command(top, recipe, "worker", model_path=target.weights_dir, port=target.port)
+    head = node_command(top, recipe, "head", model_path=target.weights_dir, port=target.port, served_name=target.hf_repo)
+    worker = node_command(top, recipe, "worker", model_path=target.weights_dir, port=target.port, served_name=target.hf_repo)
     return shell_line(head.argv), shell_line(worker.argv), head.env
 
 
