@@ -27,6 +27,9 @@ from tierlocal.measure.calibrate import PROBE_TYPES, PROBES, calibrate_cpu, time
 @pytest.mark.serial  # it times the engine: other tests running beside it read as a slow CPU
 def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Assets, gemma: Path, isolated_env: Path, tmp_path: Path) -> None:
     env = {"TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
+    # The engine's own rate on Gemma, once now and twice after calibrating (below): a timing
+    # spread over the test's minutes, of which the best counts.
+    timings = [time_probe(assets.llama_server_cpu, gemma, 512, log_dir=tmp_path)]
     before = json.loads(run_cli("check", str(gemma), "--json", env=env).stdout)
     assert before["speed"]["estimate"] is None  # nothing measured yet: the bandwidth bound only
     assert before["speed_basis"] == "bound" and before["est_decode_tokens_per_s"] == before["bound_decode_tokens_per_s"]
@@ -59,14 +62,16 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
     record = json.loads((isolated_env / "bench.jsonl").read_text().splitlines()[-1])
     assert record["estimate"]["decode_tokens_per_s"] == calibrated["decode_tokens_per_s"]
 
-    # The engine's own rate, the better of two loads: other work on a shared machine only ever
-    # slows a timing (CI twice read 1.4-1.5x slower than the same test alone, where it holds).
-    timings = [time_probe(assets.llama_server_cpu, gemma, 512, log_dir=tmp_path) for _ in range(2)]
+    # The engine's own rate, the best of three loads (one before calibrating): other work on a
+    # shared machine only ever slows a timing (CI read 1.4-1.5x slower than the same test
+    # alone, where it holds, in three of seven full runs with two loads after calibrating).
+    timings += [time_probe(assets.llama_server_cpu, gemma, 512, log_dir=tmp_path) for _ in range(2)]
     prefill_s, decode_s = min(t[0] for t in timings), min(t[1] for t in timings)
+    seen = f"timings {timings}, load average {os.getloadavg()}"
     # Held out, on a shared 2-core machine: within 40% here (the bench holds 25% / 35% in one
     # quiet run); the bandwidth-only figure beside it is ~9x over.
-    assert calibrated["decode_tokens_per_s"] * decode_s == pytest.approx(1.0, abs=0.4)
-    assert calibrated["prefill_tokens_per_s"] * prefill_s == pytest.approx(1.0, abs=0.4)
+    assert calibrated["decode_tokens_per_s"] * decode_s == pytest.approx(1.0, abs=0.4), seen
+    assert calibrated["prefill_tokens_per_s"] * prefill_s == pytest.approx(1.0, abs=0.4), seen
     # The headline is the best figure there is; the bound stays in its own field.
     assert after["speed_basis"] == "calibrated" and after["est_decode_tokens_per_s"] == calibrated["decode_tokens_per_s"]
     assert after["est_prefill_tokens_per_s"] == calibrated["prefill_tokens_per_s"]
