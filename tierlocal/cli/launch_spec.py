@@ -59,7 +59,7 @@ def topology_for(plan: TierPlan, options: EmitOptions) -> Topology:
     return plan_topology(recipe, options.engine, plan.chosen.gpu, plan.chosen.memory_bytes, nodes, per_node, options.layout, plan.serving_floor_bytes)
 
 
-def recipe_repo(plan: TierPlan, options: EmitOptions) -> str:
+def recipe_repo(plan: TierPlan) -> str:
     """The Hugging Face repo of the weights: the recipe's, else ``--model-path OWNER/REPO``.
 
     Raises:
@@ -79,7 +79,7 @@ def build_target(plan: TierPlan, options: EmitOptions) -> LaunchTarget:
     return LaunchTarget(
         name=f"{facts.name}-{options.engine}".lower().replace(".", "-").replace("_", "-"),
         model=facts.name,
-        hf_repo=recipe_repo(plan, options),
+        hf_repo=recipe_repo(plan),
         weights_bytes=facts.shipped_bytes or plan.weights_with_scales_bytes,
         disk_bytes=plan.disk_bytes,
         port=plan.options.port,
@@ -87,11 +87,9 @@ def build_target(plan: TierPlan, options: EmitOptions) -> LaunchTarget:
     )
 
 
-def build_spec(plan: TierPlan, options: EmitOptions) -> dict[str, object] | list[dict[str, object]]:
+def build_spec(plan: TierPlan, options: EmitOptions, top: Topology, target: LaunchTarget) -> dict[str, object] | list[dict[str, object]]:
     """The spec as plain data: a SkyPilot task, or the Kubernetes objects in apply order."""
     recipe = plan.facts.launch_recipe or launch_recipe_from(None)
-    top = topology_for(plan, options)
-    target = build_target(plan, options)
     if options.emit == "skypilot":
         return skypilot_task(top, recipe, target)
     return leaderworkerset(top, recipe, target)
@@ -100,21 +98,21 @@ def build_spec(plan: TierPlan, options: EmitOptions) -> dict[str, object] | list
 def emit_spec(plan: TierPlan, options: EmitOptions, *, as_json: bool) -> None:
     """Write the spec on stdout: YAML (several documents for Kubernetes), or JSON (a
     Kubernetes ``List`` holding them)."""
-    spec = build_spec(plan, options)
+    top, target = topology_for(plan, options), build_target(plan, options)
+    spec = build_spec(plan, options, top, target)
     if as_json:
         document = spec if isinstance(spec, dict) else {"apiVersion": "v1", "kind": "List", "items": spec}
         click.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
-    top = topology_for(plan, options)
     header = (
         f"# {plan.facts.display_name} on {top.nodes} × {top.gpus_per_node} {top.gpu} with {options.engine}: tensor {top.tensor} × pipeline {top.pipeline}"
         f" × data {top.data} = {top.gpus} GPUs, the experts {'sliced by tensor parallelism' if top.expert == 1 else f'spread over {top.expert} ranks'};"
         f" written by tierlocal plan --emit {options.emit}\n"
     )
     usd_per_hour = top.gpus * plan.options.rate_usd_per_gpu_hour
-    address = f"http://{build_target(plan, options).name}:{plan.options.port}/v1" if options.emit == "lws" else f"http://<head-node-ip>:{plan.options.port}/v1"
+    address = f"http://{target.name}:{target.port}/v1" if options.emit == "lws" else f"http://<head-node-ip>:{target.port}/v1"
     header += (
-        f'# as the gateway\'s tier-1 target: {{ url = "{address}", model = "{recipe_repo(plan, options)}", tier = 1, usd_per_hour = {usd_per_hour:g} }}'
+        f'# as the gateway\'s tier-1 target: {{ url = "{address}", model = "{target.hf_repo}", tier = 1, usd_per_hour = {usd_per_hour:g} }}'
         f" ({top.gpus} GPUs at ${plan.options.rate_usd_per_gpu_hour:g}/GPU-hour; --rate to change it)\n"
     )
     documents = [spec] if isinstance(spec, dict) else spec
