@@ -52,6 +52,10 @@ POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
 
 
+#: The authenticated user of a request (set by the auth middleware).
+USER = web.RequestKey("user", User)
+
+
 def create_app(config: GatewayConfig, store: Store, *, metrics_dir: Path | None = None) -> web.Application:
     """The gateway's aiohttp application for ``config``, keeping its state in ``store``
     (``metrics_dir``: one of several worker processes, whose metrics are summed from there)."""
@@ -167,7 +171,7 @@ class Gateway:
         user = await self.user_for_key(key)
         if user is None:
             raise Reject(401, "the API key is not a live gateway key", "invalid_request_error", "invalid_api_key", should_retry=False)
-        request["user"] = self.config.user(user) or User(user)
+        request[USER] = self.config.user(user) or User(user)
         return await handler(request)
 
     # --- simple routes ------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class Gateway:
                 should_retry=True,
             ) from None  # fmt: skip
         body, route = self._parse(raw)
-        user: User = request["user"]
+        user = request[USER]
         endpoint = ENDPOINTS[request.path]
         stream = body.get("stream") is True and endpoint != "/embeddings"
         options = body.get("stream_options")
