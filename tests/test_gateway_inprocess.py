@@ -41,6 +41,10 @@ class Upstream:
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.seen.append((request.headers.get("Authorization"), body))
+        if self.status == 401:  # as some APIs do: the refused key, quoted back
+            return web.json_response(
+                {"error": {"message": f"Incorrect API key provided: {request.headers.get('Authorization')}", "type": "invalid_request_error"}}, status=401
+            )
         if self.status != 200:
             return web.json_response({"error": {"message": "loading", "type": "service_unavailable", "code": 503}}, status=self.status)
         return web.json_response(
@@ -185,3 +189,54 @@ def test_a_budget_refuses_before_any_upstream_is_asked(tmp_path: Path, monkeypat
 
     _run(tmp_path, monkeypatch, routes, body, hosted, users='[[users]]\nname = "alice"\nbudget_usd = 0.00001\nbudget_period = "day"\n')
     assert hosted.seen == [] and _rows(tmp_path) == []
+
+
+def test_an_upstream_error_that_quotes_the_key_reaches_the_client_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hosted = Upstream("hosted", status=401)
+
+    def routes(urls: dict[str, str]) -> str:
+        return f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "{urls["hosted"]}", model = "kimi-k3", api_key_env = "INPROC_HOSTED_KEY" }} ]\n'
+
+    async def body(client: TestClient, key: str) -> None:
+        refused = await client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"})
+        text = await refused.text()
+        assert refused.status == 401 and refused.headers["x-should-retry"] == "false"
+        assert HOSTED_KEY not in text and key not in text and "Incorrect API key provided" in text
+
+    _run(tmp_path, monkeypatch, routes, body, hosted)
+    assert len(hosted.seen) == 1  # a refused key is not retried
+
+
+def test_the_ledger_lets_exactly_the_reservations_the_budget_holds(tmp_path: Path) -> None:
+    """Twenty requests reserve at once; the books group-commit them on the store's thread and
+    hold exactly as many as the budget covers: 0.024 USD at 1,000 input tokens (3 USD/M) and 100
+    output tokens (15 USD/M) = 0.0045 each → 5."""
+    from tierlocal.gateway.ledger import Ledger
+    from tierlocal.gateway.metrics import Metrics
+    from tierlocal.gateway.store_worker import StoreWorker
+    from tierlocal.gateway.wire import Reject
+
+    routes = '[[routes]]\nmodel = "kimi-k3"\ntargets = [ { url = "https://api.example/v1", model = "kimi-k3", api_key_env = "K" } ]\n'
+    config = parse_config(_config(tmp_path / "state", routes, '[[users]]\nname = "alice"\nbudget_usd = 0.024\nbudget_period = "day"\n'), "ledger.toml")
+    (tmp_path / "state").mkdir()
+    store, worker = SqliteStore(tmp_path / "state"), StoreWorker()
+    ledger = Ledger(config, store, Metrics(), (), worker)
+    user, route = config.users[0], config.routes[0]
+
+    async def reserve() -> int | None:
+        try:
+            return await ledger.reserve(user, route, 1000, 100)
+        except Reject as refused:
+            assert refused.status == 429
+            return None
+
+    async def main() -> list[int | None]:
+        return await asyncio.gather(*(reserve() for _ in range(20)))
+
+    try:
+        held = asyncio.run(main())
+        assert sum(result is not None for result in held) == 5
+        assert store.spent("alice", "day") == pytest.approx(5 * (1000 * 3.0 + 100 * 15.0) / 1e6)
+    finally:
+        worker.close()
+        store.close()

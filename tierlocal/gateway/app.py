@@ -22,13 +22,14 @@ from aiohttp import web
 from .backends import DOWN, UP, TargetState, now, poll_target, resolve_key
 from .config import GatewayConfig, Route, Target, User
 from .ledger import Ledger
-from .limits import RateLimiter, Ticket
+from .limiter import limiter_for
 from .metrics import Metrics
 from .pricing import worst_case_input_tokens
 from .protocol import printable
 from .relay import Relay
 from .request_body import OutputLimits, output_limits, parse_json_object
 from .store import Store
+from .store_worker import StoreWorker
 from .ui import Dashboard
 from .wire import AttemptFailed, Exchange, Reject
 
@@ -69,15 +70,15 @@ class Gateway:
         self.config = config
         self.store = store
         self.metrics = Metrics(metrics_dir)
-        self.limiter = RateLimiter()
-        self.shared_limiter = store.shared_limiter()  # Redis: one sliding minute for every replica
+        self.worker = StoreWorker()
+        self.limiter = limiter_for(store.shared_limiter(), self.worker)  # Redis: one sliding minute for every replica
         self.states: dict[Target, TargetState] = {}
         for route in config.routes:
             for target in route.targets:
                 self.states.setdefault(target, TargetState(target, resolve_key(target)))
         self.secrets = tuple(sorted({state.key for state in self.states.values() if state.key}, key=len, reverse=True))
-        self.ledger = Ledger(config, store, self.metrics, self.secrets)
-        self.relay = Relay(config, self.metrics, self.ledger)
+        self.ledger = Ledger(config, store, self.metrics, self.secrets, self.worker)
+        self.relay: Relay | None = None  # made at start-up, with the client session
         self._auth_cache: dict[str, tuple[str | None, float]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -92,7 +93,7 @@ class Gateway:
         for path in ENDPOINTS:
             app.router.add_post(path, self._proxy)
         dashboard = Dashboard(
-            self.config, self.store, authenticate=self.user_for_key, store_call=self.ledger.call, health=self._health_report, metrics=self.metrics.render
+            self.config, self.store, authenticate=self.user_for_key, store_call=self.worker.call, health=self._health_report, metrics=self.metrics.render
         )
         dashboard.add_routes(app)
         app.on_startup.append(self._start)
@@ -103,7 +104,7 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
         # The gateway's own loop is the only retry loop: aiohttp's client never retries a request.
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True, trust_env=False)
-        self.relay.session = self._session
+        self.relay = Relay(self.config, self.metrics, self._session, self.ledger.settle, self.secrets)
         await self._poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
@@ -112,7 +113,7 @@ class Gateway:
             self._poller.cancel()
         if self._session is not None:
             await self._session.close()
-        self.ledger.close()
+        self.worker.close()
 
     async def _poll_once(self) -> None:
         assert self._session is not None
@@ -148,7 +149,7 @@ class Gateway:
         moment = time.monotonic()
         if cached is not None and cached[1] > moment:
             return cached[0]
-        user = await self.ledger.call(self.store.authenticate, key)
+        user = await self.worker.call(self.store.authenticate, key)
         if len(self._auth_cache) > 10_000:
             self._auth_cache.clear()
         self._auth_cache[key] = (user, moment + AUTH_CACHE_S)
@@ -228,10 +229,7 @@ class Gateway:
             return await self._serve(request, body, endpoint, exchange, reservation)
         finally:
             tokens = None if exchange.usage is None else exchange.usage.prompt_tokens + exchange.usage.completion_tokens
-            if isinstance(ticket, Ticket):
-                self.limiter.release(ticket, tokens)
-            elif self.shared_limiter is not None:
-                await self.ledger.call(self.shared_limiter.release, ticket, tokens)
+            await self.limiter.release(ticket, tokens)
 
     def _parse(self, raw: bytes) -> tuple[dict[str, object], Route]:
         """The request's JSON object and the route its model names.
@@ -257,11 +255,7 @@ class Gateway:
         Raises:
             Reject: 429 with Retry-After when a limit is reached.
         """
-        limited = user.requests_per_minute or user.tokens_per_minute or user.concurrent_requests
-        if self.shared_limiter is not None and limited:
-            ticket = await self.ledger.call(self.shared_limiter.admit, user, tokens, time.time())
-        else:
-            ticket = self.limiter.admit(user, tokens, time.monotonic())
+        ticket = await self.limiter.admit(user, tokens)
         if isinstance(ticket, float):
             self.metrics.requests.labels(route.model, "429").inc()
             raise Reject(
@@ -314,6 +308,7 @@ class Gateway:
                 self._count_passed_over(route, state, excluded, failed, passed_over, exchange)
                 exchange.attempts += 1
                 try:
+                    assert self.relay is not None  # the app has started
                     response = await self.relay.attempt(request, body, endpoint, exchange, state, reservation)
                     if state.target.hosted:
                         state.health = UP  # not polled: an answer is what says it is up

@@ -1,7 +1,7 @@
 """The gateway's books: a budgeted request's worst case reserved before it is sent, the
 reservation replaced by what the upstream's ``usage`` says it cost, one usage row per request,
-and the spend, token and latency metrics that follow. The store is called on one worker thread
-(SQLite has one writer; a Redis call would block the event loop too).
+and the spend, token and latency metrics that follow. The store is called on the gateway's one
+store thread (store_worker.py).
 
 Reservations and settlements are group-committed: while one batch is being written, the
 requests that reach the books queue up, and the next batch writes them all in one transaction.
@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ..tiers.arithmetic import ApiPrices
@@ -26,6 +24,7 @@ from .pricing import Usage, cost_usd
 from .protocol import printable
 from .store import Store, UsageRecord
 from .store.base import BookOperation, Reserve, Settle
+from .store_worker import StoreWorker
 from .wire import Exchange, Reject
 
 __all__ = ["Ledger"]
@@ -37,18 +36,10 @@ _T = TypeVar("_T")
 class Ledger:
     """Reservations, settlement and usage rows for one gateway process."""
 
-    def __init__(self, config: GatewayConfig, store: Store, metrics: Metrics, secrets: tuple[str, ...]) -> None:
-        self.config, self.store, self.metrics, self.secrets = config, store, metrics, secrets
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-store")
+    def __init__(self, config: GatewayConfig, store: Store, metrics: Metrics, secrets: tuple[str, ...], worker: StoreWorker) -> None:
+        self.config, self.store, self.metrics, self.secrets, self.worker = config, store, metrics, secrets, worker
         self._pending: list[tuple[BookOperation, asyncio.Future[int | float | None]]] = []
         self._writer: asyncio.Task[None] | None = None
-
-    async def call(self, function: Callable[..., _T], *args: object) -> _T:
-        """``function(*args)`` on the store's thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, function, *args)
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True)
 
     async def book(self, operation: BookOperation) -> int | float | None:
         """``operation``'s result, once the batch it joined is committed."""
@@ -64,7 +55,7 @@ class Ledger:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    results = await self.call(self.store.run_batch, [operation for operation, _ in batch])
+                    results = await self.worker.call(self.store.run_batch, [operation for operation, _ in batch])
                 except Exception as exc:  # every request of the batch fails as it would alone
                     for _, future in batch:
                         if not future.done():
@@ -106,7 +97,7 @@ class Ledger:
         assert user.budget_usd is not None
         reservation = await self.book(Reserve(user.name, worst, user.budget_usd, user.budget_period))
         if reservation is None:
-            spent = await self.call(self.store.spent, user.name, user.budget_period)
+            spent = await self.worker.call(self.store.spent, user.name, user.budget_period)
             self.metrics.requests.labels(route.model, "429").inc()
             raise Reject(
                 429, f"budget reached for user {user.name!r}: {format_usd(spent)} of {format_usd(user.budget_usd)} this {user.budget_period} is spent or held, and this request may cost up to {format_usd(worst)}",

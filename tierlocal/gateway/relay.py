@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -20,7 +20,6 @@ from aiohttp import web
 from . import protocol
 from .backends import TargetState
 from .config import GatewayConfig
-from .ledger import Ledger
 from .metrics import Metrics
 from .pricing import usage_from
 from .wire import AttemptFailed, Exchange, Reject, event_data, event_error, forward_batch, json_or_none, read_bounded, response_id, sse_batches
@@ -35,12 +34,16 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
 
 
-class Relay:
-    """Attempts on upstream targets, over the gateway's one client session (set at start-up)."""
+#: What the relay calls once an exchange has its answer (the books: ledger.Ledger.settle).
+Settle = Callable[[Exchange, int | None], Awaitable[None]]
 
-    def __init__(self, config: GatewayConfig, metrics: Metrics, ledger: Ledger) -> None:
-        self.config, self.metrics, self.ledger = config, metrics, ledger
-        self.session: aiohttp.ClientSession | None = None
+
+class Relay:
+    """Attempts on upstream targets, over the gateway's one client ``session``; ``settle``
+    records each answered exchange; ``secrets`` are scrubbed from every upstream text passed on."""
+
+    def __init__(self, config: GatewayConfig, metrics: Metrics, session: aiohttp.ClientSession, settle: Settle, secrets: tuple[str, ...]) -> None:
+        self.config, self.metrics, self.session, self.settle, self.secrets = config, metrics, session, settle, secrets
 
     def _upstream_request(self, body: dict[str, object], exchange: Exchange, state: TargetState) -> tuple[bytes, dict[str, str]]:
         upstream = dict(body)
@@ -63,7 +66,6 @@ class Relay:
             AttemptFailed: nothing reached the client; the next target may be tried.
             Reject: an error that is not retried (it goes back to the client).
         """
-        assert self.session is not None
         payload, headers = self._upstream_request(body, exchange, state)
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.config.server.upstream_timeout_s)
         state.in_flight += 1
@@ -98,7 +100,7 @@ class Relay:
             self.metrics.in_flight.labels(state.label).set(state.in_flight)
 
     def _clean(self, text: str) -> str:
-        return protocol.sanitise(text, self.ledger.secrets)
+        return protocol.sanitise(text, self.secrets)
 
     async def _upstream_error(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
         try:
@@ -132,7 +134,7 @@ class Relay:
         exchange.usage = usage_from(document)
         exchange.request_id = response_id(document)
         exchange.keep_response(data)
-        await self.ledger.settle(exchange, reservation)  # recorded before the client has the answer
+        await self.settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
 
     async def _relay_stream(
@@ -152,7 +154,7 @@ class Relay:
             exchange.status = 499
             exchange.reasons.append("client_disconnected")
             exchange.estimate_usage()
-            await self.ledger.settle(exchange, reservation)
+            await self.settle(exchange, reservation)
             return response
         if failure is not None:
             exchange.status = 502
@@ -166,7 +168,7 @@ class Relay:
                 failure,
             )
             exchange.estimate_usage()
-        await self.ledger.settle(exchange, reservation)  # recorded before the client sees the end
+        await self.settle(exchange, reservation)  # recorded before the client sees the end
         try:
             if failure is not None:
                 frame = protocol.error_body(f"the upstream stream broke: {failure}", "upstream_error", "stream_interrupted")
