@@ -325,9 +325,8 @@ class Gateway:
                         "attempt %d for %s on %s failed (%s): %s",
                         exchange.attempts, printable(route.model), printable(state.label), failure.verdict.reason, printable(failure.detail, 2000),
                     )  # fmt: skip
-            exchange.status = 503
             raise self._no_answer(exchange, excluded, last_failure)
-        except Reject as reject:
+        except Reject as reject:  # its status is the exchange's: 503 when nothing answered
             exchange.status = reject.status
             await self.ledger.settle(exchange, reservation)
             raise
@@ -376,7 +375,6 @@ class Gateway:
         Retry-After (the shortest cooldown), naming a missing upstream key when that is why."""
         route = exchange.route
         if last_failure is not None and last_failure.verdict.reason == "context_exceeded" and not self._candidates(route, excluded):
-            exchange.status = 400
             return Reject(
                 400,
                 f"the request does not fit the context of any target for {route.model!r}: {last_failure.detail}",

@@ -130,7 +130,7 @@ class Relay:
             raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
         except (ValueError, UnicodeDecodeError):
             raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON") from None
-        exchange.target, exchange.status = state, 200
+        exchange.answered_by(state)
         exchange.usage = usage_from(document)
         exchange.request_id = response_id(document)
         exchange.keep_response(data)
@@ -142,7 +142,7 @@ class Relay:
     ) -> web.StreamResponse:
         batches = sse_batches(upstream)
         batch = await self._first_batch(batches)  # until the first event reaches the client, a failure still falls back
-        exchange.target, exchange.status = state, 200
+        exchange.answered_by(state)
         exchange.request_id = response_id(json_or_none(event_data(batch[0]) or b""))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})
         await response.prepare(request)

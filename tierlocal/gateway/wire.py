@@ -97,6 +97,11 @@ class Exchange:
     response_kept: list[bytes] = field(default_factory=list)
     response_kept_bytes: int = 0
 
+    def answered_by(self, state: TargetState) -> None:
+        """``state``'s target answered: the exchange is its, with status 200 (a stream's may
+        still end 499 or 502)."""
+        self.target, self.status = state, 200
+
     def estimate_usage(self) -> None:
         """Without the upstream's usage: the input bound and one token per content event."""
         if self.usage is None:
