@@ -158,6 +158,28 @@ def test_the_header_names_the_gateway_target_the_cluster_is() -> None:
     assert _value(head, "--served-model-name") == _value(worker, "--served-model-name") == "moonshotai/Kimi-K3"
 
 
+def test_mi355x_gets_the_rocm_images_and_amd_gpus() -> None:
+    """8 × MI355X (the ROCm recipe): AMD's GPU resource, the ROCm images, the vision encoder
+    data-parallel (--mm-encoder-tp-mode data), AITER switched on."""
+    lws = emit("--emit", "lws", "--gpu", "MI355X")
+    leader = lws["items"][1]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]  # type: ignore[index]
+    assert leader["resources"]["limits"] == {"amd.com/gpu": 8} and leader["image"] == "vllm/vllm-openai-rocm:kimi-k3"
+    (head,) = _commands(leader["command"][2])
+    assert _value(head, "--mm-encoder-tp-mode") == "data" and {"name": "VLLM_ROCM_USE_AITER", "value": "1"} in leader["env"]
+    sky = emit("--emit", "skypilot", "--engine", "sglang", "--gpu", "MI355X")
+    assert sky["resources"]["image_id"] == "docker:lmsysorg/sglang-rocm:rocm720-mi35x-k3-20260727"  # type: ignore[index]
+
+
+def test_gb300_nodes_in_one_nvlink_domain_use_the_nvlink_backends() -> None:
+    """GB300 trays of 4 in one NVL72 rack: expert parallel over NVLink even across nodes, with
+    DeepGEMM MegaMoE (the recipe: not over RDMA)."""
+    spec = emit("--emit", "skypilot", "--gpu", "GB300", "--gpus-per-node", "4", "--nodes", "2", "--layout", "expert")
+    head, worker = _commands(spec["run"])  # type: ignore[index]
+    assert spec["resources"]["accelerators"] == "GB300:4" and spec["num_nodes"] == 2  # type: ignore[index]
+    assert _value(head, "--all2all-backend") == "flashinfer_nvlink_one_sided" and _value(head, "--moe-backend") == "deep_gemm_mega_moe"
+    assert _value(worker, "--data-parallel-start-rank") == "$((RANK*4))"
+
+
 def test_yaml_is_the_same_spec_as_json() -> None:
     as_yaml = run_cli("plan", "kimi-k3", "--emit", "lws", "--gpu", "H200")
     assert as_yaml.returncode == 0, as_yaml.stderr
@@ -214,6 +236,17 @@ def _validate(assets: Assets, kind: str, spec: object) -> dict[str, object]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+#: Beyond the issue's three: the ROCm recipe, and GB300 trays of 4 with expert parallel over NVLink.
+MORE = [["--gpu", "MI355X"], ["--gpu", "GB300", "--gpus-per-node", "4", "--nodes", "2", "--layout", "expert"]]
+
+
+@pytest.mark.parametrize("args", MORE, ids=["mi355x", "gb300-expert"])
+@pytest.mark.parametrize("kind", ["skypilot", "lws"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_launchers_accept_the_other_families(assets: Assets, kind: str, engine: str, args: list[str]) -> None:
+    assert _validate(assets, kind, emit("--emit", kind, "--engine", engine, *args)) == {"ok": True, "errors": []}
 
 
 @pytest.mark.parametrize(("kind", "engine", "gpu", "nodes_arg", "nodes", "gpus"), CASES, ids=IDS)
