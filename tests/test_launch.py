@@ -303,3 +303,17 @@ def test_kubernetes_objects_broken_on_purpose_are_refused_by_the_crd_and_kuberne
     expected, broken = _broken_lws(emit("--emit", "lws", "--gpu", "H200"))[index]  # type: ignore[arg-type]
     verdict = _validate(assets, "lws", broken)
     assert verdict["ok"] is False and expected in " ".join(verdict["errors"]), (expected, verdict)  # type: ignore[arg-type]
+
+
+def test_a_malformed_launch_table_is_a_one_line_catalog_error() -> None:
+    from dataclasses import replace
+
+    from tierlocal.catalog import find_frontier
+    from tierlocal.errors import CatalogError
+    from tierlocal.tiers.facts import _launch_recipe
+
+    model = find_frontier("kimi-k3")
+    assert model is not None
+    broken = replace(model, launch={"vllm": {"family": {"hopper": {"flags": []}}}})  # a family without its GPUs
+    with pytest.raises(CatalogError, match=r"kimi-k3's \[model.launch\] is malformed"):
+        _launch_recipe(broken)

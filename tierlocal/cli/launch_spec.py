@@ -78,7 +78,6 @@ def build_target(plan: TierPlan, options: EmitOptions) -> LaunchTarget:
     facts = plan.facts
     return LaunchTarget(
         name=f"{facts.name}-{options.engine}".lower().replace(".", "-").replace("_", "-"),
-        model=facts.name,
         hf_repo=recipe_repo(plan),
         weights_bytes=facts.shipped_bytes or plan.weights_with_scales_bytes,
         disk_bytes=plan.disk_bytes,

@@ -12,14 +12,14 @@ from huggingface_hub import errors as hf_errors
 from huggingface_hub import get_safetensors_metadata, hf_hub_download
 
 from ..catalog import FrontierModel, GpuSpec, find_frontier, find_gpu, find_model, load_gpus
-from ..errors import SourceError
+from ..errors import CatalogError, SourceError
 from ..fetch.sources import read_headers
 from ..fit.recurrent import frontier_per_user_memory
 from ..gguf import summarize
 from ..gguf.summary import ModelSummary
 from ..hardware.override import parse_gpu_override
 from .arithmetic import GpuOption
-from .launch import launch_recipe_from
+from .launch import LaunchRecipe, launch_recipe_from
 from .plan import ModelFacts
 
 __all__ = ["resolve_model_facts", "facts_from_config", "gpu_options"]
@@ -27,6 +27,14 @@ __all__ = ["resolve_model_facts", "facts_from_config", "gpu_options"]
 _GGUF_PRECISION = {"F32": "bf16", "F16": "bf16", "BF16": "bf16", "Q8_0": "fp8", "Q2_K": "2bit", "Q2_K_S": "2bit"}
 _SAFETENSORS_PRECISION = {"BF16": "bf16", "F16": "bf16", "F32": "bf16", "F8_E4M3": "fp8", "F8_E5M2": "fp8"}
 _NON_CLASSIC_KEYS = ("sliding_window", "kv_lora_rank", "ssm.", "wkv.", "shortconv.", "full_attention_interval")
+
+
+def _launch_recipe(model: FrontierModel) -> LaunchRecipe:
+    """``[model.launch]`` read, or a one-line error naming the entry."""
+    try:
+        return launch_recipe_from(model.launch)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CatalogError(f"recipes/frontier.toml: {model.name}'s [model.launch] is malformed ({exc!r})", hint="fix the entry") from None
 
 
 def _frontier_facts(model: FrontierModel) -> ModelFacts:
@@ -53,7 +61,7 @@ def _frontier_facts(model: FrontierModel) -> ModelFacts:
         published_configs=model.published_configs,
         guidance=model.guidance,
         vllm_notes=model.vllm_notes,
-        launch_recipe=launch_recipe_from(model.launch),
+        launch_recipe=_launch_recipe(model),
         sources=(f"{model.display_name} facts: {model.source} ({model.facts_date})",)
         + ((f"{model.display_name} attention and state dimensions: {model.attention_dims_source}",) if model.attention_dims_source else ())
         + ((f"{model.display_name} launch flags: {model.launch['source']}",) if model.launch.get("source") else ()),

@@ -117,7 +117,7 @@ def launch_recipe_from(raw: Mapping[str, object] | None) -> LaunchRecipe:
     defaults (no published flags, nothing to check divisibility against).
 
     Raises:
-        KeyError, TypeError, ValueError: the table is malformed (the catalog reports it).
+        KeyError, TypeError, ValueError, AttributeError: the table is malformed (tiers.facts reports it).
     """
     raw = raw or {}
     engines = {engine: _engine_from(engine, raw.get(engine, {})) for engine in ENGINES}  # type: ignore[arg-type]
@@ -141,7 +141,6 @@ class Topology:
     engine: str
     layout: str
     gpu: str
-    gpu_memory_bytes: int
     nodes: int
     gpus_per_node: int
     tensor: int
@@ -235,7 +234,6 @@ def plan_topology(
         engine,
         layout,
         gpu,
-        gpu_memory_bytes,
         nodes,
         gpus_per_node,
         tensor,

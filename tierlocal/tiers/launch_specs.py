@@ -27,7 +27,6 @@ class LaunchTarget:
     (SkyPilot) or PersistentVolumeClaim (Kubernetes) that keeps the weights between launches."""
 
     name: str
-    model: str
     hf_repo: str
     weights_bytes: int
     disk_bytes: int
