@@ -57,6 +57,7 @@ PURE = [
     "tierlocal.gguf.chat_template",
     "tierlocal.hardware.types",
     "tierlocal.hardware.override",
+    "tierlocal.tui.rows",
     "tierlocal.engines.flags",
     "tierlocal.engines.ollama",
     "tierlocal.engines.prompt_formats",
@@ -67,6 +68,7 @@ PURE = [
 IMPURE_ROOTS = {
     "click",
     "rich",
+    "textual",
     "huggingface_hub",
     "httpx",
     "httpx2",
@@ -155,12 +157,13 @@ def test_the_pure_core_reaches_no_io_however_indirectly() -> None:
 
 
 def test_only_the_cli_imports_click_or_rich() -> None:
+    """The terminal UI (tierlocal.tui) draws with Textual, and rich inside it; click stays in the CLI."""
     offenders = sorted(
         f"{module}:{line} imports {name}"
         for module, path in _modules()
         if not module.startswith("tierlocal.cli")
         for name, line in _imports(module, path)
-        if name.split(".")[0] in {"click", "rich"}
+        if name.split(".")[0] in ({"click"} if module.startswith("tierlocal.tui") else {"click", "rich", "textual"})
     )
     assert offenders == []
 
@@ -208,7 +211,7 @@ def test_no_import_cycle_anywhere() -> None:
 
 #: The packages (and top-level modules) in the order the data flows, lowest first: each may
 #: import only those before it. source/header → spec → estimate → engine → machine → plan →
-#: measure → ranking → tiers → serve/gateway → cli.
+#: measure → ranking → tiers → serve/gateway → the terminal UI → cli.
 LAYERS = [
     "errors",
     "units",
@@ -229,6 +232,7 @@ LAYERS = [
     "report",
     "serve",
     "gateway",
+    "tui",
     "cli",
     "__main__",
 ]

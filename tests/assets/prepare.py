@@ -54,7 +54,19 @@ REGISTRY_PACKAGE = "docker-registry"
 REDIS_PACKAGES = ("redis-tools", "redis-server", "libjemalloc2", "liblzf1")
 # chromium and chromium-driver: the dashboard's headless-browser tests (tests/test_ui_browser.py).
 # ccache: llama.cpp's CMake uses it when present, so the Vulkan build reuses the CPU build's objects.
-APT_PACKAGES = ["glslc", "libvulkan-dev", "spirv-headers", "mesa-vulkan-drivers", "cmake", "ninja-build", "g++", "ccache", "chromium", "chromium-driver"]
+APT_PACKAGES = [
+    "glslc",
+    "libvulkan-dev",
+    "spirv-headers",
+    "mesa-vulkan-drivers",
+    "cmake",
+    "ninja-build",
+    "g++",
+    "ccache",
+    "chromium",
+    "chromium-driver",
+    "tmux",
+]
 #: What tests/support/launch_validate.py checks `tierlocal plan --emit` output with.
 VALIDATOR_REQUIREMENTS = ("skypilot==0.14.1", "kubernetes-validate==1.37.0")
 CACHE_VERSION = f"v2-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-ollama-{OLLAMA_VERSION}-gemma-{GEMMA_VERSION}"

@@ -41,6 +41,7 @@ class _LazyGroup(click.Group):
         "usage": "tierlocal.cli.gateway:usage",
         "catalog": "tierlocal.cli.catalog:catalog",
         "dashboard": "tierlocal.cli.dashboard:dashboard",
+        "ui": "tierlocal.cli.ui:ui",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
