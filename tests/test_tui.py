@@ -248,6 +248,11 @@ def test_it_fits_80_by_24_and_quits_on_q(tmp_path: Path) -> None:
         screen = app.screen
         assert isinstance(screen, FitsScreen)
         assert screen.query_one(DataTable).size.height >= 5 and screen.query_one("#fits-plan-box").size.height >= 5
+        box = screen.query_one("#fits-plan-box")
+        assert box.scroll_y == 0 and box.max_scroll_y > 0  # the plan is taller than its box at 80×24 …
+        await pilot.press("space")  # type: ignore[attr-defined]
+        await pilot.pause(0.1)  # type: ignore[attr-defined]
+        assert box.scroll_y > 0  # … and space pages it
         (tmp_path / "fits.svg").write_text(app.export_screenshot())
         await pilot.press("2")  # type: ignore[attr-defined]
         await _until(pilot, lambda: "no tierlocal serve running" in str(app.screen.query_one("#live-summary", Static).content))

@@ -13,12 +13,14 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import openai
 import pytest
 
 from tests.support.assets import Assets
+from tests.support.browser import artefacts_dir
 from tests.support.cli import run_cli
 from tests.support.engines import free_port
 from tests.support.gatewayrun import gateway
@@ -56,6 +58,20 @@ def _planned_lines(status: dict) -> list[str]:  # type: ignore[type-arg]
 def _flat(text: str) -> str:
     """The screen as one line: a message the terminal wrapped reads whole."""
     return re.sub(r"\s+", " ", text)
+
+
+def _screenshot(argv: list[str], env: dict[str, str], name: str, during: Callable[[], None] | None = None) -> Path:
+    """The UI's own SVG screenshot (Textual's TEXTUAL_SCREENSHOT: taken after 4 s, then it
+    exits) at 100×30 (``during``: run meanwhile), into the artefacts folder the README's images are copied from."""
+    folder = artefacts_dir()
+    (folder / name).unlink(missing_ok=True)
+    shot_env = {**env, "TEXTUAL_SCREENSHOT": "4", "TEXTUAL_SCREENSHOT_LOCATION": str(folder), "TEXTUAL_SCREENSHOT_FILENAME": name}
+    with tmux_session(argv, shot_env, columns=100, rows=30) as shot:
+        if during is not None:
+            during()
+        shot.wait_for(lambda text: "EXITED 0" in text, 30, f"the {name} screenshot")
+    assert (folder / name).read_text().startswith("<svg")
+    return folder / name
 
 
 def _quit(ui: Tmux, key: str = "q") -> None:
@@ -107,6 +123,16 @@ def test_live_shows_a_real_serve_and_gateway_updating_and_a_filter_changes_the_t
                 table_models = re.findall(r"^ (\S+)\s+(Q\w+|MXFP4\w*|BF16|F16)\s+(best|fits|tight|too slow|no room)", after, re.M)
                 assert table_models and all(model.startswith("gemma-3") for model, _, _ in table_models), after
                 _quit(ui, "C-c")
+
+            def traffic() -> None:  # something for the sparklines to draw
+                for _ in range(3):
+                    time.sleep(0.7)
+                    api.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Count to fifty"}], max_tokens=96)
+
+            live_svg = _screenshot(argv, _ui_env(assets, home, HOSTED_KEY=SECRET), "tui-live.svg", traffic).read_text()
+            assert "plan&#160;held" in live_svg and SECRET not in live_svg and gw.key not in live_svg
+            fits_svg = _screenshot(argv[: argv.index("--live")] + argv[argv.index("--live") + 1 :], _ui_env(assets, home), "tui-fits.svg").read_text()
+            assert "Command:" in fits_svg
 
 
 def test_the_pull_and_serve_keys_fetch_the_selection_and_start_a_serve_live_shows(assets: Assets, tmp_path: Path) -> None:

@@ -56,7 +56,8 @@ def tmux_session(argv: list[str], env: dict[str, str], *, columns: int = 80, row
     socket = f"tierlocal-test-{uuid.uuid4().hex[:12]}"
     environment = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
     # The pane stays after the program exits, showing how it ended (a traceback, or EXITED 0).
-    command = f"env {environment} {shlex.join(argv)}; echo EXITED $?; sleep 600"
+    # COLUMNS and LINES (pytest-xdist sets 80 and 24) would override the pane's size.
+    command = f"env -u COLUMNS -u LINES {environment} {shlex.join(argv)}; echo EXITED $?; sleep 600"
     subprocess.run(
         ["tmux", "-L", socket, "-f", "/dev/null", "new-session", "-d", "-s", "ui", "-x", str(columns), "-y", str(rows), command],
         check=True,

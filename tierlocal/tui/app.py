@@ -27,6 +27,7 @@ _CSS = """
 #fits-progress { height: 1; padding: 0 1; }
 #fits-message { height: auto; max-height: 3; padding: 0 1; }
 #live-body { height: 1fr; padding: 0 1; }
+#live-engines { height: auto; }
 .engine { height: auto; margin-bottom: 1; }
 .engine-text { height: auto; }
 .spark { height: 2; }

@@ -29,7 +29,8 @@ __all__ = ["FitsScreen", "MAX_CTX", "MAX_PARALLEL"]
 MIN_CTX, MAX_CTX = 512, 1 << 20
 MAX_PARALLEL = 64
 _STATUS_STYLES = {"best": "bold green", "fits": "green", "tight": "yellow", "too slow": "yellow", "no room": "red"}
-_COLUMNS = ("model", "quant", "fit", "score", "tok/s", "size", "ctx", "licence")
+#: The table's columns and their widths (cells; None: as wide as the widest value).
+_COLUMNS = {"model": 18, "quant": 9, "fit": 8, "score": 5, "tok/s": 7, "size": 9, "ctx": 4, "licence": None}
 
 
 class FitsScreen(Screen[None]):
@@ -48,6 +49,7 @@ class FitsScreen(Screen[None]):
         Binding("m", "machine", "machine"),
         Binding("d", "pull", "pull"),
         Binding("s", "serve", "serve"),
+        Binding("space", "page_plan", "page the plan", show=False),
         Binding("escape", "clear_filter", "clear filter", show=False),
     ]
 
@@ -77,7 +79,8 @@ class FitsScreen(Screen[None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns(*_COLUMNS)
+        for name, width in _COLUMNS.items():
+            table.add_column(name, width=width)
         self.query_one(Input).display = False
         self.query_one(ProgressBar).display = False
         self.query_one("#fits-message").display = False
@@ -165,7 +168,7 @@ class FitsScreen(Screen[None]):
             panel.update("no entry matches the filter" if self.rows else "planning…")
             return
         width = max(min(self.query_one("#fits-plan-box").size.width - 2, 60), 20)
-        panel.update(plan_renderable(row, self.recommendation, width=width))
+        panel.update(plan_renderable(row, width=width))
 
     @on(DataTable.RowHighlighted)
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -196,6 +199,14 @@ class FitsScreen(Screen[None]):
         self.text = ""
         self.query_one(DataTable).focus()
         self._refill()
+
+    def action_page_plan(self) -> None:
+        """Scroll the plan a page down; from its end, back to its top."""
+        box = self.query_one("#fits-plan-box", VerticalScroll)
+        if box.scroll_y >= box.max_scroll_y:
+            box.scroll_home(animate=False)
+        else:
+            box.scroll_page_down(animate=False)
 
     def action_cycle_fit(self) -> None:
         names = list(FIT_FILTERS)

@@ -11,7 +11,6 @@ from rich.text import Text
 
 from ..fit.estimate import DeviceUsage
 from ..fit.host_memory import HostMemory
-from ..plan.recommend import CatalogRecommendation
 from ..units import format_bytes, format_count
 from .rows import FitsRow, device_bar
 
@@ -22,8 +21,8 @@ BAR_STYLES = {"weights": "blue", "KV": "magenta", "compute": "yellow", "free": "
 _STATUS_STYLES = {"best": "bold green", "fits": "green", "tight": "yellow", "too slow": "yellow", "no room": "red"}
 
 
-def plan_renderable(row: FitsRow, recommendation: CatalogRecommendation, *, width: int = 40) -> RenderableType:
-    """The plan of ``row`` on the recommendation's machine, ``width`` cells for each bar."""
+def plan_renderable(row: FitsRow, *, width: int = 40) -> RenderableType:
+    """The plan of ``row`` (a row of a recommendation's table), ``width`` cells for each bar."""
     candidate = row.candidate
     entry = candidate.entry
     head = Text.assemble(
@@ -32,8 +31,13 @@ def plan_renderable(row: FitsRow, recommendation: CatalogRecommendation, *, widt
         (row.status, _STATUS_STYLES.get(row.status, "")),
         f" — {candidate.reason}",
     )
-    parts: list[RenderableType] = [head]
+    # The answer first (what it is, how fast, how to run it), then where its memory goes.
+    parts: list[RenderableType] = [head, Text(_speed_text(row))]
+    if candidate.note:
+        parts.append(Text(f"Note: {candidate.note}", style="yellow"))
     plan = candidate.plan
+    if plan is not None and plan.command:
+        parts.append(Text.assemble(("Command: ", "bold"), " ".join(plan.command)))
     estimate = plan.estimate if plan else None
     if estimate is not None:
         params = estimate.params
@@ -51,14 +55,9 @@ def plan_renderable(row: FitsRow, recommendation: CatalogRecommendation, *, widt
                 + (f"{format_bytes(candidate.fallback.kv_bytes)} KV" if candidate.fallback.kv_bytes is not None else "KV not known")
             )
         )
-    parts.append(Text(_speed_text(row)))
-    if candidate.note:
-        parts.append(Text(f"Note: {candidate.note}", style="yellow"))
-    if plan is not None and plan.command:
-        parts.append(Text.assemble(("Command: ", "bold"), " ".join(plan.command)))
     if plan is not None and plan.host_memory:
         parts.append(_host_memory_table(plan.host_memory))
-    parts.append(Text(f"at {recommendation.ctx:,} tokens × {recommendation.parallel} slot(s) for {recommendation.purpose}", style="dim"))
+    parts.append(Text("space: page the plan", style="dim"))
     return Group(*parts)
 
 
