@@ -20,6 +20,7 @@ from ..hardware.types import Hardware
 from ..plan.recommend import CatalogRecommendation
 from ..units import format_bytes
 from .machine_dialog import MachineDialog
+from .plan_panel import STATUS_STYLES, plan_renderable
 from .planning import Planning, plan_catalog
 from .rows import FIT_FILTERS, SORTS, FitsRow, next_quant, rows_of, visible_rows
 
@@ -28,7 +29,6 @@ __all__ = ["FitsScreen", "MAX_CTX", "MAX_PARALLEL"]
 #: The context and slot limits the replan keys stop at (tokens; slots).
 MIN_CTX, MAX_CTX = 512, 1 << 20
 MAX_PARALLEL = 64
-_STATUS_STYLES = {"best": "bold green", "fits": "green", "tight": "yellow", "too slow": "yellow", "no room": "red"}
 #: The table's columns and their widths (cells; None: as wide as the widest value).
 _COLUMNS = {"model": 18, "quant": 9, "fit": 8, "score": 5, "tok/s": 7, "size": 9, "ctx": 4, "licence": None}
 
@@ -123,7 +123,7 @@ class FitsScreen(Screen[None]):
             table.add_row(
                 Text(row.model),
                 Text(row.quant),
-                Text(row.status, style=_STATUS_STYLES.get(row.status, "")),
+                Text(row.status, style=STATUS_STYLES.get(row.status, "")),
                 Text("-" if row.score is None else f"{row.score:.1f}", justify="right"),
                 Text(speed, justify="right"),
                 Text(format_bytes(row.file_bytes), justify="right"),
@@ -160,8 +160,6 @@ class FitsScreen(Screen[None]):
         return next((row for row in self.shown if row.key == self.selected_key), self.shown[0] if self.shown else None)
 
     def _show_plan(self) -> None:
-        from .plan_panel import plan_renderable
-
         row = self.selected()
         panel = self.query_one("#fits-plan", Static)
         if row is None or self.recommendation is None:

@@ -14,11 +14,12 @@ from ..fit.host_memory import HostMemory
 from ..units import format_bytes, format_count
 from .rows import FitsRow, device_bar
 
-__all__ = ["plan_renderable", "BAR_STYLES"]
+__all__ = ["plan_renderable", "BAR_STYLES", "STATUS_STYLES"]
 
 #: Each bar part's colour: the 16 ANSI colours, so 256-colour and 8-colour terminals show them.
 BAR_STYLES = {"weights": "blue", "KV": "magenta", "compute": "yellow", "free": "green"}
-_STATUS_STYLES = {"best": "bold green", "fits": "green", "tight": "yellow", "too slow": "yellow", "no room": "red"}
+#: Each status's colour, in the table and the plan.
+STATUS_STYLES = {"best": "bold green", "fits": "green", "tight": "yellow", "too slow": "yellow", "no room": "red"}
 
 
 def plan_renderable(row: FitsRow, *, width: int = 40) -> RenderableType:
@@ -28,7 +29,7 @@ def plan_renderable(row: FitsRow, *, width: int = 40) -> RenderableType:
     head = Text.assemble(
         (f"{entry.family} {entry.quant}", "bold"),
         f"  {format_count(candidate.params)} parameters, {candidate.bits_per_weight:.2f} bits/weight, {format_bytes(row.file_bytes)}\n",
-        (row.status, _STATUS_STYLES.get(row.status, "")),
+        (row.status, STATUS_STYLES.get(row.status, "")),
         f" — {candidate.reason}",
     )
     # The answer first (what it is, how fast, how to run it), then where its memory goes.
