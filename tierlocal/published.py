@@ -89,8 +89,11 @@ class Precision:
 class ApiPrices:
     """A hosted API's prices in USD per million tokens."""
 
+    #: USD per million prompt tokens the API serves from its prompt cache.
     input_cache_hit: float
+    #: USD per million prompt tokens it does not (what a budget reserves the prompt at).
     input_cache_miss: float
+    #: USD per million completion tokens.
     output: float
 
 

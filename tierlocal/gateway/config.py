@@ -8,7 +8,7 @@ literal ``api_key`` is refused. Errors name the file and the key that is wrong.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,9 +17,41 @@ from .. import constants
 from ..catalog import load_apis
 from ..errors import UsageError
 from ..tiers.arithmetic import ApiPrices
-from .config_values import as_table, config_error, flag, positive_int, positive_number, variable_name
+from .config_values import (
+    CONFIG_DOCS,
+    PRICE_KEYS,
+    ROUTE_KEYS,
+    SERVER_KEYS,
+    TARGET_KEYS,
+    TOML_FIELDS,
+    USER_KEYS,
+    as_table,
+    config_error,
+    flag,
+    name_problem,
+    positive_int,
+    positive_number,
+    variable_name,
+)
 
-__all__ = ["TIER_NAMES", "ServerConfig", "Target", "Route", "User", "GatewayConfig", "load_config", "default_config", "BUDGET_PERIODS"]
+__all__ = [
+    "TIER_NAMES",
+    "SERVER_KEYS",
+    "ROUTE_KEYS",
+    "TARGET_KEYS",
+    "USER_KEYS",
+    "PRICE_KEYS",
+    "TOML_FIELDS",
+    "CONFIG_DOCS",
+    "ServerConfig",
+    "Target",
+    "Route",
+    "User",
+    "GatewayConfig",
+    "load_config",
+    "default_config",
+    "BUDGET_PERIODS",
+]
 
 #: Budget periods a user may have.
 BUDGET_PERIODS = ("day", "week", "month")
@@ -27,33 +59,23 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
 MAX_USERS = 100_000
-#: Longest user name or model id.
-MAX_NAME_CHARS = 200
-_SERVER_KEYS = {
-    "host",
-    "port",
-    "state_dir",
-    "tls_cert",
-    "tls_key",
-    "default_max_tokens",
-    "max_body_bytes",
-    "upstream_timeout_s",
-    "retry_deadline_s",
-    "redis_url_env",
-    "error_cooldown_s",
-    "body_timeout_s",
-}
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """Where the gateway listens and keeps its SQLite database and logs."""
 
+    #: The address to listen on; anything but loopback needs a gateway key to exist first.
     host: str = constants.DEFAULT_HOST
+    #: The TCP port (1 to 65535).
     port: int = constants.GATEWAY_PORT
-    state_dir: Path = Path("/var/lib/tierlocal")
+    #: The directory for the SQLite database, the local key and the logs; left out:
+    #: ``$TIERLOCAL_HOME/gateway`` (the unit ``service install gateway`` writes without --config:
+    #: /var/lib/tierlocal/gateway).
+    state_dir: Path = field(default_factory=lambda: constants.home_dir() / "gateway")
     #: Serve TLS itself with this certificate chain and key (PEM files); else plain HTTP.
     tls_cert: Path | None = None
+    #: The certificate's private key (PEM); given with tls_cert or not at all.
     tls_key: Path | None = None
     #: Output tokens reserved (and sent upstream as max_tokens) for a user with a budget
     #: whose request names no max_tokens.
@@ -85,11 +107,18 @@ class Target:
     own (``usd_per_hour`` its cost, whether it serves or not), 2 a local engine, 3 a hosted API
     billed per token; None: 3 with a key, else 2."""
 
+    #: The upstream's OpenAI-compatible base URL (http or https), e.g. http://127.0.0.1:8080/v1.
     url: str
+    #: The model id this upstream knows (sent upstream in place of the route's).
     model: str
+    #: The environment variable holding this upstream's API key (a hosted API).
     api_key_env: str | None = None
+    #: The systemd credential holding it, instead (LoadCredential=NAME:FILE).
     api_key_credential: str | None = None
+    #: 1 a cluster of your own, 2 a local engine, 3 a hosted API priced per token
+    #: (needs a key). Left out: 3 with a key, else 2.
     declared_tier: int | None = None
+    #: What a tier-1 cluster costs per hour, whether it serves or not (tier = 1 only).
     usd_per_hour: float | None = None
 
     @property
@@ -115,9 +144,13 @@ class Route:
     """The id clients send, and the targets tried in order. ``store_bodies``: keep each
     request's and response's first ``max_stored_body_bytes`` (redacted) with its usage row."""
 
+    #: The model id clients send (unique across routes; no control characters).
     model: str
+    #: The upstreams to try, in order: 1 to 16 targets (below).
     targets: tuple[Target, ...]
+    #: Keep each request's and response's first bytes (redacted) with its usage row.
     store_bodies: bool = False
+    #: How many bytes of each body to keep when store_bodies is on (at most 1 MiB).
     max_stored_body_bytes: int = 16384
 
 
@@ -125,11 +158,17 @@ class Route:
 class User:
     """A gateway user: limits per minute (None: unlimited) and a budget in USD per period."""
 
+    #: The user's name (unique; no control characters): what `gateway keys add NAME` names.
     name: str
+    #: Requests admitted per sliding minute (429 with Retry-After above it); none: unlimited.
     requests_per_minute: int | None = None
+    #: Tokens (prompt and completion) per sliding minute; none: unlimited.
     tokens_per_minute: int | None = None
+    #: Requests in flight at once; none: unlimited.
     concurrent_requests: int | None = None
+    #: USD the user may spend on tier-3 targets per budget_period (≥ 0); none: no budget.
     budget_usd: float | None = None
+    #: The budget's period: day, week or month (calendar, UTC).
     budget_period: str = "month"
     #: Sees every user's spend on the dashboard (others see their own).
     admin: bool = False
@@ -173,7 +212,7 @@ def _target(raw: object, source: str, where: str) -> Target:
             "keys never go in the config file",
             "name the environment variable with api_key_env (or a systemd credential with api_key_credential)",
         )
-    unknown = set(table) - {"url", "model", "api_key_env", "api_key_credential", "tier", "usd_per_hour"}
+    unknown = set(table) - TARGET_KEYS
     if unknown:
         raise config_error(
             source,
@@ -212,19 +251,11 @@ def _tier(table: dict[str, object], source: str, where: str) -> tuple[int | None
     return tier, usd_per_hour
 
 
-def name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a user name or model id (None: it can): names reach log lines,
-    terminals and pages, so no control characters (newlines, ESC, bidi overrides), and at most
-    :data:`MAX_NAME_CHARS` characters."""
-    if len(name) > MAX_NAME_CHARS:
-        return f"is {len(name)} characters long (at most {MAX_NAME_CHARS})"
-    if not name.isprintable():
-        return f"{name[:40]!r} holds control characters"
-    return None
-
-
 def _user(raw: object, source: str, where: str) -> User:
     table = as_table(raw, source, where)
+    unknown = set(table) - USER_KEYS
+    if unknown:
+        raise config_error(source, f"{where}.{sorted(unknown)[0]}", "unknown key", f"[[users]] has: {', '.join(sorted(USER_KEYS))}")
     name = table.get("name")
     if not isinstance(name, str) or not name:
         raise config_error(source, f"{where}.name", "is missing", "each [[users]] needs a name")
@@ -251,11 +282,13 @@ def _prices(raw: object, source: str) -> dict[str, ApiPrices]:
     prices = {api.model: api.prices for api in load_apis()}  # dated defaults from recipes/apis.toml
     for model, entry in as_table(raw, source, "prices").items():
         table = as_table(entry, source, f"prices.{model}")
+        if unknown := set(table) - PRICE_KEYS:
+            raise config_error(source, f"prices.{model}.{sorted(unknown)[0]}", "unknown key", f"[prices.MODEL] has: {', '.join(sorted(PRICE_KEYS))}")
         try:
             prices[model] = ApiPrices(float(table["input_cache_hit"]), float(table["input_cache_miss"]), float(table["output"]))  # type: ignore[arg-type]
         except (KeyError, TypeError, ValueError):
             raise config_error(
-                source, f"prices.{model}", "needs input_cache_hit, input_cache_miss and output (USD per million tokens)", "see the README example"
+                source, f"prices.{model}", "needs input_cache_hit, input_cache_miss and output (USD per million tokens)", f"see {CONFIG_DOCS}"
             ) from None
     return prices
 
@@ -273,13 +306,13 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
     server = _server(data, source)
     raw_routes = data.get("routes", [])
     if not isinstance(raw_routes, list) or len(raw_routes) > MAX_ROUTES:
-        raise config_error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", "see the README example")
+        raise config_error(source, "routes", f"must be a list of at most {MAX_ROUTES} [[routes]]", f"see {CONFIG_DOCS}")
     routes: list[Route] = []
     for index, raw in enumerate(raw_routes):
         routes.append(_route(raw, source, f"routes[{index}]", routes))
     raw_users = data.get("users", [])
     if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
-        raise config_error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", "see the README example")
+        raise config_error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", f"see {CONFIG_DOCS}")
     users = [_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
     if len({user.name for user in users}) != len(users):
         raise config_error(source, "users", "a name appears twice", "each [[users]] name must be unique")
@@ -292,14 +325,14 @@ def _server(data: dict[str, object], source: str) -> ServerConfig:
     port = server_table.get("port", constants.GATEWAY_PORT)
     if not isinstance(port, int) or not 1 <= port <= 65535:
         raise config_error(source, "server.port", f"{port!r} is not a port", "1 to 65535")
-    unknown = set(server_table) - _SERVER_KEYS
+    unknown = set(server_table) - SERVER_KEYS
     if unknown:
-        raise config_error(source, f"server.{sorted(unknown)[0]}", "unknown key", f"[server] has: {', '.join(sorted(_SERVER_KEYS))}")
-    state_dir = server_table.get("state_dir", str(constants.home_dir() / "gateway"))
+        raise config_error(source, f"server.{sorted(unknown)[0]}", "unknown key", f"[server] has: {', '.join(sorted(SERVER_KEYS))}")
+    defaults = ServerConfig()
+    state_dir = server_table.get("state_dir", str(defaults.state_dir))
     tls_cert, tls_key = server_table.get("tls_cert"), server_table.get("tls_key")
     if (tls_cert is None) != (tls_key is None):
         raise config_error(source, "server", "tls_cert and tls_key go together", "give both PEM files, or neither (and put a TLS proxy in front)")
-    defaults = ServerConfig()
     return ServerConfig(
         str(server_table.get("host", constants.DEFAULT_HOST)),
         port,
@@ -333,7 +366,7 @@ def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
             f"must list 1 to {MAX_TARGETS} targets",
             'e.g. targets = [ { url = "http://127.0.0.1:8080/v1", model = "qwen3-14b" } ]',
         )
-    unknown = set(table) - {"model", "targets", "store_bodies", "max_stored_body_bytes"}
+    unknown = set(table) - ROUTE_KEYS
     if unknown:
         raise config_error(
             source, f"{where}.{sorted(unknown)[0]}", "unknown key", "a route has model, targets, and optionally store_bodies and max_stored_body_bytes"
@@ -352,7 +385,7 @@ def load_config(path: Path) -> GatewayConfig:
     except OSError as exc:
         raise UsageError(f"{path}: cannot read it ({exc.strerror})", hint="give the gateway's TOML file with --config") from None
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML: {exc}", hint="fix the syntax (see the README example)") from None
+        raise UsageError(f"{path}: not valid TOML: {exc}", hint=f"fix the syntax (see {CONFIG_DOCS})") from None
     return parse_config(data, str(path))
 
 
@@ -361,6 +394,4 @@ def default_config() -> GatewayConfig:
     MOONSHOT_API_KEY), on loopback, state in tierlocal's data directory. Local engines are
     added by the server when it finds them."""
     routes = tuple(Route(api.model, (Target(api.base_url.rstrip("/"), api.model_id, api.key_env),)) for api in load_apis())
-    return GatewayConfig(
-        ServerConfig(state_dir=constants.home_dir() / "gateway"), routes, {api.model: api.prices for api in load_apis()}, (), "(built-in default)"
-    )
+    return GatewayConfig(ServerConfig(), routes, {api.model: api.prices for api in load_apis()}, (), "(built-in default)")
