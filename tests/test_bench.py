@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.engines import free_port
 from tests.support.serving import serving
 
@@ -22,6 +23,7 @@ def test_bench_starts_a_server_measures_records_and_check_shows_it(assets: Asset
     done = run_cli("bench", str(assets.gemma_gguf), "--ctx", "1024", "--threads", "2", "--json", env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
+    assert_documented("bench", result)
     # 128 and 512 fit a 1024-token slot with the 32 generated; 2048 does not.
     assert [abs(run["prompt_tokens"] - asked) <= 4 for run, asked in zip(result["runs"], (128, 512), strict=True)] == [True, True]
     assert all(run["decode_tokens"] == 32 and run["decode_tokens_per_s"] > 0 and run["prefill_tokens_per_s"] > 0 for run in result["runs"])

@@ -17,6 +17,7 @@ from huggingface_hub import hf_hub_download
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.servers import COMMIT, HubRepo, ServerState, fake_hub
 from tierlocal.fetch.sources import read_headers
 from tierlocal.gguf import summarize
@@ -57,6 +58,7 @@ def test_pull_by_quant_into_a_directory_is_verified(assets: Assets, repo_dir: Pa
         result = run_cli("pull", f"hf://{REPO}", "--quant", "q4_k_m", "--dir", str(tmp_path / "models"), "--json", env=_env(endpoint, tmp_path))
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
+    assert_documented("pull", payload)
     final = tmp_path / "models" / FILE
     assert payload["source"] == f"hf://{REPO}"
     assert payload["files"] == [

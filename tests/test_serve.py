@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.engines import free_port, process_gone
 from tests.support.serving import serving
 
@@ -48,6 +49,8 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
         status = run_cli("status", "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["actual"] == actual
+        assert_documented("status", ready)  # serve --json, as docs/reference/json.md says
+        assert_documented("status", json.loads(status.stdout))
         engine_pid = ready["engine_pid"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
@@ -233,6 +236,7 @@ def test_status_live_counts_the_tokens_of_an_answer_in_progress(assets: Assets, 
         time.sleep(1.0)
         live = run_cli("status", "--live", "--window", "3", "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
         assert live.returncode == 0, live.stderr
+        assert_documented("status-live", json.loads(live.stdout))
         (engine,) = json.loads(live.stdout)["engines"]
         assert engine["slots_busy"] == 1 and writer.is_alive() and not answers  # still the one answer, unfinished
         # Every token counted in the window is from the answer in progress (llama-server's own

@@ -62,7 +62,7 @@ def _flat(text: str) -> str:
 
 def _screenshot(argv: list[str], env: dict[str, str], name: str, during: Callable[[], None] | None = None) -> Path:
     """The UI's own SVG screenshot (Textual's TEXTUAL_SCREENSHOT: taken after 4 s, then it
-    exits) at 100×30 (``during``: run meanwhile), into the artefacts folder the README's images are copied from."""
+    exits) at 100×30 (``during``: run meanwhile), into the artefacts folder docs/images/ copies."""
     folder = artefacts_dir()
     (folder / name).unlink(missing_ok=True)
     shot_env = {**env, "TEXTUAL_SCREENSHOT": "4", "TEXTUAL_SCREENSHOT_LOCATION": str(folder), "TEXTUAL_SCREENSHOT_FILENAME": name}

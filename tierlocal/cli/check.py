@@ -58,7 +58,7 @@ __all__ = ["check", "render_source_check"]
     type=click.Choice(PURPOSES),
     default="chat",
     show_default=True,
-    help='What the catalog recommendation is for: the task whose published benchmarks score the models (README "Quality scores"); long-context also plans 32k tokens and keeps models trained for 128k+.',
+    help="What the catalog recommendation is for: the task whose published benchmarks score the models (docs/how-it-works/quality.md); long-context also plans 32k tokens and keeps models trained for 128k+.",
 )
 @click.option(
     "--prefer",

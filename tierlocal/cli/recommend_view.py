@@ -62,7 +62,7 @@ def render_catalog_recommendation(
     if legend:
         out.print(f"tok/s: {legend}.")
     out.print(
-        f'score: the {recommendation.purpose} benchmarks each model\'s publisher reports, made comparable (README "Quality scores"; '
+        f"score: the {recommendation.purpose} benchmarks each model's publisher reports, made comparable (docs/how-it-works/quality.md; "
         "* from all its figures, none for this task), less its quantisation's measured loss; - no published figures."
     )
     _print_frontier(out, recommendation)

@@ -2,7 +2,7 @@
 
 Publishers report different benchmarks, in different modes (``thinking``: a reasoning trace
 before the answer; ``standard``), so raw figures do not compare: a model that reports only hard
-tests looks weak beside one that reports only easy ones. The method (README "Quality scores",
+tests looks weak beside one that reports only easy ones. The method (docs/how-it-works/quality.md,
 recipes/quality.toml):
 
 1. Each benchmark in each mode is a column; a task (``chat``, ``code``, ``reasoning``,

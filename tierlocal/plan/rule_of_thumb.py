@@ -1,4 +1,4 @@
-"""Which catalog model fits a machine: the tier-2 rule of thumb (README, "The catalog"). Pure.
+"""Which catalog model fits a machine: the tier-2 rule of thumb (docs/commands/check.md). Pure.
 
     needed = weights + KV cache (bytes/token × ctx × parallel) + runtime overhead
     fits   = needed + margin ≤ memory of the device that holds the model

@@ -1,6 +1,6 @@
 """Tier-1 / tier-3 arithmetic for models that do not fit one machine. Pure.
 
-The formulas (README, `tierlocal plan`; facts and prices in recipes/, each with its source and date):
+The formulas (docs/commands/plan.md; facts and prices in recipes/, each with its source and date):
 
 - weights = parameters × bytes per weight (MXFP4 adds 1/32 byte per weight of block scales);
 - GPUs just to hold the weights = ceil(weights ÷ memory per GPU) — a floor, not a target;
