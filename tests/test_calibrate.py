@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
+from tests.support.doc_json import assert_documented
 from tierlocal.errors import CalibrationFailed, EngineFailed
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
 from tierlocal.measure import calibrate
@@ -37,6 +38,7 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
     done = run_cli("hw", "--calibrate", "--quick", "--json", env=env, timeout=900)  # one timed run per probe: CI's minutes
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
+    assert_documented("calibrate", result)
     assert f"[{len(PROBES)}/{len(PROBES)}]" in done.stderr  # progress, one line per probe
     assert result["key"]["engine_version"] and result["key"]["cores"] >= 1
     assert set(result["speed"]["decode_bytes_per_s"]) >= set(PROBE_TYPES)

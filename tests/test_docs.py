@@ -308,3 +308,12 @@ def test_the_json_of_the_commands_that_need_no_engine_is_as_documented(sparse_qw
         result = run_cli(*argv, "--json", env=env)
         assert result.returncode == 0, (argv, result.stderr)
         assert_documented(shape, json.loads(result.stdout))
+
+
+def test_every_documented_shape_is_checked_against_a_real_output_somewhere() -> None:
+    """A shape no test compares with a command's output could drift unseen."""
+    sources = "\n".join(path.read_text() for path in (REPO_ROOT / "tests").glob("test_*.py"))
+    checked = set(re.findall(r'assert_documented\(\s*"([a-z-]+)"', sources))
+    checked |= set(re.findall(r'^\s*\("([a-z-]+)", \["', sources, re.M))  # the cases above
+    referenced = set(re.findall(r"<([a-z-]+)>", (DOCS / "reference" / "json.md").read_text()))
+    assert not set(shapes()) - checked - referenced, "shapes in docs/reference/json.md that no test checks"

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.engines import first_json_document, free_port
 
 
@@ -48,6 +49,8 @@ def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Pa
     assert _ccache_misses() == misses  # the same sources again: no compile
     assert any((tree / "bin" / "llama-server").is_file() for tree in build_cache.glob("build-*"))  # kept for the next build
     result = json.loads(built.stdout)
+    assert_documented("engine-build", result)
+    assert_documented("engine-list", json.loads(run_cli("engine", "list", "--json", env=env).stdout))
     binary = Path(result["binary"])
     assert binary == tmp_path / "home" / "engines" / "llama.cpp-local-cpu" / "bin" / "llama-server"
     assert result["backend"] == "cpu" and result["version"].startswith("0.")

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.engines import free_port, running
 from tests.support.servers import ServerState, static_server
 
@@ -86,6 +87,7 @@ def test_pull_through_a_fresh_ollama_from_the_registry(assets: Assets, pushed: t
         listed = subprocess.run([str(assets.ollama), "list"], env={**target.env, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
+    assert_documented("pull-ollama", payload)
     assert payload["model"] == f"{registry.host}/{TAG}"
     assert payload["host"] == f"http://{target.host}"
     assert f"{registry.host}/{TAG}" in listed.stdout
