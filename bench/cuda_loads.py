@@ -29,7 +29,7 @@ MODELS = {spec.name: spec for spec in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, DEEPS
 #: smaller card (--gpu SIZE: this GPU with that much memory) forces, dense and MoE.
 CASES = [
     *((name, ("--ctx", "8192")) for name in MODELS),
-    ("llama-3-8b-q4k", ("--ctx", "16384", "--parallel", "2")),
+    ("llama-3-8b-q4k", ("--ctx", "8192", "--parallel", "2")),
     ("llama-3-8b-q4k", ("--ctx", "8192", "--gpu", "4GiB")),
     ("qwen3-30b-a3b-q4k", ("--ctx", "8192", "--gpu", "10GiB")),
 ]

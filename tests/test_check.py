@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.catalog_headers import header_path
 from tests.support.cli import run_cli
+from tests.support.compact_file import write_compact_as_gguf
 from tierlocal.catalog import find_model
 from tierlocal.hardware.detect import detect
 from tierlocal.hardware.override import with_gpu_override, with_ram_override
@@ -271,3 +273,21 @@ def test_needs_is_the_whole_run_with_the_busiest_device_beside_it() -> None:
     human = " ".join(run_cli("check", "--gpu", "2xRTX 3090", "--ram", "64GiB").stdout.split())
     gib = 2**30
     assert f"{best['needed_all_devices_bytes'] / gib:.1f} GiB │ {best['total_needed_bytes'] / gib:.1f}/24.0 GiB" in human
+
+
+def test_ctx_is_tokens_per_slot_for_a_file_a_catalog_name_and_serve_alike(tmp_path: Path) -> None:
+    """One meaning of --ctx everywhere: `check FILE`, `check NAME` and `serve` (which plans as
+    `check FILE` does) give each of --parallel slots --ctx tokens, llama-server's -c their sum.
+    They once disagreed: a catalog name's -c was ctx × slots, a file's ctx."""
+    model = write_compact_as_gguf(json.loads(header_path("qwen3-0.6b", "Q4_K_M").read_text()), tmp_path / "qwen3-0.6b-Q4_K_M.gguf")
+    machine = ("--gpu", "24GiB", "--ram", "64GiB")
+    as_file = _check(str(model), "--ctx", "4096", "--parallel", "2", *machine)
+    assert (as_file["request"]["ctx"], as_file["request"]["ctx_per_slot"], as_file["request"]["parallel"]) == (8192, 4096, 2)
+    argv = as_file["command"]
+    assert argv[argv.index("-c") + 1] == "8192" and argv[argv.index("-np") + 1] == "2"
+    by_name = _check("qwen3-0.6b", "--ctx", "4096", "--parallel", "2", *machine)
+    assert (by_name["plan"]["request"]["ctx"], by_name["plan"]["request"]["ctx_per_slot"]) == (8192, 4096)
+    same_file = next(c for c in by_name["candidates"] if c["quant"] == "Q4_K_M")
+    assert same_file["kv_bytes"] == sum(device["kv_bytes"] for device in as_file["devices"])  # the same cache, planned either way
+    unified = _check(str(model), "--ctx", "4096", "--parallel", "auto", *machine)["request"]
+    assert (unified["ctx"], unified["kv_unified"]) == (4096, True)  # auto's 4 slots share one cache of --ctx

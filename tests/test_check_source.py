@@ -50,7 +50,7 @@ def test_the_printed_command_loads_as_planned(assets: Assets, tmp_path: Path, ar
 
 
 def test_user_settings_are_honoured_not_replanned(assets: Assets) -> None:
-    plan = _check(assets, "--ctx", "4096", "--ngl", "7", "--parallel", "2", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
+    plan = _check(assets, "--ctx", "2048", "--ngl", "7", "--parallel", "2", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0")
     assert plan["request"]["ngl"] == 7 and plan["layers_offloaded"] == 7
     assert plan["request"]["parallel"] == 2 and plan["request"]["ctx_per_slot"] == 2048
     assert plan["command"][plan["command"].index("-ctk") + 1] == "q8_0"

@@ -26,7 +26,7 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
     port = free_port()
     # 1650 MiB minus tierlocal's 512 MiB runtime allowance and 1 GiB margin leaves ~114 MiB:
     # fewer layers than the model has.
-    with serving(assets, tmp_path, "--gpu", "1650MiB", "--ctx", "4096", "--parallel", "2", "--port", str(port), vulkan=True) as (process, ready):
+    with serving(assets, tmp_path, "--gpu", "1650MiB", "--ctx", "2048", "--parallel", "2", "--port", str(port), vulkan=True) as (process, ready):
         plan, actual, delta = ready["plan"], ready["actual"], ready["delta"]
         assert 0 < plan["layers_offloaded"] < plan["layers_total"]
         log = Path(ready["log"]).read_text()
@@ -169,7 +169,7 @@ def test_a_plan_on_a_gpu_holds_only_if_the_gpu_buffers_are_in_the_log(gemma: Pat
     from tierlocal.plan.verify import verify_load
 
     machine = machine_for(with_gpu_override(detect(), ["24GiB"]), load_host_defaults())
-    check = check_source(str(gemma), read_headers(str(gemma)), machine, ctx=4096, parallel=2, request=RunRequest())
+    check = check_source(str(gemma), read_headers(str(gemma)), machine, ctx=2048, parallel=2, request=RunRequest())
     assert check.estimate is not None and check.estimate.layers_offloaded == 19
     text = (Path(__file__).parent / "fixtures" / "loadlogs" / "cpu-gemma-np2.log").read_text()
     report = parse_load_log(text + "load_tensors: offloaded 19/19 layers to GPU\n")
@@ -375,7 +375,7 @@ def test_systemd_notify_protocol_on_a_real_socket(assets: Assets, tmp_path: Path
 
 
 def test_a_recorded_load_corrects_the_next_estimate(assets: Assets, tmp_path: Path) -> None:
-    args = ("--gpu", "1650MiB", "--ctx", "4096", "--parallel", "2", "--port", str(free_port()))
+    args = ("--gpu", "1650MiB", "--ctx", "2048", "--parallel", "2", "--port", str(free_port()))
     with serving(assets, tmp_path, *args, vulkan=True) as (first_process, first):
         first_process.send_signal(signal.SIGTERM)
         first_process.wait(60)

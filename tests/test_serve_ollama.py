@@ -55,7 +55,7 @@ def _start_serve(assets: Assets, tmp_path: Path, port: int, *args: str) -> tuple
 
 def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:
     port = free_port()
-    process, ready = _start_serve(assets, tmp_path, port, "--ctx", "4096", "--parallel", "2")
+    process, ready = _start_serve(assets, tmp_path, port, "--ctx", "2048", "--parallel", "2")
     try:
         actual, delta = ready["actual"], ready["delta"]
         assert delta["verified"] is True, delta

@@ -4,6 +4,7 @@ directory, its notify socket)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ import httpx2
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.engines import first_json_document, free_port, running
 from tests.support.service_install import outside_private_tmp
 from tests.support.systemd_container import booted_systemd
@@ -97,7 +99,7 @@ def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Asse
     started with its Environment= lines runs the plan's -c and -np."""
 
     units = tmp_path / "units"
-    result = run_cli("service", "install", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "4096", "--parallel", "2", "--dir", str(units))
+    result = run_cli("service", "install", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "2048", "--parallel", "2", "--dir", str(units))
     assert result.returncode == 0, result.stderr
     dropin = units / "ollama.service.d" / "tierlocal.conf"
     text = dropin.read_text()
@@ -117,7 +119,7 @@ def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Asse
     env = {**environment, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
     with running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env):
         process = subprocess.Popen(
-            [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "4096", "--parallel", "2", "--port", str(port), "--json"],
+            [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "2048", "--parallel", "2", "--port", str(port), "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl")},
         )  # fmt: skip
         assert first_json_document(process)["delta"]["verified"] is True
@@ -265,6 +267,10 @@ def test_the_installed_unit_starts_under_a_real_systemd_and_answers(assets: Asse
         assert answer.status_code == 200
         shown = systemd.run("systemctl", "show", "tierlocal-serve", "--property=StatusText,User").stdout
         assert "StatusText=serving gemma-3-270m-q4_k_m.gguf" in shown and "User=root" in shown
+        status = systemd.run(str(unit_python), "-m", "tierlocal", "service", "status", "--json")  # as the operator asks it there
+        assert status.returncode == 0, status.stderr
+        assert_documented("service-status", json.loads(status.stdout))
+        assert json.loads(status.stdout)["properties"]["ActiveState"] == "active"
         assert systemd.run("systemctl", "stop", "tierlocal-serve").returncode == 0
 
         refused = run_cli(*argv, "--user", "nobody", "--dir", str(systemd.units), python=unit_python)

@@ -61,7 +61,7 @@ def test_two_rtx_3090s_are_both_planned() -> None:
     [
         ("llama-3.2-1b", ("24GiB", "24GiB"), ("--ctx", "4096")),
         ("gemma-3-1b", ("24GiB", "12GiB"), ("--ctx", "8192")),  # sliding-window layers, an uneven split
-        ("lfm2-1.2b", ("24GiB", "24GiB"), ("--ctx", "8192", "--parallel", "2")),  # a hybrid: convolution state and KV
+        ("lfm2-1.2b", ("24GiB", "24GiB"), ("--ctx", "4096", "--parallel", "2")),  # a hybrid: convolution state and KV
     ],
 )
 def test_a_two_device_load_matches_the_planned_split(assets: Assets, tmp_path: Path, name: str, gpus: tuple[str, str], extra: tuple[str, ...]) -> None:
@@ -109,7 +109,7 @@ def test_a_recurrent_split_plans_no_device_under_what_llama_cpp_allocates(assets
         if name.startswith("nemotron"):  # its first 16 blocks: Mamba-2, MLP and one attention block, a fifth of the weights to ship
             compact = first_blocks(compact, 16)
         model = write_compact_as_gguf(compact, tmp_path / f"{name}.gguf")
-    plan = _plan(model, *(f"--gpu={gpu}" for gpu in gpus), "--ctx", "8192", "--parallel", "2")
+    plan = _plan(model, *(f"--gpu={gpu}" for gpu in gpus), "--ctx", "4096", "--parallel", "2")
     args = [arg for arg in plan["command"][3:] if arg != "--no-jinja"]  # type: ignore[index]
     if "--chat-template" in args:
         del args[args.index("--chat-template") : args.index("--chat-template") + 2]
@@ -138,7 +138,7 @@ def test_serve_verification_holds_for_a_split(assets: Assets, tmp_path: Path) ->
 
     model = write_compact_as_gguf(json.loads(header_path("qwen3-0.6b", "Q4_K_M").read_text()), tmp_path / "q.gguf")
     machine = machine_for(with_gpu_override(detect(), ["24GiB", "24GiB"]), load_host_defaults())
-    check = check_source(str(model), read_headers(str(model)), machine, ctx=8192, parallel=2, request=RunRequest())
+    check = check_source(str(model), read_headers(str(model)), machine, ctx=4096, parallel=2, request=RunRequest())
     assert check.estimate is not None and check.estimate.tensor_split == (1, 1)
     args = [arg for arg in check.command[3:] if arg not in ("--no-jinja",)]
     if "--chat-template" in args:

@@ -82,7 +82,7 @@ def _quit(ui: Tmux, key: str = "q") -> None:
 def test_live_shows_a_real_serve_and_gateway_updating_and_a_filter_changes_the_table(assets: Assets, tmp_path: Path) -> None:
     home = tmp_path / "home"
     port = free_port()
-    with serving(assets, home, "--port", str(port), "--ctx", "4096", "--parallel", "2") as (_process, ready):
+    with serving(assets, home, "--port", str(port), "--ctx", "2048", "--parallel", "2") as (_process, ready):
         status = _status(home)
         assert status["url"] == ready["url"] == f"http://127.0.0.1:{port}"
         body = (

@@ -69,7 +69,7 @@ def test_a_browser_signs_in_and_sees_the_plan_live_slots_and_spend(assets: Asset
     hosted = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, hosted_port, "--api-key", HOSTED_KEY, ctx=1024, parallel=1)
     with (
         running(hosted, tmp_path / "hosted.log", f"http://127.0.0.1:{hosted_port}/health"),
-        serving(assets, home, "--gpu", "1650MiB", "--ctx", "4096", "--parallel", "2", "--port", str(port), vulkan=True),
+        serving(assets, home, "--gpu", "1650MiB", "--ctx", "2048", "--parallel", "2", "--port", str(port), vulkan=True),
     ):
         status = run_cli("status", "--port", str(port), "--json", env={"TIERLOCAL_HOME": str(home)})
         assert status.returncode == 0, status.stderr

@@ -150,7 +150,7 @@ def cases(gemma: str, models: Path, state: Path, vulkan: str | None) -> list[tup
         ("serve-ollama-tag-bad", ["serve", "ollama://bad tag!"], {}),
         ("status-none", ["status"], {}),
         ("status-port-none-json", ["status", "--port", "8999", "--json"], {}),
-        ("service-serve-dry", ["service", "install", "serve", gemma, "--llama-server", "/bin/true", "--ctx", "4096", "--parallel", "2", "--dry-run"], {}),
+        ("service-serve-dry", ["service", "install", "serve", gemma, "--llama-server", "/bin/true", "--ctx", "2048", "--parallel", "2", "--dry-run"], {}),
         ("service-serve-dry-key", ["service", "install", "serve", gemma, "--llama-server", "/bin/true", "--host", "0.0.0.0", "--dry-run"], {}),
         ("service-serve-ollama-dry", ["service", "install", "serve", gemma, "--engine", "ollama", "--parallel", "2", "--dry-run"], {}),
         ("service-serve-ollama-port-dry", ["service", "install", "serve", gemma, "--engine", "ollama", "--port", "11500", "--dry-run"], {}),

@@ -15,6 +15,7 @@ from ..catalog import find_model, load_host_defaults, load_models
 from ..errors import UsageError
 from ..fit.estimate import RunEstimate, RunRequest
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
+from ..fit.memory import ContextParams
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
 from ..measure.calibrate import calibration_key, load_calibration
@@ -32,7 +33,12 @@ __all__ = ["check", "render_source_check"]
 @click.command()
 @click.argument("source", required=False)
 @gpu_option
-@click.option("--ctx", default=str(constants.DEFAULT_CTX), show_default=True, help="Context tokens (per slot for the catalog), or 'max' with SOURCE.")
+@click.option(
+    "--ctx",
+    default=str(constants.DEFAULT_CTX),
+    show_default=True,
+    help="Context tokens per slot (llama-server's -c is that × --parallel), or 'max' with SOURCE.",
+)
 @click.option(
     "--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'."
 )
@@ -189,6 +195,15 @@ def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str
     return measured_speed(bench_key(source, version, bench_device(result.to_json()))) if version else None
 
 
+def _slots_text(params: ContextParams) -> str:
+    """How the context is shared: ``2 slot(s) × 4,096 each``, or one cache for every slot."""
+    if params.kv_unified:
+        return f"{params.n_seq_max} slot(s) sharing one KV cache"
+    if params.n_seq_max > 1:
+        return f"{params.n_seq_max} slot(s) × {params.n_ctx_seq:,} each"
+    return "1 slot(s)"
+
+
 def render_source_check(check: SourceCheck) -> None:
     """One table per device, the verdict and the command line."""
     out = console()
@@ -198,8 +213,7 @@ def render_source_check(check: SourceCheck) -> None:
         return
     params = estimate.params
     out.print(
-        f"[bold]{check.source}[/bold] ({check.architecture}): {params.n_ctx_padded:,} tokens of context, "
-        f"{params.n_seq_max} slot(s){' sharing one KV cache' if params.kv_unified else ''}, "
+        f"[bold]{check.source}[/bold] ({check.architecture}): {params.n_ctx_padded:,} tokens of context, {_slots_text(params)}, "
         f"{estimate.layers_offloaded}/{estimate.layers_total} layers on the GPU"
         + (f", experts of the first {estimate.request.n_cpu_moe} blocks on the CPU" if estimate.request.n_cpu_moe else "")
     )

@@ -162,8 +162,15 @@ def serve_options(command: _F) -> _F:
                 metavar="PATH",
                 help="The llama-server binary (default: $TIERLOCAL_LLAMA_SERVER, PATH, tierlocal's engine dir).",
             ),
-            click.option("--ctx", default=str(constants.DEFAULT_CTX), show_default=True, help="Context tokens in all, or 'max' for the largest that fits."),
-            click.option("--parallel", default="1", show_default=True, help="Slots (each gets ctx/parallel), 'auto' (4 sharing one KV) or 'max'."),
+            click.option(
+                "--ctx",
+                default=str(constants.DEFAULT_CTX),
+                show_default=True,
+                help="Context tokens per slot (llama-server's -c is that × --parallel), or 'max' for the most that fit.",
+            ),
+            click.option(
+                "--parallel", default="1", show_default=True, help="Slots, each with --ctx tokens of its own; 'auto' (4 sharing one KV of --ctx) or 'max'."
+            ),
             click.option("--host", default=constants.DEFAULT_HOST, show_default=True, help="Address to bind; anything but loopback needs --api-key-file."),
             click.option("--port", type=click.IntRange(1, 65535), default=constants.LLAMA_SERVER_PORT, show_default=True),
             gpu_option,

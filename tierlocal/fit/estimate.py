@@ -327,7 +327,7 @@ def _largest_ngl(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
 
 
 def max_context(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate | None:
-    """The largest context (a multiple of 256, up to the trained one) that fits: keeping every
+    """The largest context (a multiple of 256, up to the trained one per slot) that fits: keeping every
     layer on the GPU when the smallest context allows that, else with -ngl re-planned for
     each context (layers then run from RAM). None if even 256 tokens do not fit."""
     floor = plan_run(spec, replace(request, ctx=_CTX_STEP), machine)
@@ -339,7 +339,7 @@ def max_context(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEs
         return candidate.fits and (not keep_full_offload or candidate.layers_offloaded == candidate.layers_total)
 
     best = floor
-    low, high = 2, spec.n_ctx_train // _CTX_STEP
+    low, high = 2, spec.n_ctx_train * (request.parallel or 1) // _CTX_STEP  # each slot up to the trained context
     while low <= high:
         middle = (low + high) // 2
         candidate = plan_run(spec, replace(request, ctx=middle * _CTX_STEP), machine)

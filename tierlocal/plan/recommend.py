@@ -240,7 +240,7 @@ def recommend_catalog(
             continue
         if entry.key in headers:
             check = check_source(
-                entry.key, list(headers[entry.key]), machine, ctx=ctx * parallel, parallel=parallel, request=request,
+                entry.key, list(headers[entry.key]), machine, ctx=ctx, parallel=parallel, request=request,
                 host_speed=host_speed, gpu_speed=gpu_speed, model_path=f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>",
                 template=_PUBLISHED_TEMPLATE, host_is_here=not hardware.ram_overridden,
             )  # fmt: skip

@@ -258,13 +258,15 @@ def _without_gpu(machine: Machine) -> Machine:
 
 
 def _base_request(request: RunRequest, ctx: int | None, parallel: int | str | None) -> tuple[RunRequest, str]:
-    """The request to plan from, and why it fails if nothing fits."""
+    """The request to plan from, and why it fails if nothing fits. ``ctx`` is tokens per slot
+    (every command's ``--ctx``): llama-server's ``-c`` is that × the slots; ``auto``'s slots
+    share one KV cache of ``ctx`` tokens (each may use all of it)."""
     slots = None if isinstance(parallel, str) else parallel  # "max" is solved for by the planner
     if parallel == "max":
         return replace(request, ctx=ctx or 4096, parallel=1), "not even one slot fits"
     if ctx is None:
         return replace(request, parallel=slots), "not even 256 tokens of context fit"
-    return replace(request, ctx=ctx, parallel=slots), "it needs more memory than the machine has free"
+    return replace(request, ctx=ctx * (slots or 1), parallel=slots), "it needs more memory than the machine has free"
 
 
 def default_template(summary: ModelSummary) -> TemplateChoice:
@@ -288,7 +290,7 @@ def check_source(
 ) -> SourceCheck:
     """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with ``template`` (None: :func:`default_template`);
     price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no ``--ram``) and ``gpu_speed``. The command names
-    ``model_path`` (default: ``source``, or a placeholder for a remote one)."""
+    ``model_path`` (default: ``source``, or a placeholder for a remote one). ``ctx`` is tokens per slot (None: the most that fit)."""
     spec, summary = _checked_pair(model_spec(headers), request), summarize(headers)
     base, reason = _base_request(request, ctx, parallel)
 

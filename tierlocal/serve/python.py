@@ -125,7 +125,7 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         "file_bytes": options.model.stat().st_size,
         "engine": PYTHON_ENGINE,
         "engine_version": version,
-        "ctx": options.ctx,
+        "ctx_per_slot": options.ctx,  # named for its meaning: loads recorded when --ctx was the total do not match
         "parallel": options.parallel,
         "gpus": list(options.gpus),
     }

@@ -88,9 +88,8 @@ def free_serve_port() -> int | None:
 
 
 def serve_argv(model: Path, *, ctx_per_slot: int, parallel: int, port: int) -> list[str]:
-    """``tierlocal serve`` for ``model`` as the table planned it: serve's ``--ctx`` is the
-    context in all (each slot gets ctx / parallel), the table's is per slot."""
-    return [sys.executable, "-m", "tierlocal", "serve", str(model), "--ctx", str(ctx_per_slot * parallel), "--parallel", str(parallel), "--port", str(port)]
+    """``tierlocal serve`` for ``model`` as the table planned it (``--ctx`` is per slot, as everywhere)."""
+    return [sys.executable, "-m", "tierlocal", "serve", str(model), "--ctx", str(ctx_per_slot), "--parallel", str(parallel), "--port", str(port)]
 
 
 def serve_selection(screen: FitsScreen, row: FitsRow) -> None:
