@@ -23,7 +23,6 @@ from .config_values import (
     ROUTE_KEYS,
     SERVER_KEYS,
     TARGET_KEYS,
-    TOML_FIELDS,
     USER_KEYS,
     as_table,
     config_error,
@@ -36,13 +35,6 @@ from .config_values import (
 
 __all__ = [
     "TIER_NAMES",
-    "SERVER_KEYS",
-    "ROUTE_KEYS",
-    "TARGET_KEYS",
-    "USER_KEYS",
-    "PRICE_KEYS",
-    "TOML_FIELDS",
-    "CONFIG_DOCS",
     "ServerConfig",
     "Target",
     "Route",
