@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tierlocal.gateway.config import default_config
 from tierlocal.hardware.detect import detect
 from tierlocal.hardware.override import with_gpu_override, with_ram_override
 from tierlocal.recommendation import catalog_recommendation
+from tierlocal.tui import fits as fits_module
 from tierlocal.tui.app import TierlocalApp
 from tierlocal.tui.fits import FitsScreen
 from tierlocal.tui.planning import Planning
@@ -157,15 +159,25 @@ def test_it_opens_on_the_answer_check_gives_with_its_plan_beside_it() -> None:
     _drive(_planning(), steps)
 
 
-def test_context_and_slot_keys_replan_as_check_does_at_those_numbers() -> None:
+def test_context_and_slot_keys_replan_as_check_does_at_those_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replan is slowed to 0.4 s, as on a loaded machine, so the keys arrive before the
+    replans land (the real planner still plans every one)."""
+    planned = fits_module.plan_catalog
+
+    def slow_plan(planning: Planning) -> object:
+        time.sleep(0.4)
+        return planned(planning)
+
+    monkeypatch.setattr(fits_module, "plan_catalog", slow_plan)
     expected = _check_json(*MACHINE, "--ctx", "32768", "--parallel", "2")["recommendation"]
 
     async def steps(app: TierlocalApp, pilot: object) -> None:
         screen = app.screen
         assert isinstance(screen, FitsScreen)
-        for key in ("plus", "plus", "right_square_bracket"):
-            await pilot.press(key)  # type: ignore[attr-defined]
-            await pilot.pause(0.1)  # type: ignore[attr-defined]
+        # Pressed at once, faster than a replan lands: each key builds on the last one asked
+        # for, and the replans overtaken by a newer key are dropped (once, under load, the
+        # second + replanned 16,384 again and a stale slot count won).
+        await pilot.press("plus", "plus", "right_square_bracket")  # type: ignore[attr-defined]
         await _until(pilot, lambda: screen.planning.ctx == 32768 and screen.planning.parallel == 2 and screen.recommendation.parallel == 2)
         best = screen.recommendation.best
         assert best is not None and (best.entry.family, best.entry.quant) == (expected["model"], expected["quant"])

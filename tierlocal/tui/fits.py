@@ -56,6 +56,9 @@ class FitsScreen(Screen[None]):
     def __init__(self, planning: Planning, first: Future[CatalogRecommendation] | None = None) -> None:
         super().__init__()
         self.planning = planning
+        #: The planning the last key asked for (``planning`` is the one shown): keys pressed before a
+        #: replan lands build on it, and a replan that lands after a newer ask is dropped.
+        self.asked = planning
         self.first = first
         self.recommendation: CatalogRecommendation | None = None
         self.rows: list[FitsRow] = []
@@ -105,7 +108,14 @@ class FitsScreen(Screen[None]):
         if started is not None:  # planned in another process: read the catalog here too, so the first key replans as fast as the next
             plan_catalog(planning)
 
+    def _ask(self, planning: Planning) -> None:
+        """Replan for ``planning``, the newest ask."""
+        self.asked = planning
+        self._replan(planning)
+
     def _planned(self, planning: Planning, recommendation: CatalogRecommendation) -> None:
+        if planning is not self.asked:  # a newer key was pressed meanwhile: its replan is coming
+            return
         self.planning = planning
         self.recommendation = recommendation
         self.rows = rows_of(recommendation)
@@ -220,14 +230,14 @@ class FitsScreen(Screen[None]):
         self._refill()
 
     def action_ctx(self, factor: float) -> None:
-        ctx = min(max(int(self.planning.ctx * factor), MIN_CTX), MAX_CTX)
-        if ctx != self.planning.ctx:
-            self._replan(replace(self.planning, ctx=ctx))
+        ctx = min(max(int(self.asked.ctx * factor), MIN_CTX), MAX_CTX)
+        if ctx != self.asked.ctx:
+            self._ask(replace(self.asked, ctx=ctx))
 
     def action_slots(self, step: int) -> None:
-        parallel = min(max(self.planning.parallel + step, 1), MAX_PARALLEL)
-        if parallel != self.planning.parallel:
-            self._replan(replace(self.planning, parallel=parallel))
+        parallel = min(max(self.asked.parallel + step, 1), MAX_PARALLEL)
+        if parallel != self.asked.parallel:
+            self._ask(replace(self.asked, parallel=parallel))
 
     def action_next_quant(self) -> None:
         row = self.selected()
@@ -244,7 +254,7 @@ class FitsScreen(Screen[None]):
         def chosen(result: tuple[Hardware, str] | None) -> None:
             if result is not None:
                 hardware, label = result
-                self._replan(replace(self.planning, hardware=hardware, machine_label=label))
+                self._ask(replace(self.asked, hardware=hardware, machine_label=label))
 
         self.app.push_screen(MachineDialog(), chosen)
 
