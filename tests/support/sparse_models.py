@@ -96,6 +96,18 @@ class SparseArch:
     #: Gemma 4 E2B/E4B per-layer embeddings (hidden_size_per_layer_input): a second embedding
     #: table of that width per block, projected into every block.
     per_layer_embd: int = 0
+    #: Biases on the Q, K and V projections (Qwen2, Seed-OSS: attention_bias in config.json).
+    qkv_bias: bool = False
+    #: Phi-3's fused projections: one attn_qkv and an ffn_up of gate and up together (2 × n_ff).
+    fused_qkv: bool = False
+    #: Where a block's norms sit: "pre" (attn_norm, ffn_norm: Llama), "post" (post_attention_norm
+    #: and post_ffw_norm after each sub-block, none before: OLMo 2, EXAONE 4) or "seed"
+    #: (attn_norm, then post_attention_norm before the FFN: Seed-OSS).
+    norm_layout: str = "pre"
+    #: OLMo 2's q/k norms span every head (n_embd and the KV width), not one head.
+    qk_norm_full: bool = False
+    #: Phi-4-mini's LongRoPE factors (rope_factors_long/short.weight, head_dim × partial ÷ 2 each).
+    rope_factors: int = 0
 
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
@@ -700,6 +712,30 @@ def _gemma4_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...],
     ]
 
 
+def _attention(spec: SparseArch, blk: str) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
+    """A standard attention block's projections and the norms its layout puts around them."""
+    f32, w = Q.F32, spec.weight_type
+    q_dim, kv_dim = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    if spec.fused_qkv:
+        tensors = [(blk + "attn_qkv.weight", (spec.n_embd, q_dim + 2 * kv_dim), w)]
+    else:
+        tensors = [
+            (blk + "attn_q.weight", (spec.n_embd, q_dim), w),
+            (blk + "attn_k.weight", (spec.n_embd, kv_dim), w),
+            (blk + "attn_v.weight", (spec.n_embd, kv_dim), w),
+        ]
+    if spec.qkv_bias:
+        tensors += [(blk + "attn_q.bias", (q_dim,), f32), (blk + "attn_k.bias", (kv_dim,), f32), (blk + "attn_v.bias", (kv_dim,), f32)]
+    tensors.append((blk + "attn_output.weight", (q_dim, spec.n_embd), w))
+    norms = {
+        "pre": ("attn_norm", "ffn_norm"),
+        "post": ("post_attention_norm", "post_ffw_norm"),
+        "seed": ("attn_norm", "post_attention_norm"),
+    }[spec.norm_layout]
+    first, second = ((blk + norm + ".weight", (spec.n_embd,), f32) for norm in norms)
+    return [first, *tensors, second]
+
+
 def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
     """(name, ggml shape ne0-first, type) for every tensor llama.cpp creates for the arch."""
     f32, w = Q.F32, spec.weight_type
@@ -707,6 +743,8 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
     tensors: list[tuple[str, tuple[int, ...], GGMLQuantizationType]] = [("token_embd.weight", (spec.n_embd, spec.n_vocab), w)]
     if spec.gemma4 is not None:  # the proportional rope's frequency factors, first in the converter's file
         tensors.insert(0, ("rope_freqs.weight", (spec.gemma4[0] // 2,), f32))
+    if spec.rope_factors:  # Phi-3's LongRoPE: one table of each, before the blocks
+        tensors += [(f"rope_factors_{kind}.weight", (spec.rope_factors,), f32) for kind in ("long", "short")]
     if spec.per_layer_embd:
         pl_all = spec.per_layer_embd * spec.n_layer
         tensors += [
@@ -786,18 +824,15 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
             if spec.kda is not None:  # Kimi's router bias
                 tensors.append((blk + "exp_probs_b.bias", (n_expert,), f32))
             continue
-        tensors += [
-            (blk + "attn_norm.weight", (spec.n_embd,), f32),
-            (blk + "attn_q.weight", (spec.n_embd, q_dim), w),
-            (blk + "attn_k.weight", (spec.n_embd, kv_dim), w),
-            (blk + "attn_v.weight", (spec.n_embd, kv_dim), w),
-            (blk + "attn_output.weight", (q_dim, spec.n_embd), w),
-            (blk + "ffn_norm.weight", (spec.n_embd,), f32),
-        ]
+        tensors += _attention(spec, blk)
         if spec.qk_norm:
-            tensors += [(blk + "attn_q_norm.weight", (spec.head_dim,), f32), (blk + "attn_k_norm.weight", (spec.head_dim,), f32)]
+            q_norm, k_norm = (q_dim, kv_dim) if spec.qk_norm_full else (spec.head_dim, spec.head_dim)
+            tensors += [(blk + "attn_q_norm.weight", (q_norm,), f32), (blk + "attn_k_norm.weight", (k_norm,), f32)]
         if spec.post_norms:
             tensors += [(blk + "post_attention_norm.weight", (spec.n_embd,), f32), (blk + "post_ffw_norm.weight", (spec.n_embd,), f32)]
+        if spec.fused_qkv:
+            tensors += [(blk + "ffn_up.weight", (spec.n_embd, 2 * spec.n_ff), w), (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w)]
+            continue
         if spec.experts:
             n_expert, _, n_ff_exp = spec.experts
             tensors += [
@@ -980,3 +1015,44 @@ if __name__ == "__main__":  # write them for a look: python -m tests.support.spa
     for model in (LLAMA3_8B, QWEN3_8B, QWEN3_30B_A3B, DEEPSEEK_V2_LITE, LFM2_1_2B):
         out = write_sparse_gguf(directory / f"{model.name}.gguf", model)
         print(out, os.stat(out).st_size, "bytes,", os.stat(out).st_blocks * 512, "on disk")
+
+# --- the families the catalog grew by in 2026-12 (shapes from each model's config.json, the
+# Hugging Face repo named; recipes/models.toml keeps the same figures with its source). ---
+# Qwen2.5-7B-Instruct: 28 blocks of 3584, 28 heads and 4 KV heads of 128 with Q/K/V biases, FFN
+# 18,944, vocabulary 152,064, untied output. Full depth.
+QWEN25_7B = SparseArch("qwen2.5-7b-q4k", "qwen2", 28, 3584, 28, 4, 128, 18944, 152064, 32768, qkv_bias=True)
+# Phi-4-mini-instruct: 32 blocks of 3072, 24 heads and 8 KV heads of 128 in one fused QKV, a fused
+# gate+up of 2 × 8192, vocabulary 200,064, tied embeddings; partial rotary 0.75 (96 of 128 dims)
+# with LongRoPE factors (48 each); its 262,144 sliding window, which phi3.cpp turns off. Full depth.
+PHI4_MINI = SparseArch(
+    "phi-4-mini-q4k", "phi3", 32, 3072, 24, 8, 128, 8192, 200064, 131072,
+    tied_output=True, fused_qkv=True, rope_factors=48,
+    extra={"phi3.rope.dimension_count": 96, "phi3.attention.sliding_window": 262144},
+)  # fmt: skip
+# OLMo-2-1124-7B-Instruct: 32 blocks of 4096, 32 heads (no GQA) of 128, norms after attention and
+# after the FFN only, q/k norms over all heads, FFN 11,008, vocabulary 100,352. First 8 blocks.
+OLMO2_7B_8L = SparseArch(
+    "olmo-2-7b-8-blocks-q4k", "olmo2", 8, 4096, 32, 32, 128, 11008, 100352, 4096,
+    qk_norm=True, qk_norm_full=True, norm_layout="post",
+)  # fmt: skip
+# SmolLM3-3B: 36 blocks of 2048, 16 heads and 4 KV heads of 128 (every 4th block without RoPE:
+# no tensor of its own), FFN 11,008, vocabulary 128,256, tied embeddings. Full depth.
+SMOLLM3_3B = SparseArch("smollm3-3b-q4k", "smollm3", 36, 2048, 16, 4, 128, 11008, 128256, 65536, tied_output=True)
+# Seed-OSS-36B-Instruct: 64 blocks of 5120, 80 heads and 8 KV heads of 128 with Q/K/V biases,
+# attn_norm then post_attention_norm before the FFN of 27,648, vocabulary 155,136. First 4 blocks.
+SEED_OSS_36B_4L = SparseArch(
+    "seed-oss-36b-4-blocks-q4k", "seed_oss", 4, 5120, 80, 8, 128, 27648, 155136, 524288, qkv_bias=True, norm_layout="seed",
+)  # fmt: skip
+# EXAONE-4.0-1.2B: 30 blocks of 2048, 32 heads and 8 KV heads of 64 with head-wise q/k norms,
+# norms after attention and FFN only, FFN 4096, vocabulary 102,400, tied embeddings, no sliding
+# window. Full depth.
+EXAONE4_1_2B = SparseArch(
+    "exaone-4.0-1.2b-q4k", "exaone4", 30, 2048, 32, 8, 64, 4096, 102400, 65536, tied_output=True, qk_norm=True, norm_layout="post",
+)  # fmt: skip
+# EXAONE-4.0-32B: 64 blocks of 5120, 40 heads and 8 KV heads of 128, FFN 27,392, vocabulary
+# 102,400; 3 of every 4 blocks see a 4,096-token window (exaone4.cpp does so only at 64 blocks, so
+# the whole depth is written), the 4th attends globally. Q8_0 is not repacked on this CPU.
+EXAONE4_32B = SparseArch(
+    "exaone-4.0-32b-q8", "exaone4", 64, 5120, 40, 8, 128, 27392, 102400, 131072,
+    qk_norm=True, norm_layout="post", sliding_window=4096, weight_type=Q.Q8_0, output_type=Q.Q8_0,
+)  # fmt: skip

@@ -18,33 +18,19 @@ from ..errors import HeaderError
 from ..gguf.parse import GGUFHeader
 from ..gguf.summary import merge_split
 from .recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_facts
+from .sliding_window import sliding_window, swa_layers
 
-__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "SWA_DEFAULT_PATTERNS", "VERIFIED_ARCHS"]
-
-#: Architectures whose sliding-window layers follow a period when the header gives none:
-#: (period, dense_first). From llama.cpp's src/models/<arch>.cpp load_swa_pattern calls.
-SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
-    "gemma2": (2, False),
-    "gemma3": (6, False),
-    "gpt-oss": (2, False),
-    "gemma3n": (5, False),
-    "gemma-embedding": (6, False),
-    "cohere2": (4, False),
-    "cohere2moe": (4, True),
-    "exaone4": (4, False),
-    "exaone-moe": (4, False),
-    "afmoe": (4, False),
-}
+__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "VERIFIED_ARCHS"]
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Tensors outside the blocks that llama.cpp loads as input (LLM_TENSOR_LAYER_INPUT: kept in
 #: RAM) or as block 0's (repeating tensors created with index 0: Gemma 4's per-layer input
 #: projection); any other goes with the output layer.
 _INPUT_LAYER = ("token_embd.", "per_layer_token_embd.")
-_FIRST_BLOCK = ("per_layer_model_proj.", "per_layer_proj_norm.")
+_FIRST_BLOCK = ("per_layer_model_proj.", "per_layer_proj_norm.", "rope_factors_")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
-_VERIFIED_DENSE = ("llama", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gemma4", "gpt-oss")
+_VERIFIED_DENSE = ("llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gemma4", "gpt-oss", "phi3", "olmo2", "smollm3", "seed_oss", "exaone4")
 _VERIFIED_RECURRENT = (
     "lfm2",
     "granitehybrid",
@@ -196,22 +182,6 @@ def _per_layer(value: object, n_layer: int, key: str, source: str) -> tuple[int,
     raise HeaderError(source, 0, f"{key} is missing or not an integer")
 
 
-def _swa_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_swa: int) -> tuple[bool, ...]:
-    if n_swa <= 0:
-        return (False,) * n_layer
-    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        return tuple(bool(v) for v in pattern[:n_layer]) + (False,) * max(0, n_layer - len(pattern))
-    period, dense_first = SWA_DEFAULT_PATTERNS.get(arch, (0, False))
-    if isinstance(pattern, int) and not isinstance(pattern, bool):
-        period = pattern
-    if period == 0:
-        return (True,) * n_layer
-    if dense_first:
-        return tuple(il % period != 0 for il in range(n_layer))
-    return tuple(il % period < period - 1 for il in range(n_layer))
-
-
 def _place(headers: Sequence[GGUFHeader], n_layer: int, n_trunk: int) -> tuple[PlacedTensor, ...]:
     """Every tensor the engine loads, in its layer. Blocks from ``n_trunk`` on are
     multi-token-prediction blocks, whose tensors llama.cpp skips (TENSOR_SKIP) unless asked to
@@ -350,7 +320,7 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
     max_heads = max(n_head) or 1
     head_k = metadata.get(f"{arch}.attention.key_length", n_embd // max_heads)
     head_v = metadata.get(f"{arch}.attention.value_length", head_k)
-    n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
+    n_swa = sliding_window(metadata, arch, n_layer)
     n_ff_layers = _per_layer(metadata.get(f"{arch}.feed_forward_length", 0), n_layer, "feed_forward_length", source)
     recurrent = recurrent_facts(metadata, arch, n_layer, n_embd, n_head, n_head_kv, n_ff_layers)
     # ... nor a recurrent state: only trunk layers are recurrent (qwen35.cpp: i < n_layer()).
@@ -365,8 +335,8 @@ def model_spec(headers: Sequence[GGUFHeader]) -> ModelSpec:
         n_head_kv=n_head_kv,
         head_k=int(head_k),  # type: ignore[call-overload]
         head_v=int(head_v),  # type: ignore[call-overload]
-        n_swa=int(n_swa),  # type: ignore[call-overload]
-        is_swa=_swa_layers(metadata, arch, n_layer, int(n_swa)),  # type: ignore[call-overload]
+        n_swa=n_swa,
+        is_swa=swa_layers(metadata, arch, n_layer, n_swa),
         n_ctx_train=n_ctx_train,
         n_vocab=int(n_vocab),
         tied_output=not any(tensor.name == "output.weight" for tensor in tensors),
