@@ -1,5 +1,5 @@
 """The families the catalog added in 2026-12 (Qwen2.5 and the R1 distills, Phi-4, OLMo 2,
-SmolLM3, Seed-OSS, EXAONE 4), each a sparse GGUF of its published shape loaded by the real CPU
+SmolLM3, Seed-OSS, EXAONE 4; Falcon-H1-34B below), each a sparse GGUF of its published shape loaded by the real CPU
 llama-server at 4,096 tokens × 2 slots: the KV cache and the mapped weights must be llama.cpp's to
 the hundredth of a MiB, and the compute buffer never below it."""
 
@@ -60,3 +60,26 @@ def test_a_new_family_is_planned_as_the_real_engine_allocates(assets: Assets, tm
     assert _mib(_MODEL_LINE, log, "CPU_Mapped") == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
     actual_compute = _mib(_COMPUTE_LINE, log, "CPU")
     assert actual_compute * 0.999 <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * compute_over
+
+
+_RS_LINE = re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s+([\d.]+) MiB")
+
+
+def test_falcon_h1_34b_with_two_ssm_groups_is_planned_as_the_real_engine_allocates(assets: Assets, tmp_path: Path) -> None:
+    """Falcon-H1-34B's first 4 blocks: its Mamba-2 mixers have 2 groups (the 1.5B in
+    test_memory.py has one), which widens the convolution state; KV cache plus recurrent state
+    must be llama.cpp's two buffers together (64.47 MiB), the compute buffer within 5% (163.0
+    planned, 165.2 allocated)."""
+    arch = sparse_models.FALCON_H1_34B_4L
+    path = sparse_models.write_sparse_gguf(tmp_path / f"{arch.name}.gguf", arch)
+    spec = model_spec(read_headers(str(path)))
+    assert spec.verified and all(spec.is_recurrent) and spec.attention_in_recurrent
+    params = server_context(spec, ctx=4096, parallel=2)
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=2)
+    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
+        log = log_path.read_text()
+    allocated = _mib(_KV_LINE, log, "CPU") + _mib(_RS_LINE, log, "CPU")
+    assert allocated == pytest.approx(kv_cache(spec, params).total_bytes / _MIB, abs=0.01)
+    assert _mib(_MODEL_LINE, log, "CPU_Mapped") == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_mib(_COMPUTE_LINE, log, "CPU"), rel=0.05)

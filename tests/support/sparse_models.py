@@ -1056,3 +1056,9 @@ EXAONE4_32B = SparseArch(
     "exaone-4.0-32b-q8", "exaone4", 64, 5120, 40, 8, 128, 27392, 102400, 131072,
     qk_norm=True, norm_layout="post", sliding_window=4096, weight_type=Q.Q8_0, output_type=Q.Q8_0,
 )  # fmt: skip
+# Falcon-H1-34B-Instruct (its config.json): 72 blocks of 5120, attention of 20 heads and 4 KV heads
+# of 128 beside a Mamba-2 mixer of 32 heads of 128 (d_ssm 4096, d_state 256, 2 groups, conv 4), an
+# MLP of 21,504, vocabulary 261,120. The first 4 blocks: two groups, unlike the 1.5B's one.
+FALCON_H1_34B_4L = SparseArch(
+    "falcon-h1-34b-4-blocks-q4k", "falcon-h1", 4, 5120, 20, 4, 128, 21504, 261120, 262144, falcon_h1=(4, 256, 2, 32, 4096),
+)  # fmt: skip

@@ -14,13 +14,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import ModelEntry, find_model, load_entry_headers, load_models
+from ..catalog import ModelEntry, find_model, load_entry_headers, load_models, load_quality
 from ..errors import UsageError
 from ..fetch.sources import read_headers
 from ..fit.memory import kv_cache, server_context
 from ..fit.model import model_spec
 from ..gguf.compact import to_compact
 from ..gguf.summary import summarize
+from ..plan.quality import MIN_REPORTERS
 from ..recommendation import catalog_quality
 from ..units import format_bytes, format_count
 from .common import COMPACT_WIDTH, console, json_option, print_json
@@ -165,6 +166,16 @@ def _compact_list(families: list[dict[str, object]], title: str, width: int) -> 
     return table
 
 
+def _why_unscored(model: str) -> str:
+    """Why a model has no score: no figures, or figures only on benchmarks too few models report."""
+    facts = load_quality()
+    own = sorted({figure.benchmark for figure in facts.figures if figure.model == model})
+    if not own:
+        reason = facts.no_figures.get(model, "")
+        return "no published figures in recipes/quality.toml" + (f" ({reason})" if reason else "")
+    return f"not scored: its figures ({', '.join(own)}) are on benchmarks fewer than {MIN_REPORTERS} catalog models report"
+
+
 @catalog.command("show")
 @click.argument("name")
 @json_option
@@ -185,7 +196,7 @@ def show(name: str, as_json: bool) -> None:
         if value not in (None, ""):
             out.print(f"  {key}: {escape(f'{value:,}' if isinstance(value, int) else str(value))}")
     quality = payload["quality"]
-    out.print("  quality: " + ("no published figures in recipes/quality.toml" if quality is None else _quality_lines(quality)))  # type: ignore[arg-type]
+    out.print("  quality: " + (_why_unscored(str(payload["name"])) if quality is None else _quality_lines(quality)))  # type: ignore[arg-type]
     if payload["frontier"]:
         out.print(f"  never fits one machine: `tierlocal plan {payload['name']}`")
         return
