@@ -5,8 +5,6 @@ the hundredth of a MiB, and the compute buffer never below it."""
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -14,22 +12,10 @@ import pytest
 from tests.support import sparse_models
 from tests.support.assets import Assets
 from tests.support.engines import free_port, llama_server_argv, running
+from tests.test_memory import _COMPUTE_LINE, _KV_LINE, _MIB, _MODEL_LINE, _RS_LINE, _buffers
 from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.memory import compute_buffer_bytes, kv_cache, server_context, weights_split
 from tierlocal.fit.model import model_spec
-
-_MIB = 1024 * 1024
-_KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
-_MODEL_LINE = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB")
-_COMPUTE_LINE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")
-
-
-def _mib(pattern: re.Pattern[str], log: str, device: str) -> float:
-    sizes: dict[str, float] = defaultdict(float)
-    for name, mib in pattern.findall(log):
-        sizes[name] += float(mib)
-    return sizes[device]
-
 
 # (shape, its blocks with a sliding window, how far the compute formula may err high). The
 # formula errs high on Phi-3's fused projections (74.0 planned vs 68.0 MiB) and EXAONE-1.2B's
@@ -56,13 +42,10 @@ def test_a_new_family_is_planned_as_the_real_engine_allocates(assets: Assets, tm
     argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=2)
     with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
         log = log_path.read_text()
-    assert _mib(_KV_LINE, log, "CPU") == pytest.approx(kv_cache(spec, params).total_bytes / _MIB, abs=0.006)
-    assert _mib(_MODEL_LINE, log, "CPU_Mapped") == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
-    actual_compute = _mib(_COMPUTE_LINE, log, "CPU")
+    assert _buffers(_KV_LINE, log)["CPU"] == pytest.approx(kv_cache(spec, params).total_bytes / _MIB, abs=0.006)
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    actual_compute = _buffers(_COMPUTE_LINE, log)["CPU"]
     assert actual_compute * 0.999 <= compute_buffer_bytes(spec, params) / _MIB <= actual_compute * compute_over
-
-
-_RS_LINE = re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s+([\d.]+) MiB")
 
 
 def test_falcon_h1_34b_with_two_ssm_groups_is_planned_as_the_real_engine_allocates(assets: Assets, tmp_path: Path) -> None:
@@ -79,7 +62,7 @@ def test_falcon_h1_34b_with_two_ssm_groups_is_planned_as_the_real_engine_allocat
     argv = llama_server_argv(assets.llama_server_cpu, path, port, "--no-warmup", "--no-repack", ctx=4096, parallel=2)
     with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health") as log_path:
         log = log_path.read_text()
-    allocated = _mib(_KV_LINE, log, "CPU") + _mib(_RS_LINE, log, "CPU")
+    allocated = _buffers(_KV_LINE, log)["CPU"] + _buffers(_RS_LINE, log)["CPU"]
     assert allocated == pytest.approx(kv_cache(spec, params).total_bytes / _MIB, abs=0.01)
-    assert _mib(_MODEL_LINE, log, "CPU_Mapped") == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
-    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_mib(_COMPUTE_LINE, log, "CPU"), rel=0.05)
+    assert _buffers(_MODEL_LINE, log)["CPU_Mapped"] == pytest.approx(weights_split(spec, 0).cpu_mapped_bytes / _MIB, abs=0.006)
+    assert compute_buffer_bytes(spec, params) / _MIB == pytest.approx(_buffers(_COMPUTE_LINE, log)["CPU"], rel=0.05)

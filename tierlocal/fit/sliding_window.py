@@ -31,12 +31,10 @@ SWA_DEFAULT_PATTERNS: dict[str, tuple[int, bool]] = {
 def sliding_window(metadata: Mapping[str, object], arch: str, n_layer: int) -> int:
     """The sliding window llama.cpp applies (tokens; 0: none). phi3.cpp turns a Phi header's
     window off; exaone4.cpp uses one only for the 64-block 32B (4,096 unless the header says)."""
-    n_swa = metadata.get(f"{arch}.attention.sliding_window", 0)
     if arch == "phi3" or (arch == "exaone4" and n_layer != 64):
         return 0
-    if arch == "exaone4":
-        return int(metadata.get(f"{arch}.attention.sliding_window", 4096))  # type: ignore[call-overload]
-    return int(n_swa)  # type: ignore[call-overload]
+    default = 4096 if arch == "exaone4" else 0
+    return int(metadata.get(f"{arch}.attention.sliding_window", default))  # type: ignore[call-overload]
 
 
 def swa_layers(metadata: Mapping[str, object], arch: str, n_layer: int, n_swa: int) -> tuple[bool, ...]:
