@@ -132,13 +132,12 @@ def _predicted(path: Path, gpu: str) -> dict[str, object]:
     report = json.loads(done.stdout)
     speed = report["speed"]
     estimate = speed["estimate"] or {}
-    layers = report["plan"] if "plan" in report else report
     return {
         "decode": estimate.get("decode_tokens_per_s"),
         "prefill": estimate.get("prefill_tokens_per_s"),
         "basis": estimate.get("basis"),
         "bound": speed["all_on_gpu_tokens_per_s"],
-        "offloaded": f"{layers['layers_offloaded']}/{layers['layers_total']}" if "layers_offloaded" in layers else "?",
+        "offloaded": f"{report['layers_offloaded']}/{report['layers_total']}",
     }
 
 

@@ -31,7 +31,8 @@ from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.speed import estimate_speed
-from tierlocal.measure.calibrate import DECODE_TOKENS, calibrate_cpu, calibration_key, load_calibration, save_calibration, time_probe
+from tierlocal.measure.calibrate import DECODE_TOKENS, calibrate_cpu, time_probe
+from tierlocal.measure.calibration_cache import calibration_key, load_calibration, save_calibration
 
 GIB = 2**30
 SHAPES = {

@@ -19,7 +19,7 @@ from .fit.estimate import RunRequest
 from .fit.recurrent import frontier_per_user_memory
 from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
-from .measure.calibrate import calibration_key, load_calibration
+from .measure.calibration_cache import calibration_key, load_calibration
 from .plan.quality import ModelQuality, fit_quality
 from .plan.recommend import CatalogRecommendation, recommend_catalog
 from .plan.single_machine import SingleMachinePlan, single_machine_plan

@@ -18,7 +18,7 @@ from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..fit.memory import ContextParams
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
-from ..measure.calibrate import calibration_key, load_calibration
+from ..measure.calibration_cache import calibration_key, load_calibration
 from ..plan.recommend import PREFERENCES, PURPOSES
 from ..plan.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
 from ..recommendation import catalog_recommendation, engine_version

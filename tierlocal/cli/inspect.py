@@ -11,15 +11,8 @@ from ..fetch.sources import read_headers
 from ..fit.device_speed import DeviceSpeed
 from ..gguf import ModelSummary, summarize
 from ..hardware.types import Hardware
-from ..measure.calibrate import (
-    calibrate_cpu,
-    calibration_key,
-    load_calibration,
-    memory_read_bytes_per_s,
-    remove_stale_scratch,
-    require_engine,
-    save_calibration,
-)
+from ..measure.calibrate import calibrate_cpu, memory_read_bytes_per_s, remove_stale_scratch, require_engine
+from ..measure.calibration_cache import calibration_key, load_calibration, save_calibration
 from ..units import format_bytes, format_count
 from .common import console, gpu_option, json_option, machine, print_json
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from ..gguf.tables import GGML_QUANT_SIZES, GGMLQuantizationType
 
 __all__ = ["DeviceSpeed", "bits_per_weight"]
 

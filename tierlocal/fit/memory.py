@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from .. import constants
 from ..errors import UsageError
+from ..gguf.tables import GGML_QUANT_SIZES, GGMLQuantizationType
 from .model import ModelSpec
 from .placement import EXPERT_TENSOR, SUPPORT_TEST_TOKENS, WeightsSplit, device_binds, expert_flags, gpu_layers, tensor_binds, weights_split
 from .recurrent import rwkv7_compute_bytes

@@ -15,9 +15,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gguf.constants import Keys
-
 from .parse import GGUFHeader
+from .tables import Keys
 
 __all__ = ["ChatTemplateInfo", "chat_template_info", "describe_template", "template_family", "FAMILY_MARKERS", "MAX_TEMPLATE_CHARS"]
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from .parse import ArraySummary, GGUFHeader, HeaderLimits, TensorInfo
+from .tables import GGML_QUANT_SIZES, GGMLQuantizationType
 
 __all__ = ["COMPACT_FORMAT", "COMPACT_VERSION", "CompactError", "to_compact", "from_compact"]
 

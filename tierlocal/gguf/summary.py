@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from gguf.constants import Keys, LlamaFileType
-
 from ..errors import HeaderError
 from .chat_template import ChatTemplateInfo, chat_template_info
 from .parse import ArraySummary, GGUFHeader, TensorInfo
+from .tables import Keys, LlamaFileType
 
 __all__ = ["QuantShare", "ModelSummary", "merge_split", "summarize"]
 

@@ -14,7 +14,6 @@ I/O: temporary files, the engine as a child process, HTTP on loopback, the cache
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -30,7 +29,6 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from .. import constants
 from ..engines.process import start_child
 from ..errors import CalibrationFailed, EngineFailed, UsageError
 from ..fit.calibration import TimedRun, fit_device_speed
@@ -46,10 +44,7 @@ __all__ = [
     "PROBE_TYPES",
     "PROBES",
     "Probe",
-    "calibration_key",
     "calibrate_cpu",
-    "load_calibration",
-    "save_calibration",
     "memory_read_bytes_per_s",
     "other_work_percent",
     "remove_stale_scratch",
@@ -61,8 +56,6 @@ PROBE_TYPES = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "IQ4_NL", "Q5_0", "Q5_K", "Q6_K",
 DECODE_TOKENS = 32
 #: Longest the engine may take to load a probe (s).
 LOAD_TIMEOUT_S = 120.0
-#: Most calibrations kept in the cache file.
-MAX_ENTRIES = 32
 #: Longest a calibration may run (s), with three timed runs per probe and with one (--quick):
 #: four times what a quiet 2-core machine takes. Past it the machine is too busy to measure.
 TIME_LIMIT_S = 12 * 60.0
@@ -164,19 +157,6 @@ def memory_read_bytes_per_s(size_bytes: int = 256 << 20, repeats: int = 3) -> fl
         buffer.sum()
         best = min(best, time.perf_counter() - started)
     return size_bytes / best
-
-
-def calibration_key(engine_version: str) -> dict[str, object]:
-    """What a calibration is filed under: the CPU model, its cores, the engine build."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace")[: 1 << 20].splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count() or 1, "engine_version": engine_version}
 
 
 def other_work_percent(interval_s: float = 1.0) -> float:
@@ -304,45 +284,6 @@ def _exit_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def _cache_path() -> Path:
-    return constants.home_dir() / "calibration.json"
-
-
-def _entries(path: Path) -> list[dict[str, object]]:
-    try:
-        if path.stat().st_size > 4 << 20:
-            return []
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    return [entry for entry in data if isinstance(entry, dict)][-MAX_ENTRIES:] if isinstance(data, list) else []
-
-
-def save_calibration(key: dict[str, object], speed: DeviceSpeed, raw: list[dict[str, object]], *, memory_bytes_per_s: float | None) -> Path:
-    """File ``speed`` under ``key`` (replacing an older one for the same key)."""
-    path = _cache_path()
-    entries = [entry for entry in _entries(path) if entry.get("key") != key]
-    entries.append(
-        {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "speed": speed.to_json(), "memory_read_bytes_per_s": memory_bytes_per_s, "probes": raw}
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(entries[-MAX_ENTRIES:], indent=1))
-    temporary.replace(path)
-    return path
-
-
-def load_calibration(key: dict[str, object]) -> DeviceSpeed | None:
-    """The cached calibration for ``key`` (None: none, or a damaged one)."""
-    for entry in reversed(_entries(_cache_path())):
-        if entry.get("key") == key and isinstance(entry.get("speed"), dict):
-            try:
-                return DeviceSpeed.from_json(entry["speed"])  # type: ignore[arg-type]
-            except ValueError:
-                return None
-    return None
 
 
 def require_engine(binary: Path | None) -> Path:

@@ -15,7 +15,7 @@ from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
 from ..fetch.sources import read_headers
 from ..gguf import summarize
-from ..measure.calibrate import calibration_key, load_calibration
+from ..measure.calibration_cache import calibration_key, load_calibration
 from .exposure import check_exposure
 from .history import gpu_correction
 from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
