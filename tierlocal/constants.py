@@ -102,14 +102,17 @@ def home_dir() -> Path:
     return base / "tierlocal"
 
 
+def cache_dir() -> Path:
+    """What tierlocal can always make again: ``$XDG_CACHE_HOME/tierlocal`` (``~/.cache/tierlocal``)."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tierlocal"
+
+
 def build_cache_dir() -> Path:
     """`tierlocal engine build`'s build trees and unpacked sources: ``$TIERLOCAL_BUILD_CACHE``,
     else ``$XDG_CACHE_HOME/tierlocal/engine-build`` (``~/.cache/…``)."""
     configured = os.environ.get(ENV_BUILD_CACHE)
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "tierlocal" / "engine-build"
+    return Path(configured) if configured else cache_dir() / "engine-build"
 
 
 def engine_dir() -> Path:

@@ -5,13 +5,15 @@ detected or given as."""
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import astuple, replace
 from functools import cache
+from typing import Any
 
 from .catalog import find_gpu, gpu_cards, gpu_named_in, load_gpus, load_published_rows
 from .fit.device_speed import DeviceSpeed
 from .fit.estimate import Machine
 from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
+from .planning_cache import cached
 
 __all__ = ["gpu_fits", "gpu_speed_for", "machine_gpu_speed", "typical_gpu_speed"]
 
@@ -20,8 +22,19 @@ GIB = 1024**3
 
 @cache
 def gpu_fits() -> tuple[dict[str, CardFit], float]:
-    """The speed model fitted to the published rows (:func:`tierlocal.fit.gpu_speed.fit_cards`)."""
-    return fit_cards(load_published_rows(), gpu_cards())
+    """The speed model fitted to the published rows (:func:`tierlocal.fit.gpu_speed.fit_cards`),
+    kept in the planning cache (the fit is a least-squares solve over every row)."""
+    return cached("gpu_fits", lambda: fit_cards(load_published_rows(), gpu_cards()), _fits_plain, _fits_from_plain)
+
+
+def _fits_plain(fitted: tuple[dict[str, CardFit], float]) -> tuple[Any, float]:
+    fits, kappa = fitted
+    return {gpu: astuple(fit) for gpu, fit in fits.items()}, kappa
+
+
+def _fits_from_plain(plain: tuple[Any, float]) -> tuple[dict[str, CardFit], float]:
+    fits, kappa = plain
+    return {gpu: CardFit(*values) for gpu, values in fits.items()}, float(kappa)
 
 
 def _card_for(name: str) -> str | None:

@@ -9,10 +9,11 @@ their answer from :func:`catalog_recommendation`, so they cannot disagree.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import astuple, replace
 from functools import cache
+from typing import Any
 
-from .catalog import ModelEntry, find_frontier, load_entry_headers, load_gpus, load_host_defaults, load_quality
+from .catalog import ModelEntry, find_frontier, load_gpus, load_host_defaults, load_quality
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
@@ -20,15 +21,22 @@ from .fit.recurrent import frontier_per_user_memory
 from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
 from .measure.calibration_cache import calibration_key, load_calibration
+from .plan.candidates import CatalogRecommendation
 from .plan.quality import ModelQuality, fit_quality
-from .plan.recommend import CatalogRecommendation, recommend_catalog
+from .plan.recommend import recommend_catalog
 from .plan.single_machine import SingleMachinePlan, single_machine_plan
 from .plan.source import machine_for
+from .planning_cache import cached, catalog_models
+from .published import QualityFigure, QuantLoss
 
 __all__ = ["catalog_recommendation", "catalog_quality", "engine_version"]
 
 
-@cache
+#: Every catalog model's score per task (model → task → score), and the measured loss of each
+#: quantisation type (upper-case type → loss).
+_Quality = tuple[dict[str, dict[str, ModelQuality]], dict[str, QuantLoss]]
+
+
 def catalog_quality() -> dict[str, dict[str, ModelQuality]]:
     """Every catalog model's score per task, fitted from recipes/quality.toml's figures
     (:func:`tierlocal.plan.quality.fit_quality`).
@@ -36,8 +44,38 @@ def catalog_quality() -> dict[str, dict[str, ModelQuality]]:
     Raises:
         CatalogError: recipes/quality.toml is unreadable or malformed.
     """
+    return _quality()[0]
+
+
+@cache
+def _quality() -> _Quality:
+    """The scores and quantisation losses, from the planning cache (the fit reads 632 figures)."""
+    return cached("quality", _fit_quality, _quality_plain, _quality_from_plain)
+
+
+def _fit_quality() -> _Quality:
     facts = load_quality()
-    return fit_quality(facts.figures, facts.benchmark_tasks)
+    return fit_quality(facts.figures, facts.benchmark_tasks), dict(facts.quant_losses)
+
+
+def _quality_plain(quality: _Quality) -> tuple[Any, Any]:
+    scores, losses = quality
+    plain_scores = {
+        model: {task: (*astuple(score)[:6], tuple(astuple(figure) for figure in score.figures)) for task, score in tasks.items()}
+        for model, tasks in scores.items()
+    }
+    return plain_scores, {quant: astuple(loss) for quant, loss in losses.items()}
+
+
+def _quality_from_plain(plain: tuple[Any, Any]) -> _Quality:
+    scores, losses = plain
+    restored = {model: {task: _score_from_plain(values) for task, values in tasks.items()} for model, tasks in scores.items()}
+    return restored, {quant: QuantLoss(*values) for quant, values in losses.items()}
+
+
+def _score_from_plain(values: tuple[Any, ...]) -> ModelQuality:
+    model, task, score, basis, reported, columns, figures = values
+    return ModelQuality(model, task, score, basis, reported, columns, tuple(QualityFigure(*figure) for figure in figures))
 
 
 def engine_version() -> str | None:
@@ -72,12 +110,13 @@ def catalog_recommendation(
     machine = machine_for(hardware, host)
     version = engine_version() if not hardware.ram_overridden else None
     host_speed = load_calibration(calibration_key(version)) if version else None
-    headers = {entry.key: found for entry in entries if (found := load_entry_headers(entry)) is not None}
+    # The cached digests serve one GPU (or none) that binds every tensor; a split or a binding limit plans from the headers.
+    models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None and not machine.gpu_devices)
     request = request or RunRequest()
     recommendation = recommend_catalog(
-        entries, headers, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
+        entries, models, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
         request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=machine_gpu_speed(machine),
-        quality=catalog_quality(), quant_losses=load_quality().quant_losses, prefer=prefer,
+        quality=_quality()[0], quant_losses=_quality()[1], prefer=prefer,
     )  # fmt: skip
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
     return replace(recommendation, frontier=frontier)

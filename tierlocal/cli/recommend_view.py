@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..plan.recommend import Candidate, CatalogRecommendation
+from ..plan.candidates import Candidate, CatalogRecommendation
 from ..plan.single_machine import SingleMachinePlan
 from ..plan.source import SourceCheck
 from ..units import format_bytes, format_count, format_decimal_bytes, format_marketed_bytes

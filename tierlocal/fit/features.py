@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from .memory import cache_type_bytes
 from .model import ModelSpec, PlacedTensor
 from .placement import EXPERT_TENSOR, device_binds, expert_flags, gpu_layers, tensor_binds
 
-__all__ = ["Features", "RunFeatures", "run_features", "add_feature", "DEFAULT_DEPTH", "PREFILL_PROMPT"]
+__all__ = ["Features", "MatrixGroup", "RunFeatures", "matrix_groups", "run_features", "add_feature", "DEFAULT_DEPTH", "PREFILL_PROMPT"]
 
 #: The prompt length a prefill rate is quoted at (llama-bench's pp512).
 PREFILL_PROMPT = 512
@@ -50,8 +51,7 @@ def add_feature(features: Features, name: str, amount: float) -> None:
         features[name] = features.get(name, 0.0) + amount
 
 
-@dataclass(frozen=True)
-class _MatrixGroup:
+class MatrixGroup(NamedTuple):
     """The weight matrices of one layer that always share a device (expert or not, bound by
     the device or not), their decode and prefill features summed once per spec."""
 
@@ -63,7 +63,7 @@ class _MatrixGroup:
     flops: Features
 
 
-def _matrix_groups(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[tuple[_MatrixGroup, ...], tuple[float, ...]]:
+def matrix_groups(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[tuple[MatrixGroup, ...], tuple[float, ...]]:
     """Every matrix grouped by (layer, expert, bound), and each layer's FFN width: what a run's
     features add up, whatever its placement (computed once per spec and device limit)."""
     table = spec.plan_cache.setdefault("speed_groups", {})
@@ -71,12 +71,12 @@ def _matrix_groups(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[tuple
         return table[max_tensor_bytes]
     share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
     expert_of, binds_of = expert_flags(spec), tensor_binds(spec, max_tensor_bytes)
-    groups: dict[tuple[int, bool, bool], _MatrixGroup] = {}
+    groups: dict[tuple[int, bool, bool], MatrixGroup] = {}
     ffn_width = [0.0] * (spec.n_layer + 1)
 
     def account(tensor: PlacedTensor, expert: bool, binds: bool) -> None:
         key = (tensor.layer, expert, binds)
-        group = groups.get(key) or groups.setdefault(key, _MatrixGroup(tensor.layer, expert, binds, tensor.layer == spec.n_layer, {}, {}))
+        group = groups.get(key) or groups.setdefault(key, MatrixGroup(tensor.layer, expert, binds, tensor.layer == spec.n_layer, {}, {}))
         used = share if expert else 1.0
         prefix = "x" if expert else ""  # experts' mat-mul runs through mul_mat_id: a rate of its own
         ggml_type = "F16" if tensor.ggml_type == "F32" else tensor.ggml_type  # small F32 matrices (routers): F16's rates
@@ -125,7 +125,7 @@ def run_features(
     decode: dict[str, Features] = {"host": {}, "gpu": {}}
     prefill: dict[str, Features] = {"host": {}, "gpu": {}}
     once: dict[str, Features] = {"host": {}, "gpu": {}}
-    groups, ffn_width = _matrix_groups(spec, max_tensor_bytes)
+    groups, ffn_width = matrix_groups(spec, max_tensor_bytes)
     for group in groups:
         on_gpu = layer_on_gpu[group.layer] and group.binds and not (group.expert and group.layer < n_cpu_moe)
         device = "gpu" if on_gpu else "host"

@@ -32,9 +32,20 @@ from dataclasses import dataclass
 
 from .estimate import Machine, RunEstimate
 from .memory import gpu_layers, weights_split
-from .model import ModelSpec, PlacedTensor
+from .model import ModelSpec
+from .placement import RepackClass, repack_classes
 
-__all__ = ["HostMemory", "host_memory", "prompt_cache_cap", "repacked_bytes", "repack_rules", "LOAD_MODES", "ENGINE_FILE_BYTES", "PROMPT_CACHE_DEFAULT_BYTES"]
+__all__ = [
+    "HostMemory",
+    "host_memory",
+    "prompt_cache_cap",
+    "repacked_bytes",
+    "repack_rules",
+    "token_embedding_repack",
+    "LOAD_MODES",
+    "ENGINE_FILE_BYTES",
+    "PROMPT_CACHE_DEFAULT_BYTES",
+]
 
 #: llama-server's --load-mode values tierlocal plans for.
 LOAD_MODES = ("mmap", "none", "mlock")
@@ -68,18 +79,19 @@ def repack_rules(cpu_arch: str, cpu_features: Iterable[str]) -> dict[str, int]:
     return {ggml_type: rows for ggml_type, (feature, rows) in rules.items() if feature in features}
 
 
-def _repackable(tensor: PlacedTensor, rules: dict[str, int]) -> bool:
-    multiple = rules.get(tensor.ggml_type)
-    return multiple is not None and len(tensor.shape) in (2, 3) and tensor.shape[1] % multiple == 0
+def repacked_bytes(classes: Iterable[RepackClass], rules: dict[str, int]) -> int:
+    """Bytes of the CPU_REPACK copies of matrices in ``classes`` (the same size as the matrices
+    they copy): those of a type ``rules`` name whose row count divides its interleave."""
+    return sum(cls.n_bytes for cls in classes if (multiple := rules.get(cls.ggml_type)) is not None and cls.rows % multiple == 0)
 
 
-def _repacked(tensor: PlacedTensor, rules: dict[str, int]) -> bool:
-    return tensor.layer >= 0 and _repackable(tensor, rules)
-
-
-def repacked_bytes(tensors: Iterable[PlacedTensor], rules: dict[str, int]) -> int:
-    """Bytes of the CPU_REPACK copies (the same size as the tensors they copy)."""
-    return sum(tensor.n_bytes for tensor in tensors if _repacked(tensor, rules))
+def token_embedding_repack(spec: ModelSpec) -> tuple[RepackClass, ...]:
+    """The token embedding's matrices by type and row count (a tied output multiplies by them;
+    computed once per spec)."""
+    found = spec.plan_cache.get("token_embd_repack")
+    if found is None:
+        found = spec.plan_cache["token_embd_repack"] = repack_classes([t for t in spec.tensors if t.layer == -1 and t.name.startswith("token_embd.")])
+    return found
 
 
 @dataclass(frozen=True)
@@ -135,12 +147,12 @@ def host_memory(spec: ModelSpec, estimate: RunEstimate, machine: Machine, load_m
     request = estimate.request
     split = weights_split(spec, request.ngl or 0, n_cpu_moe=request.n_cpu_moe or 0, max_tensor_bytes=machine.max_tensor_bytes)
     rules = repack_rules(machine.cpu_arch, machine.cpu_features)
-    repacked_in_place = repacked_bytes(split.cpu_tensors, rules)  # copies of tensors the file holds once
+    repacked_in_place = repacked_bytes(split.cpu_repack, rules)  # copies of tensors the file holds once
     repack = repacked_in_place
     if spec.tied_output and not gpu_layers(spec, request.ngl or 0)[spec.n_layer]:
         # A tied output on the CPU is the token embedding loaded a second time for the output
         # projection, a matrix multiplication: repacked where its type allows.
-        repack += sum(t.n_bytes for t in split.cpu_tensors if t.layer == -1 and t.name.startswith("token_embd.") and _repackable(t, rules))
+        repack += repacked_bytes(token_embedding_repack(spec), rules)
     host = estimate.devices[-1]
     engine = ENGINE_BASE_BYTES + ENGINE_BYTES_PER_VOCAB_ENTRY * spec.n_vocab
     buffers = host.kv_bytes + host.output_bytes + repack + engine  # the KV cache is cleared at load: every page touched

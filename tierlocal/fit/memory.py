@@ -185,7 +185,16 @@ def _kv_layout(spec: ModelSpec, cache_type_k: str, cache_type_v: str, flash_attn
 def kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
     """Bytes of the K and V cache per layer for ``params`` (attention and MLA layers), and of
     the fixed-size recurrent state for recurrent layers (:mod:`tierlocal.fit.recurrent`); a
-    Falcon-H1 layer keeps both."""
+    Falcon-H1 layer keeps both. Computed once per spec and context (the planners ask at every
+    -ngl they try)."""
+    table = spec.plan_cache.setdefault("kv_cache", {})
+    found = table.get(params)
+    if found is None:
+        found = table[params] = _kv_cache(spec, params)
+    return found
+
+
+def _kv_cache(spec: ModelSpec, params: ContextParams) -> KvCache:
     cells_full, cells_swa = _cache_cells(spec, params)
     # Recurrent state: (n_embd_r + n_embd_s) float32 values per sequence, whatever the context.
     state = (spec.n_embd_r + spec.n_embd_s) * 4 * max(1, params.n_seq_max)

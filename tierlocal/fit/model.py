@@ -20,7 +20,7 @@ from ..gguf.summary import merge_split
 from .recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_facts
 from .sliding_window import sliding_window, swa_layers
 
-__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "VERIFIED_ARCHS"]
+__all__ = ["ModelSpec", "PlacedTensor", "TENSORS_NOT_KEPT", "model_spec", "VERIFIED_ARCHS"]
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Tensors outside the blocks that llama.cpp loads as input (LLM_TENSOR_LAYER_INPUT: kept in
@@ -66,6 +66,20 @@ class PlacedTensor:
     #: (``ne[0]`` first: the row length, then the rows).
     ggml_type: str = ""
     shape: tuple[int, ...] = ()
+
+
+class _TensorsNotKept(tuple):
+    """The ``tensors`` of a spec restored from its planning digest (:mod:`.digest`): the
+    per-tensor work is already done, and reading a tensor is a bug, not an empty model."""
+
+    def _refuse(self, *_args: object) -> Any:
+        raise RuntimeError("this ModelSpec was restored from its planning digest and keeps no tensors: plan it from its header")
+
+    __iter__ = __len__ = __getitem__ = __contains__ = _refuse
+
+
+#: The ``tensors`` of every spec restored from a digest.
+TENSORS_NOT_KEPT: tuple[PlacedTensor, ...] = _TensorsNotKept()
 
 
 @dataclass(frozen=True)
@@ -147,8 +161,11 @@ class ModelSpec:
 
     @property
     def token_embd_bytes(self) -> int:
-        """The token embedding's bytes (not the per-layer embeddings beside it in RAM)."""
-        return sum(t.n_bytes for t in self.tensors if t.layer == -1 and t.name.startswith("token_embd."))
+        """The token embedding's bytes (not the per-layer embeddings beside it in RAM; computed once)."""
+        found = self.plan_cache.get("token_embd_bytes")
+        if found is None:
+            found = self.plan_cache["token_embd_bytes"] = sum(t.n_bytes for t in self.tensors if t.layer == -1 and t.name.startswith("token_embd."))
+        return found
 
     @property
     def output_layer_bytes(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .memory import ContextParams, expert_flags, kv_cache, mask_cells, tensor_binds
 from .model import ModelSpec
 
-__all__ = ["partial_offload_compute_bytes"]
+__all__ = ["partial_offload_compute_bytes", "largest_copies"]
 
 
 def partial_offload_compute_bytes(
@@ -37,21 +37,37 @@ def partial_offload_compute_bytes(
     """
     n_tokens = min(params.n_ctx_seq, params.n_ubatch)
     staged = n_tokens * spec.n_embd * 4
-    cpu_layers = {layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe}
-    expert, binds = expert_flags(spec), tensor_binds(spec, max_tensor_bytes)
-    bindable = [index for index, t in enumerate(spec.tensors) if t.layer in cpu_layers and binds[index]]
-    experts = [spec.tensors[index].n_bytes for index in bindable if expert[index]]
-    dense = [spec.tensors[index].n_bytes for index in bindable if not expert[index]]
-    peak = max(compute, max(dense, default=0) + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged
+    cpu_layers = [layer for layer in range(spec.n_layer) if not on_gpu[layer] or layer < n_cpu_moe]
+    largest = largest_copies(spec, max_tensor_bytes)
+    dense = max((largest[layer][0] for layer in cpu_layers), default=0)
+    experts = max((largest[layer][1] for layer in cpu_layers), default=0)
+    peak = max(compute, dense + n_tokens * 4 * (spec.n_embd + max(spec.n_ff, spec.n_ff_exp))) + staged
     if experts:
         kv = kv_cache(spec, params)
         attention_on_cpu = any(not on_gpu[layer] for layer in cpu_layers)
         expert_floats = 3 * spec.n_expert_used * spec.n_ff_exp + spec.n_expert_used * spec.n_embd
         expert_peak = (
-            max(experts)
+            experts
             + n_tokens * 4 * expert_floats
             + sum(cells * n_tokens * 2 for cells in mask_cells(spec, params))
             + (max(kv.layer_bytes, default=0) if attention_on_cpu else 0)
         )
         peak = max(peak, expert_peak)
     return peak
+
+
+def largest_copies(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[tuple[int, int], ...]:
+    """Per block: the largest dense and the largest expert tensor the device can bind (bytes; 0
+    where there is none) — what a CPU block's offloaded operation copies in. Computed once per
+    spec and device limit (every -ngl a planner tries asks)."""
+    table = spec.plan_cache.setdefault("largest_copies", {})
+    if max_tensor_bytes not in table:
+        expert, binds = expert_flags(spec), tensor_binds(spec, max_tensor_bytes)
+        largest = [[0, 0] for _ in range(spec.n_layer)]
+        for index, tensor in enumerate(spec.tensors):
+            if 0 <= tensor.layer < spec.n_layer and binds[index]:
+                sizes = largest[tensor.layer]
+                kind = 1 if expert[index] else 0
+                sizes[kind] = max(sizes[kind], tensor.n_bytes)
+        table[max_tensor_bytes] = tuple((dense, experts) for dense, experts in largest)
+    return table[max_tensor_bytes]

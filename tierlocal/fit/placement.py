@@ -8,13 +8,25 @@ bound or not: the sets that always land together), so a split sums groups, not t
 
 from __future__ import annotations
 
-import heapq
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .model import ModelSpec, PlacedTensor
 
-__all__ = ["EXPERT_TENSOR", "SUPPORT_TEST_TOKENS", "WeightsSplit", "device_binds", "expert_flags", "gpu_layers", "tensor_binds", "weights_split"]
+__all__ = [
+    "EXPERT_TENSOR",
+    "SUPPORT_TEST_TOKENS",
+    "PlacementGroup",
+    "RepackClass",
+    "WeightsSplit",
+    "device_binds",
+    "expert_flags",
+    "gpu_layers",
+    "placement_groups",
+    "tensor_binds",
+    "weights_split",
+]
 
 
 def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
@@ -43,8 +55,27 @@ class WeightsSplit:
     cpu_mapped_bytes: int
     gpu_read_bytes: int = 0
     cpu_read_bytes: int = 0
-    #: The tensors kept on the CPU.
-    cpu_tensors: tuple[PlacedTensor, ...] = ()
+    #: The block matrices kept on the CPU by type and row count: what its backend may repack.
+    cpu_repack: tuple[RepackClass, ...] = ()
+
+
+class RepackClass(NamedTuple):
+    """Matrices (2 or 3 dimensions) of one type and row count (``ne[1]``) and their bytes: what
+    decides whether the CPU backend repacks them (:mod:`tierlocal.fit.host_memory`)."""
+
+    ggml_type: str
+    rows: int
+    n_bytes: int
+
+
+def repack_classes(tensors: list[PlacedTensor]) -> tuple[RepackClass, ...]:
+    """``tensors``' matrices summed by (type, rows), in order of first appearance."""
+    sizes: dict[tuple[str, int], int] = {}
+    for tensor in tensors:
+        if len(tensor.shape) in (2, 3):
+            key = (tensor.ggml_type, tensor.shape[1])
+            sizes[key] = sizes.get(key, 0) + tensor.n_bytes
+    return tuple(RepackClass(ggml_type, rows, n_bytes) for (ggml_type, rows), n_bytes in sizes.items())
 
 
 #: Tokens of the batch llama.cpp tests a weight's operation with when it picks the weight's
@@ -87,46 +118,49 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
     gpu = 0
     gpu_read = 0.0
     cpu_groups = []
-    for group in _placement_groups(spec, max_tensor_bytes):
+    for group in placement_groups(spec, max_tensor_bytes):
         if group.layer >= 0 and on_gpu[group.layer] and group.binds and not (group.expert and group.layer < n_cpu_moe):
             gpu += group.n_bytes
             gpu_read += group.read_bytes
         else:
             cpu_groups.append(group)
-    embedding = spec.embedding
-    if spec.tied_output and on_gpu[spec.n_layer] and (embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)):
+    if spec.tied_output and on_gpu[spec.n_layer] and (max_tensor_bytes is None or _embedding_binds(spec, max_tensor_bytes)):
         gpu += spec.token_embd_bytes
     spans: dict[int, tuple[int, int]] = {}
     for group in cpu_groups:
-        for shard, (start, end) in group.spans.items():
+        for shard, start, end in group.spans:
             known = spans.get(shard)
             spans[shard] = (min(start, known[0]), max(end, known[1])) if known else (start, end)
     mapped = sum(end - start for start, end in spans.values())
     # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
     cpu_read = sum(group.read_bytes for group in cpu_groups if group.layer >= 0)
-    tensors = spec.tensors
-    cpu_tensors = tuple(tensors[i] for i in heapq.merge(*(group.indices for group in cpu_groups)))
-    split = WeightsSplit(gpu, sum(group.n_bytes for group in cpu_groups), mapped, round(gpu_read), round(cpu_read), cpu_tensors)
+    repack = tuple(cls for group in cpu_groups if group.layer >= 0 for cls in group.repack)
+    split = WeightsSplit(gpu, sum(group.n_bytes for group in cpu_groups), mapped, round(gpu_read), round(cpu_read), repack)
     cache[key] = split
     return split
 
 
-@dataclass(frozen=True)
-class _PlacementGroup:
+def _embedding_binds(spec: ModelSpec, max_tensor_bytes: int) -> bool:
+    """Whether the device can take the tied output (the token embedding again)."""
+    embedding = spec.embedding
+    return embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)
+
+
+class PlacementGroup(NamedTuple):
     """The tensors of one layer that always land on the same device (expert or not, bound by the
-    device or not): their bytes, the bytes a token reads of them, their span in each shard and
-    their indices in the spec, in order."""
+    device or not): their bytes, the bytes a token reads of them, their span in each shard
+    (shard, start, end), and their matrices by type and row count (:class:`RepackClass`)."""
 
     layer: int
     expert: bool
     binds: bool
     n_bytes: int
     read_bytes: float
-    spans: dict[int, tuple[int, int]]
-    indices: tuple[int, ...]
+    spans: tuple[tuple[int, int, int], ...]
+    repack: tuple[RepackClass, ...]
 
 
-def _placement_groups(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[_PlacementGroup, ...]:
+def placement_groups(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[PlacementGroup, ...]:
     """The spec's tensors grouped for :func:`weights_split` (computed once per spec and limit),
     so a split sums a few groups per layer instead of every tensor."""
     table = spec.plan_cache.setdefault("placement_groups", {})
@@ -134,19 +168,19 @@ def _placement_groups(spec: ModelSpec, max_tensor_bytes: int | None) -> tuple[_P
         return table[max_tensor_bytes]
     expert, binds = expert_flags(spec), tensor_binds(spec, max_tensor_bytes)
     share = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
-    members: dict[tuple[int, bool, bool], list[int]] = {}
+    members: dict[tuple[int, bool, bool], list[PlacedTensor]] = {}
     for index, tensor in enumerate(spec.tensors):
-        members.setdefault((tensor.layer, expert[index], binds[index]), []).append(index)
+        members.setdefault((tensor.layer, expert[index], binds[index]), []).append(tensor)
     groups = []
-    for (layer, is_expert, bound), indices in members.items():
+    for (layer, is_expert, bound), tensors in members.items():
         spans: dict[int, tuple[int, int]] = {}
-        for index in indices:
-            tensor = spec.tensors[index]
+        for tensor in tensors:
             start, end = spans.get(tensor.shard, (tensor.offset, tensor.offset + tensor.n_bytes))
             spans[tensor.shard] = (min(start, tensor.offset), max(end, tensor.offset + tensor.n_bytes))
-        n_bytes = sum(spec.tensors[i].n_bytes for i in indices)
-        read = sum(spec.tensors[i].n_bytes * (share if is_expert else 1.0) for i in indices)
-        groups.append(_PlacementGroup(layer, is_expert, bound, n_bytes, read, spans, tuple(indices)))
+        n_bytes = sum(tensor.n_bytes for tensor in tensors)
+        read = sum(tensor.n_bytes * (share if is_expert else 1.0) for tensor in tensors)
+        shard_spans = tuple((shard, start, end) for shard, (start, end) in spans.items())
+        groups.append(PlacementGroup(layer, is_expert, bound, n_bytes, read, shard_spans, repack_classes(tensors)))
     found = table[max_tensor_bytes] = tuple(groups)
     return found
 

@@ -1,9 +1,11 @@
 """The catalog recommendation on the header-exact estimator. Pure.
 
 Every catalog entry with a compact header (recipes/headers/) is planned exactly as ``check
-FILE`` plans the file (:func:`~tierlocal.plan.source.check_source`: largest ``-ngl`` that fits,
-MoE experts to RAM when that is faster, the CPU alone when the GPU is too small). An entry
-without a header gets the tier-2 rule of thumb (plan/rule_of_thumb.py), labelled so.
+FILE`` plans the file (:func:`~tierlocal.plan.source.check_model` on the spec of its header:
+largest ``-ngl`` that fits, MoE experts to RAM when that is faster, the CPU alone when the GPU
+is too small); only the plans that are shown get their times to first token and the q8_0
+cache suggestion. An entry without a header gets the tier-2 rule of thumb
+(plan/rule_of_thumb.py), labelled so.
 
 Each planned entry then gets a status:
 
@@ -30,31 +32,31 @@ entries are taken only when nothing else fits. Every other row says why it lost.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 
 from ..catalog import GpuSpec, HostDefaults, ModelEntry
 from ..engines.prompt_formats import TemplateChoice
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunRequest
-from ..gguf import GGUFHeader
+from ..fit.model import ModelSpec
+from ..gguf import ModelSummary
 from ..hardware.types import Hardware
 from ..published import QuantLoss
 from ..units import format_bytes
+from .candidates import Candidate, CatalogRecommendation
 from .quality import EntryQuality, ModelQuality, entry_quality
-from .rule_of_thumb import Budget, CatalogFit, FrontierVerdict, fit_entry, frontier_verdict, memory_budget
-from .source import SourceCheck, check_source
+from .rule_of_thumb import CatalogFit, fit_entry, frontier_verdict, memory_budget
+from .source import SourceCheck, check_model
 from .where import load_note, where_text
 
 __all__ = [
-    "Candidate",
-    "CatalogRecommendation",
     "PURPOSES",
     "PREFERENCES",
     "PRECISION_CAP_BITS",
     "LONG_CONTEXT_TOKENS",
     "recommend_catalog",
-    "dense_equivalent_params",
 ]
 
 PURPOSES = ("chat", "code", "reasoning", "long-context")
@@ -74,143 +76,9 @@ _PUBLISHED_TEMPLATE = TemplateChoice("header", note="the published file's own ch
 _ORDER = {"best": 0, "fits": 1, "tight": 2, "too slow": 3, "not for long-context": 4, "no room": 5}
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One catalog entry planned on the machine.
-
-    ``plan`` is the estimator's (None for an entry without a header: ``fallback`` then holds
-    the rule of thumb). Sizes in bytes, speed in tokens/s."""
-
-    entry: ModelEntry
-    plan: SourceCheck | None
-    fallback: CatalogFit | None
-    status: str
-    reason: str
-    decode_tokens_per_s: float | None
-    speed_basis: str
-    needed_bytes: int | None
-    free_bytes: int
-    where: str
-    params: int
-    bits_per_weight: float
-    #: What to run it with, when the default would not do (``--load-mode none``), and why.
-    note: str = ""
-    #: The whole run: every device's need added up (``needed_bytes`` is the busiest device's).
-    needed_total_bytes: int | None = None
-    #: This file's quality score for the task (None: the model has no published figures).
-    quality: EntryQuality | None = None
-
-    @property
-    def size_params(self) -> float:
-        """Parameters, dense-equivalent (:func:`dense_equivalent_params`)."""
-        return dense_equivalent_params(self.params, self.entry.active_params if self.entry.active_params < self.entry.params else self.params)
-
-    def to_json(self) -> dict[str, object]:
-        """The rule-of-thumb recommendation's fields (kept), and the estimator's."""
-        entry = self.entry
-        plan = self.plan.to_json() if self.plan else None
-        estimate = self.plan.estimate if self.plan else None
-        devices = estimate.devices if estimate else ()
-        return {
-            "model": entry.family,
-            "series": entry.series,
-            "architecture": entry.architecture,
-            "params": self.params,
-            "active_params": entry.active_params,
-            "dense_equivalent_params": round(self.size_params),
-            "quant": entry.quant,
-            "bits_per_weight": round(self.bits_per_weight, 3),
-            "file_bytes": self.plan.file_bytes if self.plan else entry.file_bytes,
-            "file_bytes_measured": self.plan is not None or entry.file_bytes_measured,
-            "ctx": estimate.params.n_ctx_seq if estimate else (self.fallback.ctx if self.fallback else None),
-            "parallel": estimate.params.n_seq_max if estimate else (self.fallback.parallel if self.fallback else None),
-            "weights_bytes": sum(d.weights_bytes for d in devices) if devices else (self.fallback.weights_bytes if self.fallback else None),
-            "kv_bytes": sum(d.kv_bytes for d in devices) if devices else (self.fallback.kv_bytes if self.fallback else None),
-            "total_needed_bytes": self.needed_bytes,
-            "needed_all_devices_bytes": self.needed_total_bytes,
-            "free_bytes": self.free_bytes,
-            "fits": self.status in ("best", "fits", "tight", "too slow"),
-            "status": self.status,
-            "reason": self.reason,
-            "where": self.where,
-            "est_decode_tokens_per_s": None if self.decode_tokens_per_s is None else round(self.decode_tokens_per_s, 2),
-            "speed_basis": self.speed_basis,
-            "est_prefill_tokens_per_s": _rounded(self.plan.headline.prefill_tokens_per_s) if self.plan else None,
-            "bound_decode_tokens_per_s": _rounded(self.plan.headline.bound_decode_tokens_per_s) if self.plan else _rounded(self.decode_tokens_per_s),
-            "quality": self.quality.to_json() if self.quality else None,
-            "method": "estimator" if self.plan else "rule-of-thumb",
-            "ollama_tag": entry.ollama,
-            "gguf_repo": entry.gguf_repo,
-            "pull": f"hf://{entry.gguf_repo} --quant {entry.quant}" if entry.gguf_repo else None,
-            "note": self.note or None,
-            "facts_date": entry.facts_date,
-            "source": entry.source,
-            "plan": plan,
-        }
-
-
-@dataclass(frozen=True)
-class CatalogRecommendation:
-    """Every catalog entry planned and ranked for one machine, best first."""
-
-    hardware: Hardware
-    budget: Budget
-    ctx: int
-    parallel: int
-    min_tokens_per_s: float
-    purpose: str
-    candidates: tuple[Candidate, ...]
-    frontier: tuple[FrontierVerdict, ...]
-    notes: tuple[str, ...] = ()
-    prefer: str = "balanced"
-
-    @property
-    def best(self) -> Candidate | None:
-        return next((c for c in self.candidates if c.status == "best"), None)
-
-    @property
-    def smaller(self) -> Candidate | None:
-        """The largest eligible entry smaller than the best (a faster alternative)."""
-        best = self.best
-        return next((c for c in self.candidates if best and c.status in ("fits", "tight") and c.size_params < best.size_params), None)
-
-    @property
-    def larger(self) -> Candidate | None:
-        """The smallest entry larger than the best, with why it lost."""
-        best = self.best
-        larger = [c for c in self.candidates if best is None or c.size_params > best.size_params]
-        return min(larger, key=lambda c: (c.size_params, -c.bits_per_weight)) if larger else None
-
-    def to_json(self) -> dict[str, object]:
-        """The documented ``check --json`` object (no SOURCE): today's fields, plus every
-        candidate with its status and reason, and the best one's per-device plan."""
-        best = self.best
-        return {
-            "method": "estimator",
-            "hardware": self.hardware.to_json(),
-            "budget": self.budget.to_json(),
-            "ctx": self.ctx,
-            "parallel": self.parallel,
-            "purpose": self.purpose,
-            "prefer": self.prefer,
-            "min_tokens_per_s": self.min_tokens_per_s,
-            "recommendation": best.to_json() if best else None,
-            "alternatives": [{"role": role, **c.to_json()} for role, c in (("smaller", self.smaller), ("larger", self.larger)) if c is not None],
-            "candidates": [{**c.to_json(), "plan": None} for c in self.candidates],
-            "frontier": [verdict.to_json() for verdict in self.frontier],
-            "notes": list(self.notes),
-        }
-
-
-def dense_equivalent_params(total: int, active: int) -> float:
-    """A mixture of experts sized as a dense model: √(total × active) parameters (the common
-    rule of thumb for what such a model knows); a dense model's own count."""
-    return math.sqrt(total * active) if 0 < active < total else float(total)
-
-
 def recommend_catalog(
     entries: Sequence[ModelEntry],
-    headers: Mapping[str, Sequence[GGUFHeader]],
+    models: Mapping[str, tuple[ModelSpec, ModelSummary]],
     hardware: Hardware,
     machine: Machine,
     host: HostDefaults,
@@ -228,30 +96,59 @@ def recommend_catalog(
     quant_losses: Mapping[str, QuantLoss] | None = None,
     prefer: str = "balanced",
 ) -> CatalogRecommendation:
-    """Plan every entry (``headers`` by entry key; an entry without is planned by the rule of
-    thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring) by
+    """Plan every entry (``models``: the spec and summary of its header, by entry key; an entry
+    without is planned by the rule of thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring) by
     ``quality`` (model → task → score) less ``quant_losses`` (by upper-case type), weighed
     against speed as ``prefer`` (:data:`PREFERENCES`) says."""
     request = request or RunRequest()
     budget = memory_budget(hardware, host)
+
+    on_this_machine = partial(
+        check_model,
+        machine=machine,
+        ctx=ctx,
+        parallel=parallel,
+        request=request,
+        host_speed=host_speed,
+        gpu_speed=gpu_speed,
+        template=_PUBLISHED_TEMPLATE,
+        host_is_here=not hardware.ram_overridden,
+    )
+
+    def plan(entry: ModelEntry, detail: bool) -> SourceCheck:
+        path = f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>"
+        return _loaded(on_this_machine(entry.key, *models[entry.key], model_path=path, detail=detail))
+
     planned = []
     for entry in entries:
         if entry.frontier:
             continue
-        if entry.key in headers:
-            check = check_source(
-                entry.key, list(headers[entry.key]), machine, ctx=ctx, parallel=parallel, request=request,
-                host_speed=host_speed, gpu_speed=gpu_speed, model_path=f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>",
-                template=_PUBLISHED_TEMPLATE, host_is_here=not hardware.ram_overridden,
-            )  # fmt: skip
-            candidate = _from_plan(entry, check, min_tokens_per_s, purpose, tight_fraction)
+        if entry.key in models:
+            candidate = _from_plan(entry, plan(entry, False), min_tokens_per_s, purpose, tight_fraction)
         else:
             candidate = _from_rule(entry, fit_entry(entry, budget, host, ctx=ctx, parallel=parallel), min_tokens_per_s, purpose)
         scores = (quality or {}).get(entry.family, {})
         planned.append(replace(candidate, quality=entry_quality(scores.get(purpose), entry.quant, quant_losses or {})))
     ranked = _rank(planned, PREFERENCES[prefer], purpose)
     frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
-    return CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, _quality_notes(ranked, purpose), prefer)
+    recommendation = CatalogRecommendation(
+        hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, _quality_notes(ranked, purpose), prefer
+    )
+    return _with_detail(recommendation, lambda entry: plan(entry, True))
+
+
+def _with_detail(recommendation: CatalogRecommendation, plan: Callable[[ModelEntry], SourceCheck]) -> CatalogRecommendation:
+    """The plans that are shown — the best, the smaller and larger alternatives, and the first
+    row (the closest, when nothing fits) — planned again with every detail."""
+    first = recommendation.candidates[0] if recommendation.candidates else None
+    shown = {id(c) for c in (recommendation.best, recommendation.smaller, recommendation.larger, first) if c is not None}
+    candidates = tuple(replace(c, plan=plan(c.entry)) if id(c) in shown and c.plan is not None else c for c in recommendation.candidates)
+    return replace(recommendation, candidates=candidates)
+
+
+def _loaded(check: SourceCheck) -> SourceCheck:
+    """``check`` with its command loading the file the way it fits (:func:`load_note`)."""
+    return replace(check, command=[*check.command, "--load-mode", "none"]) if load_note(check) else check
 
 
 def _quality_notes(ranked: Sequence[Candidate], purpose: str) -> tuple[str, ...]:
@@ -267,10 +164,6 @@ def _quality_notes(ranked: Sequence[Candidate], purpose: str) -> tuple[str, ...]
     if unmeasured:
         notes.append(f"no measured quantisation loss for {', '.join(unmeasured)}: scored as lossless")
     return tuple(notes)
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 def _speed(check: SourceCheck) -> tuple[float | None, str]:
@@ -294,9 +187,7 @@ def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose:
         reason = f"no room: needs {format_bytes(limiting.total_needed_bytes)} on {limiting.name}, {format_bytes(free)} free"
     elif status == "no room":
         reason = f"no room: {check.reason}"
-    note = load_note(check)
-    if note:  # the printed command loads it the way it fits
-        check = replace(check, command=[*check.command, "--load-mode", "none"])
+    note = load_note(check)  # the command already loads it the way it fits (_loaded)
     total = sum(d.total_needed_bytes for d in devices) if devices else None
     return Candidate(entry, check, None, status, reason, speed, basis, needed, free, where_text(check), check.params, bits, note, total)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..catalog import HostDefaults
 from ..engines.flags import planned_command
@@ -17,12 +18,12 @@ from ..fit.estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_cont
 from ..fit.headline import HeadlineSpeed, headline_speed
 from ..fit.host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
 from ..fit.model import ModelSpec, model_spec
-from ..fit.speed import DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
+from ..fit.speed import TTFT_PROMPTS, DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
 from ..fit.split import split_ratio
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from ..hardware.types import Hardware
 
-__all__ = ["SourceCheck", "CacheSuggestion", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
+__all__ = ["SourceCheck", "CacheSuggestion", "check_model", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
 
 
 @dataclass(frozen=True)
@@ -274,9 +275,16 @@ def default_template(summary: ModelSummary) -> TemplateChoice:
     return choose_template(summary.chat_template, summary.architecture, tokenizer_model=summary.tokenizer_model, tokenizer_pre=summary.tokenizer_pre)
 
 
-def check_source(
+def check_source(source: str, headers: list[GGUFHeader], machine: Machine, **options: Any) -> SourceCheck:
+    """Plan ``source`` from its header(s) on ``machine`` (:func:`check_model`, whose keyword
+    arguments ``options`` are)."""
+    return check_model(source, model_spec(headers), summarize(headers), machine, **options)
+
+
+def check_model(
     source: str,
-    headers: list[GGUFHeader],
+    spec: ModelSpec,
+    summary: ModelSummary,
     machine: Machine,
     *,
     ctx: int | None,
@@ -287,26 +295,16 @@ def check_source(
     gpu_speed: DeviceSpeed | None = None,
     model_path: str | None = None,
     host_is_here: bool = True,
+    detail: bool = True,
 ) -> SourceCheck:
-    """Plan ``source`` on ``machine``: honour what the user set, solve for ``max``; serve with ``template`` (None: :func:`default_template`);
-    price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no ``--ram``) and ``gpu_speed``. The command names
-    ``model_path`` (default: ``source``, or a placeholder for a remote one). ``ctx`` is tokens per slot (None: the most that fit)."""
-    spec, summary = _checked_pair(model_spec(headers), request), summarize(headers)
+    """Plan ``source`` (``spec`` and ``summary`` of its header) on ``machine``: honour what the user set, solve for ``max``; serve with
+    ``template`` (None: :func:`default_template`); price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no
+    ``--ram``) and ``gpu_speed``. The command names ``model_path`` (default: ``source``, or a placeholder for a remote one). ``ctx`` is
+    tokens per slot (None: the most that fit). Without ``detail`` the plan leaves out what only a shown plan prints: the times to first
+    token and the q8_0 cache suggestion (a ranking of the catalog plans every entry, and shows a few)."""
+    spec = _checked_pair(spec, request)
     base, reason = _base_request(request, ctx, parallel)
-
-    def planner(target: Machine) -> Callable[[RunRequest], RunEstimate | None]:
-        return lambda r: _solve(spec, r, target, ctx, parallel)
-
-    plan = planner(machine)
-    estimate = plan(base)
-    host_only = False
-    if (estimate is None or not estimate.fits) and machine.gpu_name is not None and not request.ngl:
-        # A GPU too small even for its compute buffer and runtime: run on the CPU alone
-        # (llama-server's -dev none), rather than call a model that fits in RAM unfit.
-        cpu_machine = _without_gpu(machine)
-        fallback = planner(cpu_machine)(base)
-        if fallback is not None and fallback.fits:
-            estimate, plan, machine, host_only = fallback, planner(cpu_machine), cpu_machine, True
+    estimate, plan, machine, host_only = _plan_here(spec, base, machine, ctx, parallel, keep_gpu=bool(request.ngl))
     template = template or default_template(summary)
     model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
     memory = _host_memory(spec, estimate, machine)
@@ -322,8 +320,8 @@ def check_source(
         reason=None if estimate is not None and estimate.fits else reason,
         command=command,
         ollama=ollama_settings(estimate) if estimate else None,
-        speed=decode_speed(estimate, machine, _calibrated(spec, estimate, machine, host_speed, gpu_speed)) if estimate else None,
-        suggestion=_cache_suggestion(estimate, plan) if estimate else None,
+        speed=decode_speed(estimate, machine, _calibrated(spec, estimate, machine, host_speed, gpu_speed, first_tokens=detail)) if estimate else None,
+        suggestion=_cache_suggestion(estimate, plan) if estimate and detail else None,
         host_only=host_only,
         chat_template=summary.chat_template,
         template=template,
@@ -334,6 +332,29 @@ def check_source(
         n_ctx_train=spec.n_ctx_train,
         host_is_here=host_is_here,
     )
+
+
+_Planner = Callable[[RunRequest], RunEstimate | None]
+
+
+def _plan_here(
+    spec: ModelSpec, base: RunRequest, machine: Machine, ctx: int | None, parallel: int | str | None, *, keep_gpu: bool
+) -> tuple[RunEstimate | None, _Planner, Machine, bool]:
+    """The plan of ``base`` on ``machine``, the planner that made it, the machine it is for,
+    and whether that is the CPU alone: a GPU too small even for its compute buffer and runtime
+    runs the model on the CPU (llama-server's -dev none) rather than calling a model that fits in
+    RAM unfit — unless the user set the GPU layers (``keep_gpu``)."""
+
+    def planner(target: Machine) -> _Planner:
+        return lambda r: _solve(spec, r, target, ctx, parallel)
+
+    estimate = planner(machine)(base)
+    if (estimate is None or not estimate.fits) and machine.gpu_name is not None and not keep_gpu:
+        cpu_machine = _without_gpu(machine)
+        fallback = planner(cpu_machine)(base)
+        if fallback is not None and fallback.fits:
+            return fallback, planner(cpu_machine), cpu_machine, True
+    return estimate, planner(machine), machine, False
 
 
 def _solve(spec: ModelSpec, request: RunRequest, machine: Machine, ctx: int | None, parallel: int | str | None) -> RunEstimate | None:
@@ -358,15 +379,17 @@ def _checked_pair(spec: ModelSpec, request: RunRequest) -> ModelSpec:
     return spec
 
 
-def _calibrated(spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> SpeedEstimate | None:
-    """The speed from the devices' figures; a host not calibrated is priced at its memory
-    bandwidth (``bound``) where a GPU's figures carry the rest. None: no figures at all."""
+def _calibrated(
+    spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, *, first_tokens: bool = True
+) -> SpeedEstimate | None:
+    """The speed from the devices' figures (with the times to first token when ``first_tokens``); a host not calibrated is priced at
+    its memory bandwidth (``bound``) where a GPU's figures carry the rest. None: no figures at all."""
     if host is None:
         if gpu is None or not estimate.layers_offloaded:
             return None
         note = f"{machine.host_bandwidth / 1e9:,.0f} GB/s memory bandwidth (not calibrated)"
         host = bound_speed("host CPU", machine.host_bandwidth, note)
-    return estimate_speed(spec, estimate, host, gpu, max_tensor_bytes=machine.max_tensor_bytes)
+    return estimate_speed(spec, estimate, host, gpu, max_tensor_bytes=machine.max_tensor_bytes, prompts=TTFT_PROMPTS if first_tokens else ())
 
 
 def _host_memory(spec: ModelSpec, estimate: RunEstimate | None, machine: Machine) -> tuple[HostMemory, ...]:

@@ -9,7 +9,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from ..gateway.config import GatewayConfig
-from ..plan.recommend import CatalogRecommendation
+from ..plan.candidates import CatalogRecommendation
 from .fits import FitsScreen
 from .planning import Planning
 

@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Footer, Input, ProgressBar, Static
 
 from ..errors import TierlocalError
 from ..hardware.types import Hardware
-from ..plan.recommend import CatalogRecommendation
+from ..plan.candidates import CatalogRecommendation
 from ..units import format_bytes
 from .machine_dialog import MachineDialog
 from .plan_panel import STATUS_STYLES, plan_renderable

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..catalog import load_models
 from ..hardware.types import Hardware
-from ..plan.recommend import CatalogRecommendation
+from ..plan.candidates import CatalogRecommendation
 from ..recommendation import catalog_recommendation
 
 __all__ = ["Planning", "plan_catalog", "machine_label"]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..fit.estimate import DeviceUsage
-from ..plan.recommend import Candidate, CatalogRecommendation
+from ..plan.candidates import Candidate, CatalogRecommendation
 
 __all__ = ["FitsRow", "SORTS", "FIT_FILTERS", "rows_of", "visible_rows", "BarPart", "device_bar", "next_quant"]
 
