@@ -253,7 +253,9 @@ def recipes_dir() -> Path:
     raise CatalogError("the recipes/ data is missing from this installation", hint="reinstall tierlocal")
 
 
+@cache
 def _load(name: str) -> dict[str, object]:
+    """recipes/NAME parsed, once per process (several loaders read gpus.toml; none changes it)."""
     path = recipes_dir() / name
     try:
         with path.open("rb") as handle:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import astuple, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from ..gguf.chat_template import ChatTemplateInfo
 from ..gguf.summary import ModelSummary, QuantShare
@@ -58,24 +58,27 @@ def spec_digest(spec: ModelSpec, summary: ModelSummary) -> dict[str, Any]:
     }
 
 
-def spec_from_digest(data: Mapping[str, Any]) -> tuple[ModelSpec, ModelSummary]:
-    """The spec and summary :func:`spec_digest` kept, its tables restored.
+def spec_from_digest(data: Mapping[str, Any], shared: dict[int, tuple[Any, Any]] | None = None) -> tuple[ModelSpec, ModelSummary]:
+    """The spec and summary :func:`spec_digest` kept, its tables restored. ``shared`` keeps what
+    was made of plain values that several digests of one file hold as one object (every layer's
+    repack classes, most often): pass the same dict for every digest read from one file.
 
     Raises:
         ValueError: not a digest of this version (the caller plans from the header instead).
     """
     if data.get("version") != DIGEST_VERSION:
         raise ValueError(f"not a version {DIGEST_VERSION} planning digest")
+    memo = {} if shared is None else shared
     try:
         spec = ModelSpec(**data["spec"], tensors=TENSORS_NOT_KEPT)
         groups, ffn_width = data["matrix_groups"]
         spec.plan_cache.update(
             {
-                "placement_groups": {None: tuple(_placement_group(group) for group in data["placement_groups"])},
-                "speed_groups": {None: (tuple(MatrixGroup(*group) for group in groups), ffn_width)},
+                "placement_groups": {None: tuple(_placement_group(group, memo) for group in data["placement_groups"])},
+                "speed_groups": {None: (tuple(_record(MatrixGroup, group) for group in groups), ffn_width)},
                 "largest_copies": {None: data["largest_copies"]},
                 "token_embd_bytes": data["token_embd_bytes"],
-                "token_embd_repack": tuple(RepackClass(*cls) for cls in data["token_embd_repack"]),
+                "token_embd_repack": _repack(data["token_embd_repack"], memo),
                 "attention": dict(data["attention"]),
                 "kv_layout": dict(data["kv_layout"]),
             }
@@ -85,9 +88,25 @@ def spec_from_digest(data: Mapping[str, Any]) -> tuple[ModelSpec, ModelSummary]:
         raise ValueError(f"a damaged planning digest ({type(exc).__name__}: {exc})") from None
 
 
-def _placement_group(plain: tuple[Any, ...]) -> PlacementGroup:
-    layer, expert, binds, n_bytes, read_bytes, spans, repack = plain
-    return PlacementGroup(layer, expert, binds, n_bytes, read_bytes, spans, tuple(RepackClass(*cls) for cls in repack))
+_Record = TypeVar("_Record", PlacementGroup, MatrixGroup, RepackClass)
+
+
+def _record(kind: type[_Record], plain: tuple[Any, ...]) -> _Record:
+    """``plain`` as the named tuple ``kind``, made directly (a catalog restores some 30,000)."""
+    if type(plain) is not tuple or len(plain) != len(kind._fields):
+        raise ValueError(f"a {kind.__name__} of {len(plain)} fields")
+    return tuple.__new__(kind, plain)
+
+
+def _repack(plain: tuple[Any, ...], memo: dict[int, tuple[Any, Any]]) -> tuple[RepackClass, ...]:
+    known = memo.get(id(plain))
+    if known is None or known[0] is not plain:  # an id is only as good as the object still there
+        known = memo[id(plain)] = (plain, tuple(_record(RepackClass, cls) for cls in plain))
+    return known[1]
+
+
+def _placement_group(plain: tuple[Any, ...], memo: dict[int, tuple[Any, Any]]) -> PlacementGroup:
+    return _record(PlacementGroup, (*plain[:-1], _repack(plain[-1], memo)))
 
 
 def _summary_plain(summary: ModelSummary) -> dict[str, Any]:

@@ -314,8 +314,11 @@ def plan_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstim
 
 
 def _largest_ngl(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
+    whole = estimate_run(spec, replace(request, ngl=spec.n_layer + 1), machine)
+    if _gpu_fits(whole, machine):  # every layer fits: nothing to search
+        return whole
     best = estimate_run(spec, replace(request, ngl=0), machine)
-    low, high = 1, spec.n_layer + 1
+    low, high = 1, spec.n_layer
     while low <= high:  # memory grows with -ngl on the GPU: binary search the largest that fits
         middle = (low + high) // 2
         candidate = estimate_run(spec, replace(request, ngl=middle), machine)

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .estimate import Machine, RunEstimate
-from .memory import gpu_layers, weights_split
+from .memory import WeightsSplit, gpu_layers, weights_split
 from .model import ModelSpec
 from .placement import RepackClass, repack_classes
 
@@ -145,9 +145,10 @@ def host_memory(spec: ModelSpec, estimate: RunEstimate, machine: Machine, load_m
     """The host's share of ``estimate`` for ``load_mode`` (``mmap``, ``none``: read into
     anonymous memory, ``mlock``: read and pinned), on a CPU with ``machine.cpu_features``."""
     request = estimate.request
-    split = weights_split(spec, request.ngl or 0, n_cpu_moe=request.n_cpu_moe or 0, max_tensor_bytes=machine.max_tensor_bytes)
+    ngl, n_cpu_moe = request.ngl or 0, request.n_cpu_moe or 0
+    split = weights_split(spec, ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=machine.max_tensor_bytes)
     rules = repack_rules(machine.cpu_arch, machine.cpu_features)
-    repacked_in_place = repacked_bytes(split.cpu_repack, rules)  # copies of tensors the file holds once
+    repacked_in_place = _repacked_in_place(spec, split, rules, (ngl, n_cpu_moe, machine.max_tensor_bytes))  # copies of tensors the file holds once
     repack = repacked_in_place
     if spec.tied_output and not gpu_layers(spec, request.ngl or 0)[spec.n_layer]:
         # A tied output on the CPU is the token embedding loaded a second time for the output
@@ -162,3 +163,14 @@ def host_memory(spec: ModelSpec, estimate: RunEstimate, machine: Machine, load_m
         mapped, anonymous = 0, buffers + split.cpu_bytes - repacked_in_place
         locked = split.cpu_bytes - repacked_in_place if load_mode == "mlock" else 0
     return HostMemory(load_mode, mapped, anonymous, mapped + anonymous + ENGINE_FILE_BYTES, repack, engine, host.compute_bytes, locked)
+
+
+def _repacked_in_place(spec: ModelSpec, split: WeightsSplit, rules: dict[str, int], key: tuple[int, int, int | None]) -> int:
+    """:func:`repacked_bytes` of ``split``'s CPU matrices, once per split (``key``) and CPU rules:
+    each load mode of a plan asks."""
+    table = spec.plan_cache.setdefault("repacked_in_place", {})
+    rules_key = (*key, *sorted(rules.items()))
+    found = table.get(rules_key)
+    if found is None:
+        found = table[rules_key] = repacked_bytes(split.cpu_repack, rules)
+    return found

@@ -9,7 +9,9 @@ bound or not: the sets that always land together), so a split sums groups, not t
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from .model import ModelSpec, PlacedTensor
@@ -31,8 +33,12 @@ __all__ = [
 
 def gpu_layers(spec: ModelSpec, ngl: int) -> tuple[bool, ...]:
     """Which of the n_layer + 1 layers (the last is the output layer) ``-ngl ngl`` puts on the GPU."""
-    start = max(spec.n_layer + 1 - max(ngl, 0), 0)
-    return tuple(il >= start for il in range(spec.n_layer + 1))
+    table = spec.plan_cache.setdefault("gpu_layers", {})
+    found = table.get(ngl)
+    if found is None:
+        start = max(spec.n_layer + 1 - max(ngl, 0), 0)
+        found = table[ngl] = tuple(il >= start for il in range(spec.n_layer + 1))
+    return found
 
 
 #: llama.cpp's LLM_FFN_EXPS_REGEX: the expert tensors --n-cpu-moe keeps on the CPU.
@@ -52,11 +58,24 @@ class WeightsSplit:
 
     gpu_bytes: int
     cpu_bytes: int
-    cpu_mapped_bytes: int
     gpu_read_bytes: int = 0
     cpu_read_bytes: int = 0
-    #: The block matrices kept on the CPU by type and row count: what its backend may repack.
-    cpu_repack: tuple[RepackClass, ...] = ()
+    #: The placement groups kept on the CPU.
+    cpu_groups: tuple[PlacementGroup, ...] = ()
+
+    @cached_property
+    def cpu_mapped_bytes(self) -> int:
+        spans: dict[int, tuple[int, int]] = {}
+        for group in self.cpu_groups:
+            for shard, start, end in group.spans:
+                known = spans.get(shard)
+                spans[shard] = (min(start, known[0]), max(end, known[1])) if known else (start, end)
+        return sum(end - start for start, end in spans.values())
+
+    @property
+    def cpu_repack(self) -> Iterator[RepackClass]:
+        """The block matrices kept on the CPU by type and row count: what its backend may repack."""
+        return (cls for group in self.cpu_groups if group.layer >= 0 for cls in group.repack)
 
 
 class RepackClass(NamedTuple):
@@ -126,16 +145,9 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
             cpu_groups.append(group)
     if spec.tied_output and on_gpu[spec.n_layer] and (max_tensor_bytes is None or _embedding_binds(spec, max_tensor_bytes)):
         gpu += spec.token_embd_bytes
-    spans: dict[int, tuple[int, int]] = {}
-    for group in cpu_groups:
-        for shard, start, end in group.spans:
-            known = spans.get(shard)
-            spans[shard] = (min(start, known[0]), max(end, known[1])) if known else (start, end)
-    mapped = sum(end - start for start, end in spans.values())
     # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
     cpu_read = sum(group.read_bytes for group in cpu_groups if group.layer >= 0)
-    repack = tuple(cls for group in cpu_groups if group.layer >= 0 for cls in group.repack)
-    split = WeightsSplit(gpu, sum(group.n_bytes for group in cpu_groups), mapped, round(gpu_read), round(cpu_read), repack)
+    split = WeightsSplit(gpu, sum(group.n_bytes for group in cpu_groups), round(gpu_read), round(cpu_read), tuple(cpu_groups))
     cache[key] = split
     return split
 
