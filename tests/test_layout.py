@@ -218,6 +218,7 @@ LAYERS = [
     "errors",
     "units",
     "constants",
+    "cache_file",
     "published",
     "gguf",
     "catalog",

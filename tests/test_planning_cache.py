@@ -5,6 +5,7 @@ header at all. Real compact headers from recipes/ (llama-quantize's own layouts)
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import marshal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tierlocal import planning_cache
+from tierlocal import cache_file, planning_cache
 from tierlocal.catalog import load_entry_headers, load_host_defaults, load_models
 from tierlocal.cli.common import machine
 from tierlocal.fit.digest import spec_digest, spec_from_digest
@@ -81,7 +82,7 @@ def test_a_digest_of_another_layout_is_refused() -> None:
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty cache directory, and this process's copies of the cache forgotten."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(planning_cache, "_sections", None)
+    monkeypatch.setattr(cache_file, "_sections", None)
     monkeypatch.setattr(planning_cache, "_restored", {})
     return tmp_path / "tierlocal" / "planning"
 
@@ -89,11 +90,11 @@ def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_cache_file_is_written_read_back_and_mended(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entries = _entries()
     first = planning_cache.catalog_models(entries)
-    path = planning_cache.cache_path()
+    path = cache_file.cache_path()
     assert path.parent == fresh_cache and path.is_file()
-    assert set(marshal.loads(path.read_bytes())["models"]) == {entry.header_file for entry in entries}
+    assert set(marshal.loads(path.read_bytes())[planning_cache._SECTION]) == {entry.header_file for entry in entries}
     with monkeypatch.context() as patched:  # a new process, its copies forgotten: every entry from the file, no header read
-        patched.setattr(planning_cache, "_sections", None)
+        patched.setattr(cache_file, "_sections", None)
         patched.setattr(planning_cache, "_restored", {})
         patched.setattr(planning_cache, "load_entry_headers", _no_header)
         again = planning_cache.catalog_models(entries)
@@ -101,10 +102,10 @@ def test_the_cache_file_is_written_read_back_and_mended(fresh_cache: Path, monke
     # A damaged file is read as empty and written anew; a file of another fingerprint is removed.
     path.write_bytes(b"\x00not marshal")
     (fresh_cache / "stale.marshal").write_bytes(b"old")
-    monkeypatch.setattr(planning_cache, "_sections", None)
+    monkeypatch.setattr(cache_file, "_sections", None)
     monkeypatch.setattr(planning_cache, "_restored", {})
     assert set(planning_cache.catalog_models(entries)) == set(first)
-    assert set(marshal.loads(path.read_bytes())["models"]) == {entry.header_file for entry in entries}
+    assert set(marshal.loads(path.read_bytes())[planning_cache._SECTION]) == {entry.header_file for entry in entries}
     assert sorted(p.name for p in fresh_cache.iterdir()) == [path.name]
 
 
@@ -136,3 +137,25 @@ def test_a_warm_check_reads_no_header(tmp_path: Path) -> None:
 
 def _no_header(entry: object) -> None:
     raise AssertionError(f"a header was read for {entry}")
+
+
+def test_a_cached_value_is_kept_once_built_and_built_again_when_it_cannot_be(fresh_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[str] = []
+
+    def build(value: object) -> object:
+        builds.append(str(value))
+        return value
+
+    assert cache_file.cached("plain", lambda: build((1, 2.5, "x"))) == (1, 2.5, "x")
+    date = datetime.date(2026, 12, 4)  # what a TOML date parses to: kept in memory only
+    assert cache_file.cached("unmarshallable", lambda: build({"date": date})) == {"date": date}
+    cache_file.save()
+    monkeypatch.setattr(cache_file, "_sections", None)  # a new process reads the file
+    assert cache_file.cached("plain", lambda: build("again")) == (1, 2.5, "x")
+    assert cache_file.cached("unmarshallable", lambda: build("built again")) == "built again"
+
+    def refuse(plain: object) -> object:
+        raise ValueError("not this form")
+
+    assert cache_file.cached("plain", lambda: build("rebuilt"), load=refuse) == "rebuilt"
+    assert builds == ["(1, 2.5, 'x')", "{'date': datetime.date(2026, 12, 4)}", "built again", "rebuilt"]

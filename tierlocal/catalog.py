@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from .cache_file import cached
 from .errors import CatalogError
 from .gguf.compact import from_compact
 from .gguf.parse import GGUFHeader
@@ -255,7 +256,12 @@ def recipes_dir() -> Path:
 
 @cache
 def _load(name: str) -> dict[str, object]:
-    """recipes/NAME parsed, once per process (several loaders read gpus.toml; none changes it)."""
+    """recipes/NAME parsed, once per process (several loaders read gpus.toml; none changes it)
+    and kept in the cache file between runs (:mod:`tierlocal.cache_file`)."""
+    return cached(f"recipes/{name}", lambda: _parse(name))
+
+
+def _parse(name: str) -> dict[str, object]:
     path = recipes_dir() / name
     try:
         with path.open("rb") as handle:

@@ -9,11 +9,11 @@ from dataclasses import astuple, replace
 from functools import cache
 from typing import Any
 
+from .cache_file import cached
 from .catalog import find_gpu, gpu_cards, gpu_named_in, load_gpus, load_published_rows
 from .fit.device_speed import DeviceSpeed
 from .fit.estimate import Machine
 from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
-from .planning_cache import cached
 
 __all__ = ["gpu_fits", "gpu_speed_for", "machine_gpu_speed", "typical_gpu_speed"]
 

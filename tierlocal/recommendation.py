@@ -15,6 +15,7 @@ from dataclasses import astuple, replace
 from functools import cache
 from typing import Any, TypeVar, cast
 
+from .cache_file import cached
 from .catalog import ModelEntry, find_frontier, load_gpus, load_host_defaults, load_quality
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
@@ -28,7 +29,7 @@ from .plan.quality import ModelQuality, fit_quality
 from .plan.recommend import recommend_catalog
 from .plan.single_machine import SingleMachinePlan, single_machine_plan
 from .plan.source import machine_for
-from .planning_cache import cached, catalog_models
+from .planning_cache import catalog_models
 from .published import QualityFigure, QuantLoss
 
 __all__ = ["catalog_recommendation", "catalog_quality", "engine_version"]
