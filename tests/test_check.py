@@ -14,10 +14,12 @@ import pytest
 from tests.support.catalog_headers import header_path
 from tests.support.cli import run_cli
 from tests.support.compact_file import write_compact_as_gguf
-from tierlocal.catalog import find_model
+from tierlocal.catalog import find_model, load_host_defaults
 from tierlocal.hardware.detect import detect
 from tierlocal.hardware.override import with_gpu_override, with_ram_override
+from tierlocal.plan.source import machine_for
 from tierlocal.recommendation import catalog_recommendation
+from tierlocal.serve.run import ServeOptions, plan_for
 
 _GIB = 1024**3
 _STATUSES = {"best", "fits", "tight", "too slow", "no room", "not for long-context"}
@@ -291,3 +293,22 @@ def test_ctx_is_tokens_per_slot_for_a_file_a_catalog_name_and_serve_alike(tmp_pa
     assert same_file["kv_bytes"] == sum(device["kv_bytes"] for device in as_file["devices"])  # the same cache, planned either way
     unified = _check(str(model), "--ctx", "4096", "--parallel", "auto", *machine)["request"]
     assert (unified["ctx"], unified["kv_unified"]) == (4096, True)  # auto's 4 slots share one cache of --ctx
+
+
+def test_without_ctx_a_model_is_planned_at_most_at_its_trained_context(tmp_path: Path) -> None:
+    """OLMo 2 was trained on 4,096 tokens: without --ctx, `check NAME`, `check FILE` and serve's
+    plan give each slot 4,096 (not the default 8,192 past its training); an explicit --ctx 8192
+    is planned as asked and said to be beyond training. A model trained longer keeps 8,192."""
+    machine = ("--gpu", "24GiB", "--ram", "64GiB")
+    by_name = _check("olmo-2-7b", *machine)
+    assert {c["ctx"] for c in by_name["candidates"]} == {4096}
+    model = write_compact_as_gguf(json.loads(header_path("olmo-2-7b", "Q4_K_M").read_text()), tmp_path / "olmo-2-7b-Q4_K_M.gguf")
+    as_file = _check(str(model), *machine)
+    assert (as_file["request"]["ctx_per_slot"], as_file["context_note"]) == (4096, None)
+    asked = _check(str(model), "--ctx", "8192", *machine)
+    assert asked["request"]["ctx_per_slot"] == 8192 and "4,096" in asked["context_note"]
+    hardware = with_ram_override(with_gpu_override(detect(), ["24GiB"]), "64GiB", None)
+    served = plan_for(ServeOptions(model), machine_for(hardware, load_host_defaults()))
+    assert served.estimate is not None and served.estimate.params.n_ctx_seq == 4096
+    longer = _check("qwen3-0.6b", *machine)
+    assert {c["ctx"] for c in longer["candidates"]} == {8192}

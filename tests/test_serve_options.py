@@ -63,6 +63,7 @@ def test_a_units_command_line_keeps_what_differs_from_the_defaults(tmp_path: Pat
         "--chat-template", str(template), "--cache-type-k", "q8_0", "--flash-attn", "off", "--ubatch", "1024",
     ]  # fmt: skip
     assert "--ngl" not in serve_argv(ServeOptions(Path("m.gguf")))  # auto: planned where it runs
+    assert "--ctx" not in serve_argv(ServeOptions(Path("m.gguf")))  # not given: the default, up to the model's training, where it runs
 
 
 def test_a_missing_llama_server_says_where_it_looked_and_how_to_build_one(tmp_path: Path) -> None:

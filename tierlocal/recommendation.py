@@ -122,8 +122,10 @@ def catalog_recommendation(
     purpose: str = "chat",
     request: RunRequest | None = None,
     prefer: str = "balanced",
+    ctx_up_to_training: bool = False,
 ) -> CatalogRecommendation:
-    """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots.
+    """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots
+    (at most each model's trained context with ``ctx_up_to_training``: no --ctx given).
 
     This CPU's calibration prices the host's part only when the host is this machine (no
     ``--ram``): another machine's CPU was never timed here.
@@ -141,7 +143,7 @@ def catalog_recommendation(
     recommendation = recommend_catalog(
         entries, models, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
         request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=machine_gpu_speed(machine),
-        quality=_quality()[0], quant_losses=_quality()[1], prefer=prefer,
+        quality=_quality()[0], quant_losses=_quality()[1], prefer=prefer, ctx_up_to_training=ctx_up_to_training,
     )  # fmt: skip
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
     return replace(recommendation, frontier=frontier)

@@ -21,12 +21,13 @@ __all__ = ["catalog_choice", "resolve_model"]
 
 
 def resolve_model(
-    source: str, *, pull: bool, say: Callable[[str], None], hardware: Hardware | None = None, ctx: int = constants.DEFAULT_CTX, pull_option: bool = True
+    source: str, *, pull: bool, say: Callable[[str], None], hardware: Hardware | None = None, ctx: int | None = None, pull_option: bool = True
 ) -> Path:
     """A local GGUF path for SOURCE: the path itself, an ollama:// tag's blob in Ollama's store,
     or an hf:// / catalog model from the hub cache (downloaded first when ``pull``). A catalog
     name is taken at the quantisation the recommendation picks for ``hardware`` (None: this
-    machine) at ``ctx`` tokens. ``pull_option``: the command has ``--pull`` (the hint names it).
+    machine) at ``ctx`` tokens per slot (None: the default, up to each model's trained context).
+    ``pull_option``: the command has ``--pull`` (the hint names it).
 
     Raises:
         UsageError: an unknown name, a malformed source, or a model not downloaded yet.
@@ -59,9 +60,10 @@ def resolve_model(
     return plan.files[0].final_path
 
 
-def catalog_choice(source: str | None, hardware: Hardware, ctx: int) -> tuple[str, str, str]:
+def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None) -> tuple[str, str, str]:
     """(``hf://`` repo, quantisation, why) for a catalog name, or for what the recommendation
-    picks for ``hardware`` at ``ctx`` tokens of context when ``source`` is None — the answer
+    picks for ``hardware`` at ``ctx`` tokens of context (None: the default, up to each model's
+    trained context) when ``source`` is None — the answer
     `tierlocal check` gives (:func:`tierlocal.recommendation.catalog_recommendation`).
 
     Raises:
@@ -80,7 +82,10 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int) -> tuple[st
             )
     else:
         entries = [entry for entry in load_models() if entry.gguf_repo]
-    recommendation = catalog_recommendation(entries, hardware, ctx=ctx, parallel=1, min_tokens_per_s=constants.DEFAULT_MIN_TOKENS_PER_S)
+    tokens = ctx or constants.DEFAULT_CTX
+    recommendation = catalog_recommendation(
+        entries, hardware, ctx=tokens, parallel=1, min_tokens_per_s=constants.DEFAULT_MIN_TOKENS_PER_S, ctx_up_to_training=ctx is None
+    )
     best = recommendation.best
     if best is None:
         if source is not None:
@@ -94,5 +99,5 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int) -> tuple[st
     entry = best.entry
     speed = f", ~{best.decode_tokens_per_s:.0f} tok/s" if best.decode_tokens_per_s else ""
     needs = f"needs {format_bytes(best.needed_bytes)} of {format_bytes(best.free_bytes)}" if best.needed_bytes is not None else "fits"
-    reason = f"{entry.family} {entry.quant}: recommended for this machine at {ctx:,} tokens of context — {needs}{speed}, {best.reason} (`tierlocal check` shows the arithmetic)"
+    reason = f"{entry.family} {entry.quant}: recommended for this machine at {tokens:,} tokens of context — {needs}{speed}, {best.reason} (`tierlocal check` shows the arithmetic)"
     return f"hf://{entry.gguf_repo}", entry.quant, reason

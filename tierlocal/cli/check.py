@@ -35,8 +35,7 @@ __all__ = ["check", "render_source_check"]
 @gpu_option
 @click.option(
     "--ctx",
-    default=str(constants.DEFAULT_CTX),
-    show_default=True,
+    show_default=f"{constants.DEFAULT_CTX}, or the model's trained context if shorter",
     help="Context tokens per slot (llama-server's -c is that × --parallel), or 'max' with SOURCE.",
 )
 @click.option(
@@ -79,7 +78,7 @@ __all__ = ["check", "render_source_check"]
 def check(
     source: str | None,
     gpus: tuple[str, ...],
-    ctx: str,
+    ctx: str | None,
     parallel: str,
     ngl: int | None,
     n_cpu_moe: int | None,
@@ -140,7 +139,7 @@ def check(
 def _check_catalog(
     source: str | None,
     hardware: Hardware,
-    ctx: str,
+    ctx: str | None,
     parallel: str,
     request: RunRequest,
     *,
@@ -152,13 +151,20 @@ def _check_catalog(
 ) -> None:
     """The catalog recommendation (every entry, or a catalog name's quantisations), ranked."""
     entries = find_model(source) if source is not None else list(load_models())
-    if not ctx.isdigit() or not parallel.isdigit():
+    if (ctx is not None and not ctx.isdigit()) or not parallel.isdigit():
         raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
-    tokens = parse_ctx(ctx) or constants.DEFAULT_CTX
-    if purpose == "long-context" and click.get_current_context().get_parameter_source("ctx") == click.core.ParameterSource.DEFAULT:
-        tokens = constants.LONG_CONTEXT_CTX
+    tokens = parse_ctx(ctx) if ctx is not None else constants.LONG_CONTEXT_CTX if purpose == "long-context" else constants.DEFAULT_CTX
+    assert tokens is not None  # 'max' is refused above
     recommendation = catalog_recommendation(
-        entries, hardware, ctx=tokens, parallel=int(parallel), min_tokens_per_s=min_speed, purpose=purpose, request=request, prefer=prefer
+        entries,
+        hardware,
+        ctx=tokens,
+        parallel=int(parallel),
+        min_tokens_per_s=min_speed,
+        purpose=purpose,
+        request=request,
+        prefer=prefer,
+        ctx_up_to_training=ctx is None,
     )
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
     shown = recommendation.best or (recommendation.candidates[0] if source is not None and recommendation.candidates else None)
@@ -170,7 +176,7 @@ def _check_catalog(
         render_catalog_recommendation(recommendation, show_all=show_all, render_plan=render_source_check, closest=shown)
 
 
-def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, request: RunRequest) -> SourceCheck:
+def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel: str, request: RunRequest) -> SourceCheck:
     from ..fetch.sources import read_headers  # the hub's client loads only when a file is read (~0.15 s)
 
     if "/" not in source and not source.endswith(".gguf"):
@@ -181,8 +187,9 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str, parallel: str, 
     # This CPU's calibration prices the host only when the host is this machine (no --ram).
     host_speed = load_calibration(calibration_key(version)) if version and not hardware.ram_overridden else None
     result = check_source(
-        source, read_headers(source), machine_, ctx=parse_ctx(ctx), parallel=parse_parallel(parallel), request=request,
-        host_speed=host_speed, gpu_speed=machine_gpu_speed(machine_), host_is_here=not hardware.ram_overridden,
+        source, read_headers(source), machine_, ctx=parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX, parallel=parse_parallel(parallel),
+        request=request, host_speed=host_speed, gpu_speed=machine_gpu_speed(machine_), host_is_here=not hardware.ram_overridden,
+        up_to_training=ctx is None,
     )  # fmt: skip
     return replace(result, measured=_measured(source, result, version))
 

@@ -164,8 +164,7 @@ def serve_options(command: _F) -> _F:
             ),
             click.option(
                 "--ctx",
-                default=str(constants.DEFAULT_CTX),
-                show_default=True,
+                show_default=f"{constants.DEFAULT_CTX}, or the model's trained context if shorter",
                 help="Context tokens per slot (llama-server's -c is that × --parallel), or 'max' for the most that fit.",
             ),
             click.option(
@@ -224,7 +223,7 @@ def serve_options_from(model: Path, served: dict[str, Any], **more: Any) -> Serv
 def serve_argv(options: ServeOptions) -> list[str]:
     """The serve options back as `tierlocal serve` takes them, defaults left out (a unit's
     command line): ``--ngl`` as typed, a template file by its absolute path."""
-    args = ["--ctx", options.ctx, "--parallel", options.parallel, "--host", options.host, "--port", str(options.port)]
+    args = [*(["--ctx", options.ctx] if options.ctx is not None else []), "--parallel", options.parallel, "--host", options.host, "--port", str(options.port)]
     for gpu in options.gpus:
         args += ["--gpu", gpu]
     args += ["--ngl", ngl_text(options.ngl)] if options.ngl is not None else []  # resolved where the service starts

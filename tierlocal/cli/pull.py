@@ -45,9 +45,16 @@ def _byte_progress(enabled: bool, total: int, description: str) -> Iterator[Call
 )
 @click.option("--insecure", is_flag=True, help="ollama:// only: allow a registry over plain HTTP.")
 @gpu_option
-@click.option("--ctx", type=click.IntRange(1), default=constants.DEFAULT_CTX, show_default=True, help="Context the recommendation plans for (no SOURCE).")
+@click.option(
+    "--ctx",
+    type=click.IntRange(1),
+    show_default=f"{constants.DEFAULT_CTX}, or the model's trained context if shorter",
+    help="Context tokens per slot the recommendation plans for (no SOURCE).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: {files: [{path, bytes, sha256}], source}.")
-def pull(source: str | None, quant: str | None, directory: Path | None, keep_free: str, insecure: bool, gpus: tuple[str, ...], ctx: int, as_json: bool) -> None:
+def pull(
+    source: str | None, quant: str | None, directory: Path | None, keep_free: str, insecure: bool, gpus: tuple[str, ...], ctx: int | None, as_json: bool
+) -> None:
     """Download a model: a GGUF from Hugging Face, or an Ollama tag.
 
     \b

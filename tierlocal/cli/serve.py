@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from .. import constants
 from ..catalog import find_model
 from ..errors import TierlocalError, UsageError
 from ..resolve import resolve_model
@@ -69,7 +68,7 @@ def serve(
         raise UsageError(
             f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
         )
-    ctx_tokens = int(served["ctx"]) if str(served["ctx"]).isdigit() else constants.DEFAULT_CTX
+    ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
     hardware = machine(served["gpus"]) if find_model(source) else None  # a catalog name: planned for this machine
     model = resolve_model(source, pull=pull, say=_say, hardware=hardware, ctx=ctx_tokens)
     options = serve_options_from(

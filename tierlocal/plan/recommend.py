@@ -95,12 +95,13 @@ def recommend_catalog(
     quality: Mapping[str, Mapping[str, ModelQuality]] | None = None,
     quant_losses: Mapping[str, QuantLoss] | None = None,
     prefer: str = "balanced",
+    ctx_up_to_training: bool = False,
 ) -> CatalogRecommendation:
     """Plan every entry (``models``: the spec and summary of its header, by entry key; an entry
     without is planned by the rule of thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring) by
     ``quality`` (model → task → score) less ``quant_losses`` (by upper-case type), weighed
-    against speed as ``prefer`` (:data:`PREFERENCES`) says."""
-    request = request or RunRequest()
+    against speed as ``prefer`` (:data:`PREFERENCES`) says. With ``ctx_up_to_training`` (no --ctx
+    given) each entry is planned at most at the context its model was trained on."""
     budget = memory_budget(hardware, host)
 
     on_this_machine = partial(
@@ -108,11 +109,12 @@ def recommend_catalog(
         machine=machine,
         ctx=ctx,
         parallel=parallel,
-        request=request,
+        request=request or RunRequest(),
         host_speed=host_speed,
         gpu_speed=gpu_speed,
         template=_PUBLISHED_TEMPLATE,
         host_is_here=not hardware.ram_overridden,
+        up_to_training=ctx_up_to_training,
     )
 
     def plan(entry: ModelEntry, detail: bool) -> SourceCheck:
@@ -120,13 +122,12 @@ def recommend_catalog(
         return _loaded(on_this_machine(entry.key, *models[entry.key], model_path=path, detail=detail))
 
     planned = []
-    for entry in entries:
-        if entry.frontier:
-            continue
+    for entry in (entry for entry in entries if not entry.frontier):
         if entry.key in models:
             candidate = _from_plan(entry, plan(entry, False), min_tokens_per_s, purpose, tight_fraction)
         else:
-            candidate = _from_rule(entry, fit_entry(entry, budget, host, ctx=ctx, parallel=parallel), min_tokens_per_s, purpose)
+            fit = fit_entry(entry, budget, host, ctx=ctx, parallel=parallel, up_to_training=ctx_up_to_training)
+            candidate = _from_rule(entry, fit, min_tokens_per_s, purpose)
         scores = (quality or {}).get(entry.family, {})
         planned.append(replace(candidate, quality=entry_quality(scores.get(purpose), entry.quant, quant_losses or {})))
     ranked = _rank(planned, PREFERENCES[prefer], purpose)

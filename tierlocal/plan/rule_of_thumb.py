@@ -157,8 +157,11 @@ def memory_budget(hardware: Hardware, host: HostDefaults) -> Budget:
     )
 
 
-def fit_entry(entry: ModelEntry, budget: Budget, host: HostDefaults, *, ctx: int, parallel: int) -> CatalogFit:
-    """The rule-of-thumb memory need of ``entry`` at ``ctx`` tokens × ``parallel`` slots."""
+def fit_entry(entry: ModelEntry, budget: Budget, host: HostDefaults, *, ctx: int, parallel: int, up_to_training: bool = False) -> CatalogFit:
+    """The rule-of-thumb memory need of ``entry`` at ``ctx`` tokens × ``parallel`` slots (with
+    ``up_to_training``: at most the context the model was trained on)."""
+    if up_to_training and entry.context_length:
+        ctx = min(ctx, entry.context_length)
     kv_bytes = None
     if entry.kv_bytes_per_token is not None:
         kv_bytes = entry.kv_bytes_per_token * ctx * parallel + entry.fixed_state_bytes * parallel

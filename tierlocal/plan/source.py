@@ -296,13 +296,17 @@ def check_model(
     model_path: str | None = None,
     host_is_here: bool = True,
     detail: bool = True,
+    up_to_training: bool = False,
 ) -> SourceCheck:
     """Plan ``source`` (``spec`` and ``summary`` of its header) on ``machine``: honour what the user set, solve for ``max``; serve with
     ``template`` (None: :func:`default_template`); price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no
     ``--ram``) and ``gpu_speed``. The command names ``model_path`` (default: ``source``, or a placeholder for a remote one). ``ctx`` is
     tokens per slot (None: the most that fit). Without ``detail`` the plan leaves out what only a shown plan prints: the times to first
-    token and the q8_0 cache suggestion (a ranking of the catalog plans every entry, and shows a few)."""
+    token and the q8_0 cache suggestion (a ranking of the catalog plans every entry, and shows a few). With ``up_to_training`` (no
+    --ctx given: ``ctx`` is the default) each slot gets at most the context the model was trained on."""
     spec = _checked_pair(spec, request)
+    if up_to_training and ctx is not None and spec.n_ctx_train:
+        ctx = min(ctx, spec.n_ctx_train)
     base, reason = _base_request(request, ctx, parallel)
     estimate, plan, machine, host_only = _plan_here(spec, base, machine, ctx, parallel, keep_gpu=bool(request.ngl))
     template = template or default_template(summary)

@@ -57,15 +57,16 @@ OnReady = Callable[[dict[str, object]], None]
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """What the user asked for. ``ctx``/``parallel`` as typed (``max``/``auto`` allowed);
-    ``ollama_tag``: serve that Ollama tag as it is (its GGUF is ``model``)."""
+    """What the user asked for. ``ctx``/``parallel`` as typed (``max``/``auto`` allowed; ``ctx``
+    None: not given, the default up to the model's trained context); ``ollama_tag``: serve that
+    Ollama tag as it is (its GGUF is ``model``)."""
 
     model: Path
     engine: str = "llama-server"
     llama_server: str | None = None
     ollama_binary: str | None = None
     ollama_tag: str | None = None
-    ctx: str = str(constants.DEFAULT_CTX)
+    ctx: str | None = None
     parallel: str = "1"
     host: str = constants.DEFAULT_HOST
     port: int = constants.LLAMA_SERVER_PORT
@@ -163,7 +164,8 @@ def plan_for(
         str(options.model),
         read_headers(str(options.model)),
         machine,
-        ctx=parse_ctx(options.ctx),
+        ctx=parse_ctx(options.ctx) if options.ctx is not None else constants.DEFAULT_CTX,
+        up_to_training=options.ctx is None,
         parallel=parse_parallel(options.parallel),
         request=options.run_request(request),
         template=template,
