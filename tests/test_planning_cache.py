@@ -27,8 +27,9 @@ from tierlocal.plan.source import check_model, machine_for
 #: window, MoE, MLA, MXFP4 experts, per-layer embeddings, hybrid recurrent.
 ARCHITECTURES = ("llama", "gemma3", "qwen3moe", "deepseek2", "gpt-oss", "gemma4", "qwen35moe", "lfm2", "phi3")
 #: Machines that take every path of a plan: the CPU alone, a small GPU (layers and experts in
-#: RAM), a mid-sized and a large one (whole), a named card priced from published rows.
-MACHINES = ((("none",), "16GiB"), (("6GiB",), "32GiB"), (("RTX 4060",), "64GiB"), (("24GiB",), "64GiB"), (("H200",), "128GiB"))
+#: RAM), a mid-sized and a large one (whole), a named card priced from published rows, a split
+#: across two cards.
+MACHINES = ((("none",), "16GiB"), (("6GiB",), "32GiB"), (("RTX 4060",), "64GiB"), (("24GiB",), "64GiB"), (("H200",), "128GiB"), (("2xRTX 3090",), "64GiB"))
 
 
 def _entries() -> list:

@@ -5,8 +5,8 @@ no header and groups no tensor once the cache is warm; what it still does per ru
 planning for this machine. An entry missing from the cache is planned from its header and
 added (about 10 ms of CPU each).
 
-A digest serves a device that binds every tensor (no ``max_tensor_bytes``), one GPU or none:
-a split across GPUs or a device with a binding limit plans from the headers.
+A digest serves devices that bind every tensor (no ``max_tensor_bytes``: one GPU, several, or
+none); a device with a binding limit plans from the headers.
 
 I/O: the compact headers (through :mod:`tierlocal.catalog`) and the cache file.
 """

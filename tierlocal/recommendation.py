@@ -105,6 +105,7 @@ def _cycle_collection_paused(function: _F) -> _F:
         try:
             return function(*args, **kwargs)
         finally:
+            gc.freeze()  # what the planning keeps is left out of later collections too (reference counting still frees it)
             if enabled:
                 gc.enable()
 
@@ -137,8 +138,8 @@ def catalog_recommendation(
     machine = machine_for(hardware, host)
     version = engine_version() if not hardware.ram_overridden else None
     host_speed = load_calibration(calibration_key(version)) if version else None
-    # The cached digests serve one GPU (or none) that binds every tensor; a split or a binding limit plans from the headers.
-    models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None and not machine.gpu_devices)
+    # The cached digests serve devices that bind every tensor; a binding limit plans from the headers.
+    models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
     recommendation = recommend_catalog(
         entries, models, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,

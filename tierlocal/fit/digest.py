@@ -10,7 +10,7 @@ depends on the machine when the device binds every tensor (no ``max_tensor_bytes
 catalog computes them once per entry (:func:`spec_digest`) and restores them on every run
 (:func:`spec_from_digest`): the restored spec plans exactly as the one from the header did.
 Its ``tensors`` are :data:`~.model.TENSORS_NOT_KEPT`, which refuse to be read: a plan on a
-device with a binding limit, or split across GPUs, needs the header.
+device with a binding limit needs the header.
 
 The plain form holds only tuples, dicts, strings, numbers, booleans and None (``marshal`` can
 store it); :data:`DIGEST_VERSION` changes with its layout.

@@ -25,6 +25,7 @@ __all__ = [
     "device_binds",
     "expert_flags",
     "gpu_layers",
+    "embedding_binds",
     "placement_groups",
     "tensor_binds",
     "weights_split",
@@ -143,7 +144,7 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
             gpu_read += group.read_bytes
         else:
             cpu_groups.append(group)
-    if spec.tied_output and on_gpu[spec.n_layer] and (max_tensor_bytes is None or _embedding_binds(spec, max_tensor_bytes)):
+    if spec.tied_output and on_gpu[spec.n_layer] and (max_tensor_bytes is None or embedding_binds(spec, max_tensor_bytes)):
         gpu += spec.token_embd_bytes
     # Per token the embedding contributes one row, not the matrix: leave it out of the reads.
     cpu_read = sum(group.read_bytes for group in cpu_groups if group.layer >= 0)
@@ -152,7 +153,7 @@ def weights_split(spec: ModelSpec, ngl: int, *, n_cpu_moe: int = 0, max_tensor_b
     return split
 
 
-def _embedding_binds(spec: ModelSpec, max_tensor_bytes: int) -> bool:
+def embedding_binds(spec: ModelSpec, max_tensor_bytes: int) -> bool:
     """Whether the device can take the tied output (the token embedding again)."""
     embedding = spec.embedding
     return embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)

@@ -15,8 +15,9 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from .memory import EXPERT_TENSOR, ContextParams, device_binds, has_attention, mask_cells
+from .memory import ContextParams, has_attention, mask_cells
 from .model import ModelSpec
+from .placement import embedding_binds, placement_groups
 
 __all__ = ["layer_devices", "weights_by_device", "pipeline_inputs_bytes", "boundary_copies_bytes", "PIPELINE_COPIES", "split_ratio"]
 
@@ -39,13 +40,12 @@ def weights_by_device(spec: ModelSpec, devices: Sequence[int], n_devices: int, *
     first ``n_cpu_moe`` blocks and tensors the devices cannot bind stay on the CPU, a tied
     output is the embedding again on the output layer's device."""
     sizes = [0] * n_devices
-    for tensor in spec.tensors:
-        kept_on_cpu = 0 <= tensor.layer < n_cpu_moe and EXPERT_TENSOR.search(tensor.name) is not None
-        if tensor.layer >= 0 and devices[tensor.layer] >= 0 and not kept_on_cpu and device_binds(tensor, max_tensor_bytes, spec.n_expert_used or 1):
-            sizes[devices[tensor.layer]] += tensor.n_bytes
-    embedding = spec.embedding
+    for group in placement_groups(spec, max_tensor_bytes):
+        kept_on_cpu = group.expert and 0 <= group.layer < n_cpu_moe
+        if group.layer >= 0 and devices[group.layer] >= 0 and group.binds and not kept_on_cpu:
+            sizes[devices[group.layer]] += group.n_bytes
     output_device = devices[spec.n_layer]
-    if spec.tied_output and output_device >= 0 and (embedding is None or device_binds(embedding, max_tensor_bytes, spec.n_expert_used or 1)):
+    if spec.tied_output and output_device >= 0 and (max_tensor_bytes is None or embedding_binds(spec, max_tensor_bytes)):
         sizes[output_device] += spec.token_embd_bytes
     return sizes
 
