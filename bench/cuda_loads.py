@@ -98,7 +98,8 @@ def main() -> int:
         assert isinstance(delta, dict)
         plan, actual = ready["plan"], ready["actual"]
         print(
-            f"{case}: layers {plan['layers_offloaded']}/{plan['layers_total']} planned, {actual['layers_offloaded']} loaded; verified {delta['verified']}",
+            f"{case}: layers {plan['layers_offloaded']}/{plan['layers_total']} planned, {actual['layers_offloaded']} loaded; verified "
+            f"{delta['verified']}",
             flush=True,
         )  # type: ignore[index]
         rows += _rows(case, ready)

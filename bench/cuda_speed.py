@@ -178,7 +178,8 @@ def compare(args: argparse.Namespace) -> int:
         size = int(row["size_bytes"]) / 2**30
         print(
             f"{row['case']:26} {size:>6.1f} {row['tg128']:>8.1f} {_cell(predicted['decode'], '.1f'):>9} {_cell(row['decode_ratio'], '.2f'):>6} "
-            f"{_cell(row['bound_ratio'], '.2f'):>8} {row['pp512']:>9.0f} {_cell(predicted['prefill'], '.0f'):>9} {_cell(row['prefill_ratio'], '.2f'):>6}"
+            f"{_cell(row['bound_ratio'], '.2f'):>8} {row['pp512']:>9.0f} {_cell(predicted['prefill'], '.0f'):>9} "
+            f"{_cell(row['prefill_ratio'], '.2f'):>6}"
         )
     decode = [abs(r["decode_ratio"] - 1) for r in table if r.get("decode_ratio")]
     prefill = [abs(r["prefill_ratio"] - 1) for r in table if r.get("prefill_ratio")]

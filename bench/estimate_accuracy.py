@@ -60,10 +60,11 @@ from tests.support.sparse_models import (
 )
 from tests.support.sparse_projectors import GEMMA3_SIGLIP_TO_270M, write_sparse_projector
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.estimate import Machine, RunRequest, estimate_run, plan_run
+from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
 from tierlocal.fit.memory import compute_buffer_bytes, gpu_layers, host_compute_bytes, kv_cache, output_buffer_bytes, server_context, weights_split
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.projector import projector_spec, projector_usage
+from tierlocal.fit.search import plan_run
 
 MIB = 1024 * 1024
 LINES = {
@@ -279,7 +280,9 @@ def _peer_binary() -> Path | None:
 def _peer_estimate(peer: Path, model: Path, ctx: int, parallel: int | None, cache_type: str, ngl: int) -> dict[tuple[str, str], float]:
     """gguf-parser-go's weights and KV per device, keyed like the llama.cpp figures (MiB)."""
     flash = "1" if cache_type != "f16" else "0"
-    done = subprocess.run([str(peer), str(model), str(ctx), str(parallel or 4), str(ngl), cache_type, flash], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(peer), str(model), str(ctx), str(parallel or 4), str(ngl), cache_type, flash], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         return {}
     devices = json.loads(done.stdout)
@@ -318,7 +321,10 @@ def _print_row(row: dict[str, object]) -> None:
     ours_error = "n/a" if row["error"] is None else f"{row['error']:+.2%}"
     theirs = "-" if row["gguf_parser_mib"] is None else f"{row['gguf_parser_mib']:.2f}"
     theirs_error = "n/a" if row["gguf_parser_error"] is None else f"{row['gguf_parser_error']:+.1%}"
-    print(f"{row['case']:58} {row['component']:10} {row['device']:12} {row['actual_mib']:>10.2f} {ours:>10} {ours_error:>8} {theirs:>11} {theirs_error:>9}")
+    print(
+        f"{row['case']:58} {row['component']:10} {row['device']:12} {row['actual_mib']:>10.2f} {ours:>10} {ours_error:>8} {theirs:>11} "
+        f"{theirs_error:>9}"
+    )
 
 
 HEADER = f"{'case':58} {'component':10} {'device':12} {'llama.cpp':>10} {'tierlocal':>10} {'error':>8} {'gguf-parser':>11} {'error':>9}"
@@ -393,7 +399,9 @@ def main() -> None:
         predicted[("total", "Vulkan0")] = (gpu_device.weights_bytes + gpu_device.kv_bytes + gpu_device.compute_bytes) / MIB
         predicted[("compute", "Vulkan0")] = gpu_device.compute_bytes / MIB
         predicted[("compute", "Vulkan_Host")] = host_compute_bytes(spec, params, flash_attn=flash) / MIB
-        predicted[("total", "Host")] = (weights.cpu_mapped_bytes + predicted_host_kv(kv, on_gpu) + host_compute_bytes(spec, params, flash_attn=flash)) / MIB
+        predicted[("total", "Host")] = (
+            weights.cpu_mapped_bytes + predicted_host_kv(kv, on_gpu) + host_compute_bytes(spec, params, flash_attn=flash)
+        ) / MIB
         for device, self_mib in BREAKDOWN_DEVICE.findall(log):
             actual[("total", device)] = float(self_mib)
         for self_mib in BREAKDOWN_HOST.findall(log):
@@ -459,7 +467,9 @@ def main() -> None:
     for row in rows:
         _print_row(row)
     estimated = [
-        row for row in rows if row["error"] is not None and row["component"] not in ("total", "mm-total") and not str(row["case"]).endswith("(vulkan build)")
+        row
+        for row in rows
+        if row["error"] is not None and row["component"] not in ("total", "mm-total") and not str(row["case"]).endswith("(vulkan build)")
     ]
     worst = max(abs(row["error"]) for row in estimated)
     totals = [row for row in rows if row["component"] == "total" and row["error"] is not None]
@@ -468,7 +478,8 @@ def main() -> None:
         if errors:
             print(f"per-device total, {device}: {len(errors)} loads, error {errors[0]:+.1%} … {errors[-1]:+.1%} (llama.cpp's integer-MiB breakdown)")
     print(
-        f"\n{len(estimated)} estimated components over {len(MATRIX) + len(COMPUTE_MATRIX)} loads; tierlocal's worst error {worst:.3%} (MiB as llama.cpp prints them, 2 decimals)"
+        f"\n{len(estimated)} estimated components over {len(MATRIX) + len(COMPUTE_MATRIX)} loads; tierlocal's worst error {worst:.3%} (MiB as "
+        "llama.cpp prints them, 2 decimals)"
     )
     compared = [row for row in rows if row["gguf_parser_error"] is not None and row["actual_mib"] > 0]
     if compared:
@@ -483,7 +494,8 @@ def main() -> None:
     print(f"  {'case':44} {'plan':24} {'predicted':>9} {'llama.cpp':>9} {'offloaded':>9} loaded")
     for load in planned_loads:
         print(
-            f"  {load['case']:44} {load['planned']:24} {load['predicted_gpu_mib']:>9} {load['vulkan0_total_mib'] or '-':>9} {load['offloaded']:>9} {'yes' if load['loaded'] else 'NO'}"
+            f"  {load['case']:44} {load['planned']:24} {load['predicted_gpu_mib']:>9} {load['vulkan0_total_mib'] or '-':>9} "
+            f"{load['offloaded']:>9} {'yes' if load['loaded'] else 'NO'}"
         )
     print("Compute buffers: calibrated formulas (tierlocal/fit/memory.py): the CPU backend's, and on the Vulkan device the partial-offload rule.")
 

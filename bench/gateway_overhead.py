@@ -149,7 +149,9 @@ def start_gateway(directory: Path, upstream_port: int) -> tuple[subprocess.Popen
     )
     key = json.loads(added.stdout)["key"]
     log = (directory / "gateway.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+    )
     wait_for(f"http://127.0.0.1:{port}/health")
     return process, f"http://127.0.0.1:{port}/v1/chat/completions", key
 
@@ -164,7 +166,10 @@ def start_litellm(binary: str, directory: Path, upstream_port: int) -> tuple[sub
     )
     log = (directory / "litellm.log").open("wb")
     process = subprocess.Popen(
-        [binary, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=directory
+        [binary, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=directory,
     )
     wait_for(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=300)
     return process, f"http://127.0.0.1:{port}/v1/chat/completions", "sk-bench"
@@ -193,7 +198,10 @@ def main() -> None:
             directory = Path(scratch)
             gateway, gateway_url, key = start_gateway(directory, upstream_port)
             processes.append(gateway)
-            targets = {"direct": (f"http://127.0.0.1:{upstream_port}/v1/chat/completions", {}), "tierlocal": (gateway_url, {"Authorization": f"Bearer {key}"})}
+            targets = {
+                "direct": (f"http://127.0.0.1:{upstream_port}/v1/chat/completions", {}),
+                "tierlocal": (gateway_url, {"Authorization": f"Bearer {key}"}),
+            }
             if args.litellm:
                 litellm, litellm_url, litellm_key = start_litellm(args.litellm, directory, upstream_port)
                 processes.append(litellm)
@@ -260,7 +268,10 @@ def soak(gateway: subprocess.Popen[bytes], url: str, headers: dict[str, str], se
         print(f"{moment:>6.0f} {rss:>8.1f} {count:>9}")
     after_warmup = [rss for moment, rss, _ in samples if moment >= seconds / 10]
     if after_warmup:
-        print(f"RSS growth after the first tenth: {after_warmup[-1] - after_warmup[0]:+.1f} MiB ({(after_warmup[-1] / after_warmup[0] - 1) * 100:+.1f}%)")
+        print(
+            f"RSS growth after the first tenth: {after_warmup[-1] - after_warmup[0]:+.1f} MiB "
+            f"({(after_warmup[-1] / after_warmup[0] - 1) * 100:+.1f}%)"
+        )
 
 
 if __name__ == "__main__":

@@ -76,14 +76,18 @@ def start_gateway(directory: Path, upstream: int, workers: int | None) -> tuple[
     config = directory / "gateway.toml"
     config.write_text(
         f'[server]\nport = {port}\nstate_dir = "{directory / "state"}"\n'
-        f'[[routes]]\nmodel = "bench"\ntargets = [ {{ url = "http://127.0.0.1:{upstream}/v1", model = "bench", api_key_env = "BENCH_UPSTREAM_KEY" }} ]\n'
+        '[[routes]]\nmodel = "bench"\ntargets = [ '
+        f'{{ url = "http://127.0.0.1:{upstream}/v1", model = "bench", api_key_env = "BENCH_UPSTREAM_KEY" }} ]\n'
         '[prices."bench"]\ninput_cache_hit = 0.3\ninput_cache_miss = 3.0\noutput = 15.0\n'
         '[[users]]\nname = "alice"\nbudget_usd = 1000000.0\nbudget_period = "month"\n'
     )
     added = subprocess.run(
         [sys.executable, "-m", "tierlocal", "gateway", "keys", "add", "alice", "--config", str(config), "--json"],
-        capture_output=True, text=True, check=True, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     key = json.loads(added.stdout)["key"]
     argv = [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config)]
     argv += ["--workers", str(workers)] if workers else []
@@ -105,7 +109,9 @@ def start_litellm(binary: str, directory: Path, upstream: int, workers: int) -> 
         f"general_settings:\n  master_key: {master_key}\n"
     )
     argv = [binary, "--config", str(config), "--port", str(port), "--host", "127.0.0.1", "--num_workers", str(workers)]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=(directory / "litellm.log").open("w"), env={**os.environ, "LITELLM_LOG": "ERROR"})
+    process = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=(directory / "litellm.log").open("w"), env={**os.environ, "LITELLM_LOG": "ERROR"}
+    )
     wait_for(port, timeout_s=180)
     return process, port, master_key
 
@@ -121,8 +127,10 @@ def wrk(port: int, connections: int, seconds: int, key: str | None, directory: P
     threads = 1 if connections < 50 else 2
     done = subprocess.run(
         ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), f"http://127.0.0.1:{port}/v1/chat/completions"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     text = done.stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))  # type: ignore[union-attr]
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", text))
@@ -179,7 +187,9 @@ def main() -> None:
         return
     print(f"{'clients':>7}  " + "  ".join(f"{name:>40}" for name in results) + "   (ms; errors: wrk's socket errors and timeouts, non-2xx)")
     for c in CONCURRENCY:
-        cells = (f"{r[c]['rps']:>9,.0f} req/s p50 {r[c]['p50_ms']:7.2f} p99 {r[c]['p99_ms']:7.2f} err {r[c]['errors']:>4.0f}" for r in results.values())
+        cells = (
+            f"{r[c]['rps']:>9,.0f} req/s p50 {r[c]['p50_ms']:7.2f} p99 {r[c]['p99_ms']:7.2f} err {r[c]['errors']:>4.0f}" for r in results.values()
+        )
         print(f"{c:>7}  " + "  ".join(cells))
     ours = results["tierlocal"]
     direct = results["direct"][1]

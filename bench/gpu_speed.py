@@ -109,10 +109,15 @@ def main(argv: list[str]) -> int:
         print(f"{row.gpu:24} {row.model:27} {row.test:6} {row.tokens_per_s:10,.1f} " + " ".join(f"{cell:>18}" for cell in cells))
         table.append(
             {
-                "gpu": row.gpu, "model": row.model, "test": row.test, "use": row.use, "published": row.tokens_per_s, "source": row.source,
+                "gpu": row.gpu,
+                "model": row.model,
+                "test": row.test,
+                "use": row.use,
+                "published": row.tokens_per_s,
+                "source": row.source,
                 **{name: {"tokens_per_s": figure.tokens_per_s, "ratio": _ratio(figure, row), "via": figure.via} for name, figure in figures.items()},
             }
-        )  # fmt: skip
+        )
     summaries = print_summaries(table, list(tools))
     if args.json:
         with open(args.json, "w") as handle:

@@ -167,12 +167,19 @@ def llamafit_figure(exe: str, row: PublishedRow) -> Figure:
     name = "tierlocal-" + "".join(c if c.isalnum() else "-" for c in row.gpu.lower())
     ram_gib = UNIFIED_RAM_GB.get(row.gpu, 256)
     profile = {
-        "schema_version": 1, "name": name, "description": f"{row.gpu} for bench/gpu_speed.py", "provenance": "written by tierlocal's bench",
-        "os": "macos" if vendor == "apple" else "linux", "os_version": "stand-in", "arch": "arm64" if vendor == "apple" else "x86_64",
-        "cpu": {"model": "stand-in CPU", "physical_cores": 16}, "memory": {"total": f"{ram_gib}GiB"},
+        "schema_version": 1,
+        "name": name,
+        "description": f"{row.gpu} for bench/gpu_speed.py",
+        "provenance": "written by tierlocal's bench",
+        "os": "macos" if vendor == "apple" else "linux",
+        "os_version": "stand-in",
+        "arch": "arm64" if vendor == "apple" else "x86_64",
+        "cpu": {"model": "stand-in CPU", "physical_cores": 16},
+        "memory": {"total": f"{ram_gib}GiB"},
         "gpus": [{"vendor": vendor, "name": driver, "vram_total": f"{int(_memory_gib(row.gpu) * 1024)}MiB", "backend_hint": backend}],
-        "unified_memory": False, "backends": [backend, "cpu"],
-    }  # fmt: skip
+        "unified_memory": False,
+        "backends": [backend, "cpu"],
+    }
     with tempfile.TemporaryDirectory(prefix="bench-llamafit-") as scratch:
         path = Path(scratch) / f"{name}.json"  # LlamaFit wants the file named as the profile
         path.write_text(json.dumps(profile))
@@ -198,7 +205,8 @@ case "$*" in
 esac
 """
 _SYSTEM_PROFILER = """#!/bin/sh
-printf 'Graphics/Displays:\\n\\n    {name}:\\n\\n      Chipset Model: {name}\\n      Type: GPU\\n      Bus: Built-In\\n      Metal Support: Metal 3\\n'
+printf 'Graphics/Displays:\\n\\n    {name}:\\n\\n      Chipset Model: {name}\\n'
+printf '      Type: GPU\\n      Bus: Built-In\\n      Metal Support: Metal 3\\n'
 """
 
 

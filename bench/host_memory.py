@@ -24,9 +24,10 @@ from tests.support.kernel_memory import measure_load
 from tests.support.sparse_models import LFM2_1_2B, LLAMA3_8B, QWEN3_8B, write_sparse_gguf
 from tierlocal.engines.llama_server import build_cpu_features
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+from tierlocal.fit.estimate import Machine, RunRequest
 from tierlocal.fit.host_memory import ENGINE_FILE_BYTES, host_memory
 from tierlocal.fit.model import model_spec
+from tierlocal.fit.search import plan_run
 
 MIB = 2**20
 # (model, context, load mode, fitted?)
@@ -70,13 +71,16 @@ def main(argv: list[str]) -> int:
             actual = measure_load(binary, models[name], Path(scratch), ctx=ctx, load_mode=mode)
             rows.append(
                 {
-                    "model": name, "ctx": ctx, "load_mode": mode, "fitted": fitted,
+                    "model": name,
+                    "ctx": ctx,
+                    "load_mode": mode,
+                    "fitted": fitted,
                     "mapped": (predicted.mapped_bytes, actual.file_bytes - ENGINE_FILE_BYTES),
                     "anonymous": (predicted.anonymous_bytes, actual.anonymous_bytes),
                     "peak": (predicted.peak_bytes, actual.peak_bytes),
                     "repack": predicted.repack_bytes,
                 }
-            )  # fmt: skip
+            )
             print_row(rows[-1])
     if "--json" in argv:
         print(json.dumps({"cpu_features": list(features), "rows": rows}, indent=2))

@@ -41,7 +41,9 @@ print(time.perf_counter() - started)
 
 def _tierlocal(env: dict[str, str], target: Path) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tierlocal", "pull", f"hf://{REPO}/{FILE}", "--dir", str(target), "--json"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tierlocal", "pull", f"hf://{REPO}/{FILE}", "--dir", str(target), "--json"], env=env, check=True, capture_output=True
+    )
     return time.perf_counter() - started
 
 
@@ -61,7 +63,13 @@ def main() -> None:
         (served / FILE).symlink_to(gemma)
         times: dict[str, list[float]] = {"tierlocal pull": [], "huggingface_hub hf_hub_download": []}
         with fake_hub([HubRepo(REPO, served)]) as (endpoint, _):
-            env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(Path(scratch) / "hub"), "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_TOKEN": ""}
+            env = {
+                **os.environ,
+                "HF_ENDPOINT": endpoint,
+                "HF_HUB_CACHE": str(Path(scratch) / "hub"),
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                "HF_TOKEN": "",
+            }
             for round_index in range(ROUNDS):
                 for name, fetch in (("tierlocal pull", _tierlocal), ("huggingface_hub hf_hub_download", _huggingface_hub)):
                     target = Path(scratch) / f"{name.split()[0]}-{round_index}"

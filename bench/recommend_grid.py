@@ -83,10 +83,19 @@ def tierlocal_pick(gpu: str, ram: int) -> Pick:
 def llamafit_pick(exe: str, driver: str, mib: int, cards: int, ram: int) -> Pick:
     gpus = [{"vendor": "nvidia", "name": driver, "vram_total": f"{mib}MiB", "backend_hint": "cuda"}] * cards
     profile = {
-        "schema_version": 1, "name": "tierlocal-grid", "description": "bench/recommend_peers.py", "provenance": "written by tierlocal's bench",
-        "os": "linux", "os_version": "stand-in", "arch": "x86_64", "cpu": {"model": "stand-in CPU", "physical_cores": 16},
-        "memory": {"total": f"{ram}GiB"}, "gpus": gpus, "unified_memory": False, "backends": ["cuda", "cpu"] if cards else ["cpu"],
-    }  # fmt: skip
+        "schema_version": 1,
+        "name": "tierlocal-grid",
+        "description": "bench/recommend_peers.py",
+        "provenance": "written by tierlocal's bench",
+        "os": "linux",
+        "os_version": "stand-in",
+        "arch": "x86_64",
+        "cpu": {"model": "stand-in CPU", "physical_cores": 16},
+        "memory": {"total": f"{ram}GiB"},
+        "gpus": gpus,
+        "unified_memory": False,
+        "backends": ["cuda", "cpu"] if cards else ["cpu"],
+    }
     with tempfile.TemporaryDirectory(prefix="bench-llamafit-") as scratch:
         path = Path(scratch) / "tierlocal-grid.json"  # LlamaFit wants the file named as the profile
         path.write_text(json.dumps(profile))
@@ -95,7 +104,9 @@ def llamafit_pick(exe: str, driver: str, mib: int, cards: int, ram: int) -> Pick
     if not rows:
         return Pick("no answer", None, None, cpu)
     candidate = rows[0].get("candidate", {})
-    return Pick(f"{rows[0]['model_id']} {rows[0]['quant']}", candidate.get("quality", {}).get("quality"), candidate.get("speed", {}).get("gen_tps"), cpu)
+    return Pick(
+        f"{rows[0]['model_id']} {rows[0]['quant']}", candidate.get("quality", {}).get("quality"), candidate.get("speed", {}).get("gen_tps"), cpu
+    )
 
 
 _NVIDIA_SMI = """#!/bin/sh
@@ -120,7 +131,9 @@ def llmfit_pick(exe: str, driver: str, mib: int, cards: int, ram: int) -> Pick:
 
             (bin_dir / "nvidia-smi").write_text(
                 _NVIDIA_SMI.format(
-                    rows_addressing=rows(f"None, {mib}, {mib}, {driver}"), rows_free=rows(f"{mib}, {mib}, {driver}"), rows_total=rows(f"{mib}, {driver}")
+                    rows_addressing=rows(f"None, {mib}, {mib}, {driver}"),
+                    rows_free=rows(f"{mib}, {mib}, {driver}"),
+                    rows_total=rows(f"{mib}, {driver}"),
                 )
             )
         for tool in bin_dir.iterdir():

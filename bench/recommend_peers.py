@@ -90,7 +90,9 @@ def _profile(shape: Shape, directory: Path) -> Path:
         "arch": "x86_64",
         "cpu": {"model": "generic x86-64", "physical_cores": 8, "logical_cores": 16, "isa": ["avx2"]},
         "memory": {"total": f"{shape.ram_gib}GiB", "available": f"{shape.ram_gib}GiB", "bandwidth_gbps": 40.0, "bandwidth_source": "assumed"},
-        "gpus": [{"vendor": "nvidia", "name": name, "vram_total": f"{gib}GiB", "vram_used": "0MiB", "backend_hint": "cuda"} for _, gib, name in shape.cards],
+        "gpus": [
+            {"vendor": "nvidia", "name": name, "vram_total": f"{gib}GiB", "vram_used": "0MiB", "backend_hint": "cuda"} for _, gib, name in shape.cards
+        ],
         "unified_memory": False,
         "backends": ["cuda", "cpu"] if shape.cards else ["cpu"],
     }
@@ -110,7 +112,12 @@ def tierlocal_pick(shape: Shape) -> dict[str, object]:
     best, plan = payload.get("recommendation"), payload.get("plan")
     if not isinstance(best, dict) or not isinstance(plan, dict):
         return {"model": None}
-    return {"model": best["model"], "quant": best["quant"], "claim": _tierlocal_claim(plan, bool(shape.cards)), "tps": best["est_decode_tokens_per_s"]}
+    return {
+        "model": best["model"],
+        "quant": best["quant"],
+        "claim": _tierlocal_claim(plan, bool(shape.cards)),
+        "tps": best["est_decode_tokens_per_s"],
+    }
 
 
 def _tierlocal_claim(plan: dict[str, object], on_cards: bool) -> int:
@@ -150,7 +157,12 @@ def llmfit_pick(binary: str, shape: Shape) -> dict[str, object]:
     if not models:
         return {"model": None}
     model = models[0]
-    return {"model": model["name"], "quant": model.get("best_quant"), "claim": int(model["memory_required_gb"] * 1e9), "tps": model.get("estimated_tps")}
+    return {
+        "model": model["name"],
+        "quant": model.get("best_quant"),
+        "claim": int(model["memory_required_gb"] * 1e9),
+        "tps": model.get("estimated_tps"),
+    }
 
 
 def _peer_claims(entry_family: str, quant: str, shape: Shape, profile: Path, llamafit: str, llmfit: str) -> dict[str, int | None]:
@@ -247,8 +259,13 @@ def main(argv: list[str]) -> int:
                 actual = measure(family, quant, shape, scratch)
                 plan = (_tierlocal(shape, f"{family}:{quant.lower()}") or {}).get("plan")
                 assert isinstance(plan, dict)
-                claims = {"tierlocal": _tierlocal_claim(plan, bool(shape.cards)), **_peer_claims(family, quant, shape, profile, args.llamafit, args.llmfit)}
-                loads.append({"shape": shape.label, "model": family, "quant": quant, "loaded": True, "actual": actual, "claims": claims, "common": True})
+                claims = {
+                    "tierlocal": _tierlocal_claim(plan, bool(shape.cards)),
+                    **_peer_claims(family, quant, shape, profile, args.llamafit, args.llmfit),
+                }
+                loads.append(
+                    {"shape": shape.label, "model": family, "quant": quant, "loaded": True, "actual": actual, "claims": claims, "common": True}
+                )
                 print(
                     f"{shape.label}: {family} {quant} allocated {_gib(actual)} GiB; claims " + ", ".join(f"{t} {_gib(c)}" for t, c in claims.items()),
                     flush=True,
@@ -274,7 +291,9 @@ def _print_tables(rows: list[dict[str, object]], loads: list[dict[str, object]])
                 + (f", {tps:.0f} tok/s" if isinstance(tps, (int, float)) else "")
             )
         print(f"| {row['shape']} | " + " | ".join(cells) + " |")
-    print("\n| machine | model (tierlocal's pick) | llama.cpp allocated GiB | tierlocal | LlamaFit | llmfit | closest |\n|---|---|---|---|---|---|---|")
+    print(
+        "\n| machine | model (tierlocal's pick) | llama.cpp allocated GiB | tierlocal | LlamaFit | llmfit | closest |\n|---|---|---|---|---|---|---|"
+    )
     for load in loads:
         if not load["loaded"]:
             print(f"| {load['shape']} | {load['model']} {load['quant']} | not loaded ({load['why']}) | | | | |")
@@ -283,7 +302,11 @@ def _print_tables(rows: list[dict[str, object]], loads: list[dict[str, object]])
         claims: dict[str, int | None] = load["claims"]  # type: ignore[assignment]
         cells = [f"{_gib(claim)} ({claim / actual:.2f}×)" if claim else "no answer" for claim in claims.values()]
         known = {tool: abs(claim / actual - 1) for tool, claim in claims.items() if claim}
-        print(f"| {load['shape']} | {load['model']} {load['quant']} | {_gib(actual)} | " + " | ".join(cells) + f" | {min(known, key=known.__getitem__)} |")
+        print(
+            f"| {load['shape']} | {load['model']} {load['quant']} | {_gib(actual)} | "
+            + " | ".join(cells)
+            + f" | {min(known, key=known.__getitem__)} |"
+        )
 
 
 if __name__ == "__main__":

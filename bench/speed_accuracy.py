@@ -85,14 +85,16 @@ def _row(name: str, kind: str, path: Path, binary: Path, speed: DeviceSpeed, pro
 def _print(rows: list[dict[str, object]]) -> None:
     print()
     print(
-        f"{'model':18} {'shape':12} | {'decode tok/s: actual':>20} {'predicted':>9} {'ratio':>6} {'bw-only':>8} {'ratio':>6} | {'prefill: actual':>15} {'predicted':>9} {'ratio':>6} | {'TTFT s: actual':>14} {'pred':>6}"
+        f"{'model':18} {'shape':12} | {'decode tok/s: actual':>20} {'predicted':>9} {'ratio':>6} {'bw-only':>8} {'ratio':>6} | "
+        f"{'prefill: actual':>15} {'predicted':>9} {'ratio':>6} | {'TTFT s: actual':>14} {'pred':>6}"
     )
     for row in rows:
         d_m, d_p, d_b = (float(row[k]) for k in ("decode_measured", "decode_predicted", "decode_bandwidth_only"))  # type: ignore[arg-type]
         p_m, p_p = float(row["prefill_measured"]), float(row["prefill_predicted"])  # type: ignore[arg-type]
         print(
             f"{row['model']:18} {row['shape']:12} | {d_m:20.1f} {d_p:9.1f} {d_p / d_m:6.2f} {d_b:8.1f} {d_b / d_m:6.2f} | "
-            f"{p_m:15.1f} {p_p:9.1f} {p_p / p_m:6.2f} | {float(row['first_token_measured_s']):14.2f} {float(row['first_token_predicted_s'] or 0):6.2f}"  # type: ignore[arg-type]
+            f"{p_m:15.1f} {p_p:9.1f} {p_p / p_m:6.2f} | {float(row['first_token_measured_s']):14.2f} "
+            f"{float(row['first_token_predicted_s'] or 0):6.2f}"  # type: ignore[arg-type]
         )
     decode = [abs(float(r["decode_predicted"]) / float(r["decode_measured"]) - 1) for r in rows]  # type: ignore[arg-type]
     prefill = [abs(float(r["prefill_predicted"]) / float(r["prefill_measured"]) - 1) for r in rows]  # type: ignore[arg-type]
@@ -120,7 +122,8 @@ def main(argv: list[str]) -> int:
         for name, kind, path in models:
             rows.append(_row(name, kind, path, binary, speed, args.prompt, scratch))
             print(
-                f"  {name}: decode {rows[-1]['decode_measured']:.1f} tok/s, prefill {rows[-1]['prefill_measured']:.1f} tok/s ({rows[-1]['seconds']} s)",
+                f"  {name}: decode {rows[-1]['decode_measured']:.1f} tok/s, prefill {rows[-1]['prefill_measured']:.1f} tok/s "
+                f"({rows[-1]['seconds']} s)",
                 flush=True,
             )
             if path != assets.gemma_gguf:

@@ -153,7 +153,11 @@ def test_a_stopped_calibration_leaves_nothing_behind(assets: Assets, isolated_en
     stale.mkdir(exist_ok=True)
     env = {**os.environ, "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "hw", "--calibrate", "--quick", "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "tierlocal", "hw", "--calibrate", "--quick", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert process.stderr is not None
     lines = []

@@ -110,7 +110,11 @@ def test_checked_in_headers_are_what_llama_quantize_says(assets: Assets) -> None
     names += ["phi-4-mini", "olmo-2-7b", "seed-oss-36b", "exaone-4.0-32b", "qwen2.5-7b"]
     result = subprocess.run(
         [sys.executable, "-m", "tests.support.catalog_headers", "--check", "--quantize", str(assets.llama_quantize), *(f"--only={n}" for n in names)],
-        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("same ") == 33

@@ -17,7 +17,7 @@ from tests.support.compact_file import write_compact_as_gguf
 from tierlocal.catalog import find_model, load_host_defaults
 from tierlocal.hardware.detect import detect
 from tierlocal.hardware.override import with_gpu_override, with_ram_override
-from tierlocal.plan.source import machine_for
+from tierlocal.plan.machine import machine_for
 from tierlocal.recommendation import catalog_recommendation
 from tierlocal.serve.run import ServeOptions, plan_for
 

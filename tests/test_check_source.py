@@ -101,7 +101,9 @@ def test_spill_speed_and_cache_type_suggestion(tmp_path: Path) -> None:
     assert 0 < plan["layers_offloaded"] < plan["layers_total"]
     speed = plan["speed"]
     assert speed["gpu_bandwidth_bytes_per_s"] == 288e9
-    assert speed["all_on_gpu_tokens_per_s"] == pytest.approx(288e9 / (speed["gpu_read_bytes_per_token"] + speed["host_read_bytes_per_token"]), abs=0.1)
+    assert speed["all_on_gpu_tokens_per_s"] == pytest.approx(
+        288e9 / (speed["gpu_read_bytes_per_token"] + speed["host_read_bytes_per_token"]), abs=0.1
+    )
     expected = 1 / (speed["gpu_read_bytes_per_token"] / 288e9 + speed["host_read_bytes_per_token"] / speed["host_bandwidth_bytes_per_s"])
     assert plan["bound_decode_tokens_per_s"] == pytest.approx(expected, abs=0.1)
     assert plan["bound_decode_tokens_per_s"] < speed["all_on_gpu_tokens_per_s"] / 2

@@ -13,8 +13,9 @@ import pytest
 from tests.support.cli import run_cli
 from tests.support.sparse_models import DEEPSEEK_V2_LITE, KIMI_LINEAR_4L, LFM2_1_2B, QWEN3_30B_A3B, QWEN3_NEXT_4L, RWKV7_168M, write_sparse_gguf
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+from tierlocal.fit.estimate import Machine, RunRequest
 from tierlocal.fit.model import model_spec
+from tierlocal.fit.search import plan_run
 from tierlocal.gguf import summarize
 from tierlocal.gguf.compact import CompactError, from_compact, to_compact
 from tierlocal.gguf.parse import HeaderLimits
@@ -22,7 +23,11 @@ from tierlocal.gguf.parse import HeaderLimits
 GIB = 1 << 30
 #: A 24 GiB GPU and 64 GiB of RAM: room for partial and full offload plans.
 MACHINE = Machine("test GPU", "cuda", 24 * GIB, 23 * GIB, 1_000_000_000_000, 64 * GIB, 60 * GIB, 50_000_000_000, 300 << 20, 1 << 30)
-REQUESTS = [RunRequest(ctx=8192, parallel=1), RunRequest(ctx=32768, parallel=4, cache_type_k="q8_0", cache_type_v="q8_0"), RunRequest(ctx=4096, ngl=5)]
+REQUESTS = [
+    RunRequest(ctx=8192, parallel=1),
+    RunRequest(ctx=32768, parallel=4, cache_type_k="q8_0", cache_type_v="q8_0"),
+    RunRequest(ctx=4096, ngl=5),
+]
 
 
 def _round_trip(path: Path) -> tuple[list, list]:  # type: ignore[type-arg]

@@ -41,7 +41,9 @@ def _third_party_imports() -> Iterator[tuple[str, str, bool]]:
         tree = ast.parse(path.read_text())
         guarded: set[int] = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Try) and any(isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers):
+            if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+            ):
                 guarded.update(id(child) for statement in node.body for child in ast.walk(statement))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

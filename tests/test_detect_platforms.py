@@ -73,7 +73,9 @@ def test_strix_halo_working_from_gtt_is_one_pool(tmp_path: Path) -> None:
     # ROCm/legacy-rocm-build#6004 (Beelink GTR9 Pro, 128 GB, BIOS UMA 512 MB, amdgpu.gttsize=131072):
     # mem_info_vram_total=536870912, mem_info_gtt_total=137438953472; the APU has no product_name
     # (SikamikanikoBG/homelab-monitor#254), its PCI id is 0x1586 (Andyyyy64/whichllm#154).
-    _amd_card(tmp_path, "card1", {"device": "0x1586", "mem_info_vram_total": "536870912", "mem_info_vram_used": "0", "mem_info_gtt_total": "137438953472"})
+    _amd_card(
+        tmp_path, "card1", {"device": "0x1586", "mem_info_vram_total": "536870912", "mem_info_vram_used": "0", "mem_info_gtt_total": "137438953472"}
+    )
     (device,), probe = probe_amd_sysfs(tmp_path, ram_total_bytes=128 * GIB)
     assert (device.name, device.unified_pool_bytes) == ("Ryzen AI Max+ 395 (Strix Halo)", 128 * GIB)
     assert device.total_bytes == 96 * GIB  # GTT spans all RAM: planned at AMD's 96 of 128 GB, the host keeps the rest

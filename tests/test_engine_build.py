@@ -57,7 +57,10 @@ def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Pa
     assert [p.name for p in binary.parent.parent.parent.iterdir()] == ["llama.cpp-local-cpu"]  # no staging left
     assert "ccache found" in (binary.parent.parent / "build.log").read_text()  # llama.cpp's CMake took the compiler cache
     for tool in ("llama-quantize", "llama-gguf-split", "ggml-rpc-server"):
-        assert subprocess.run([str(binary.parent / tool), "--help"], capture_output=True, check=False).returncode in (0, 1)  # runs: its libraries load
+        assert subprocess.run([str(binary.parent / tool), "--help"], capture_output=True, check=False).returncode in (
+            0,
+            1,
+        )  # runs: its libraries load
     assert (binary.parent / "libllama.so").exists() and (binary.parent / "libggml-rpc.so").exists()
     # With no llama-server on PATH and none configured, tierlocal finds and uses the built one.
     bare = {**env, "PATH": "/usr/bin:/bin", "TIERLOCAL_LLAMA_SERVER": ""}

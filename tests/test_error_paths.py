@@ -55,7 +55,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "argv", "env", "code", "start"), CASES, ids=[case[0] for case in CASES])
-def test_an_error_is_one_line_a_hint_and_its_exit_code(name: str, argv: list[str], env: dict[str, str], code: int, start: str, tmp_path: Path) -> None:
+def test_an_error_is_one_line_a_hint_and_its_exit_code(
+    name: str, argv: list[str], env: dict[str, str], code: int, start: str, tmp_path: Path
+) -> None:
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_text("not a gguf")
     fill = {"not_gguf": str(not_gguf), "scratch": str(tmp_path / "unit")}

@@ -10,8 +10,9 @@ import pytest
 
 from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.estimate import Machine, RunRequest, estimate_run, plan_run
+from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
 from tierlocal.fit.model import ModelSpec, model_spec
+from tierlocal.fit.search import plan_run
 
 _GIB = 1024**3
 _MIB = 1024**2

@@ -94,7 +94,9 @@ def hosted(url: str) -> str:
 def cost(usage: dict) -> float:  # type: ignore[type-arg]
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return (
-        cached * PRICES["input_cache_hit"] + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"] + usage["completion_tokens"] * PRICES["output"]
+        cached * PRICES["input_cache_hit"]
+        + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"]
+        + usage["completion_tokens"] * PRICES["output"]
     ) / 1e6
 
 
@@ -136,7 +138,11 @@ def test_openai_client_local_and_hosted_with_usage_and_key_injection(
             assert answer.choices[0].message.content and answer.usage is not None and answer.usage.completion_tokens == 4
             chunks = list(
                 api.chat.completions.create(
-                    model="kimi-k3", messages=[{"role": "user", "content": "Say hello"}], max_tokens=5, stream=True, stream_options={"include_usage": True}
+                    model="kimi-k3",
+                    messages=[{"role": "user", "content": "Say hello"}],
+                    max_tokens=5,
+                    stream=True,
+                    stream_options={"include_usage": True},
                 )
             )
             text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
@@ -246,10 +252,16 @@ def test_fallback_matrix(case: str, tmp_path: Path, local_engine: Engine, hosted
                 assert len(first.seen) == 2 and again.headers["x-tierlocal-target"] == first.url + "/v1", gw.log_text()
 
 
-def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byte(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+def test_down_local_engine_is_skipped_and_streams_fall_back_before_the_first_byte(
+    tmp_path: Path, local_engine: Engine, hosted_engine: Engine
+) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as first:
-        body = route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url)) + route("gone", local(dead), hosted(hosted_engine.url)) + PRICES_TOML
+        body = (
+            route("qwen3-14b", local(first.url + "/v1"), hosted(hosted_engine.url))
+            + route("gone", local(dead), hosted(hosted_engine.url))
+            + PRICES_TOML
+        )
         with gateway(tmp_path, body, env=ENV) as gw:
             health = httpx2.get(gw.url.removesuffix("/v1") + "/health").json()["routes"]
             assert health["gone"][0]["state"] == "down" and health["gone"][1]["state"] == "unknown"  # hosted: not polled
@@ -282,7 +294,9 @@ def test_mid_stream_cut_ends_with_one_error_frame_and_done(tmp_path: Path, local
         whole = httpx2.post(first.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 12, "stream": True}, timeout=60).content
         first.reset()
         first.queue(Fault(cut_after=len(whole) // 2))
-        with httpx2.stream("POST", gw.url + "/chat/completions", json={**CHAT, "max_tokens": 12, "stream": True}, headers=gw.headers(), timeout=60) as response:
+        with httpx2.stream(
+            "POST", gw.url + "/chat/completions", json={**CHAT, "max_tokens": 12, "stream": True}, headers=gw.headers(), timeout=60
+        ) as response:
             assert response.status_code == 200
             lines = sse_lines(response)
         errors = [line for line in lines if '"error"' in line]
@@ -474,7 +488,9 @@ def test_secret_leak_scan_over_every_error_path(tmp_path: Path, hosted_engine: E
                 if fault is not None:
                     upstream.always = fault
                 for stream in (False, True):
-                    response = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "stream": stream}, headers=gw.headers(), timeout=60)
+                    response = httpx2.post(
+                        gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "stream": stream}, headers=gw.headers(), timeout=60
+                    )
                     seen_text.append(str(response.status_code) + str(dict(response.headers)) + response.text)
             assert any('"echo' in text or "bad request from" in text for text in seen_text)  # the leaky path was reached
             for path in ("/metrics", "/health", "/v1/models"):
@@ -591,9 +607,26 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
     port = free_port()
     serve_log = (tmp_path / "serve.log").open("wb")
     serve = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--port", str(port), "--llama-server", str(assets.llama_server_cpu), "--ctx", "1024", "--threads", "2"],
-        stdout=serve_log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=os.environ.copy(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierlocal",
+            "serve",
+            str(assets.gemma_gguf),
+            "--port",
+            str(port),
+            "--llama-server",
+            str(assets.llama_server_cpu),
+            "--ctx",
+            "1024",
+            "--threads",
+            "2",
+        ],
+        stdout=serve_log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env=os.environ.copy(),
+    )
     serve_log.close()
     try:
         state = Path(os.environ["TIERLOCAL_HOME"]) / "run" / f"serve-{port}.json"
@@ -607,8 +640,11 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
         with log.open("wb") as handle:
             process = subprocess.Popen(
                 [sys.executable, "-m", "tierlocal", "gateway", "--port", str(gateway_port)],
-                stdout=handle, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env={**os.environ, "MOONSHOT_API_KEY": ""},
-            )  # fmt: skip
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+                env={**os.environ, "MOONSHOT_API_KEY": ""},
+            )
         try:
             key_file = Path(os.environ["TIERLOCAL_HOME"]) / "gateway" / "local.key"
             deadline = time.monotonic() + 60
@@ -622,7 +658,9 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
             answer = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
             assert answer.usage is not None and answer.usage.completion_tokens == 3
             # The Gemma file has no template: serve gave llama-server Gemma's, not its ChatML fallback.
-            said = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0)
+            said = api.chat.completions.create(
+                model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0
+            )
             text = said.choices[0].message.content or ""
             assert text and "<|im_start|>" not in text and "<|im_end|>" not in text, text
             with pytest.raises(openai.APIStatusError, match="MOONSHOT_API_KEY"):
@@ -666,7 +704,10 @@ def test_kimi_goes_to_your_cluster_first_and_to_the_hosted_api_when_it_stops(tmp
             second = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
             assert second.status_code == 200 and second.headers["x-tierlocal-target"] == hosted_engine.url
             rows = usage_rows(gw)
-            assert [(row["tier"], row["target"]) for row in rows] == [(1, f"{cluster.url}/v1#moonshotai/Kimi-K3"), (3, f"{hosted_engine.url}#kimi-k3")]
+            assert [(row["tier"], row["target"]) for row in rows] == [
+                (1, f"{cluster.url}/v1#moonshotai/Kimi-K3"),
+                (3, f"{hosted_engine.url}#kimi-k3"),
+            ]
             assert rows[0]["cost_usd"] == 0 and rows[1]["cost_usd"] > 0  # the cluster is paid by the hour, not per token
             # Refused at once, or already marked down by the health poll: either way, a fallback with its reason.
             assert rows[0]["fallback_reason"] is None and rows[1]["fallback_reason"] in ("connect_error", "engine_down")
@@ -719,7 +760,11 @@ def test_a_client_that_leaves_mid_stream_is_charged_what_it_got_and_its_hold_rel
     body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + '[[users]]\nname = "alice"\nbudget_usd = 1.0\n'
     with gateway(tmp_path, body, env=ENV) as gw:
         with httpx2.stream(
-            "POST", gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3", "max_tokens": 400, "stream": True}, headers=gw.headers(), timeout=60
+            "POST",
+            gw.url + "/chat/completions",
+            json={**CHAT, "model": "kimi-k3", "max_tokens": 400, "stream": True},
+            headers=gw.headers(),
+            timeout=60,
         ) as response:
             received = 0
             for line in response.iter_lines():
@@ -742,10 +787,27 @@ def test_a_client_that_leaves_mid_stream_is_charged_what_it_got_and_its_hold_rel
 def test_serves_tls_itself_when_given_a_certificate(tmp_path: Path, local_engine: Engine) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     config, port = write_config(tmp_path, route("qwen3-14b", local(local_engine.url)), server=f'tls_cert = "{cert}"\ntls_key = "{key}"')
     gateway_key = add_key(config, "alice")
     log = tmp_path / "gateway.log"

@@ -40,7 +40,10 @@ def upstream(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """llama-server with 4 slots (it honours ``n`` up to them) behind a proxy billing every choice."""
     port = free_port()
     argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--api-key", HOSTED_KEY, ctx=4096, parallel=4)
-    with running(argv, tmp_path_factory.mktemp("hosted") / "llama.log", f"http://127.0.0.1:{port}/health"), FaultProxy(f"http://127.0.0.1:{port}") as proxy:
+    with (
+        running(argv, tmp_path_factory.mktemp("hosted") / "llama.log", f"http://127.0.0.1:{port}/health"),
+        FaultProxy(f"http://127.0.0.1:{port}") as proxy,
+    ):
         yield proxy
 
 
@@ -170,7 +173,10 @@ def _port(gw: RunningGateway) -> int:
 def test_a_slow_client_gets_a_408_and_holds_nothing(tmp_path: Path, upstream: FaultProxy) -> None:
     with _gateway(tmp_path, upstream, 1.0, server="body_timeout_s = 2") as gw:
         body = json.dumps({**CHAT, "model": "kimi-k3"}).encode()
-        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.key}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.key}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         with socket.create_connection(("127.0.0.1", _port(gw)), timeout=10) as conn:
             conn.sendall(head.encode())
             started = time.monotonic()
@@ -216,7 +222,10 @@ def test_a_thousand_idle_connections_do_not_starve_a_valid_request(tmp_path: Pat
 def test_a_client_that_leaves_during_reservation_leaves_the_ledger_correct(tmp_path: Path, upstream: FaultProxy) -> None:
     with _gateway(tmp_path, upstream, 1.0) as gw:
         body = json.dumps({**CHAT, "model": "kimi-k3"}).encode()
-        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.key}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.key}\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
         for _ in range(5):
             with socket.create_connection(("127.0.0.1", _port(gw)), timeout=10) as conn:
                 conn.sendall(head.encode() + body)  # and gone before any answer
@@ -240,9 +249,12 @@ def test_header_values_with_cr_lf_or_nul_are_refused_with_a_400(tmp_path: Path, 
     with _gateway(tmp_path, upstream, 1.0) as gw:
         body = json.dumps({**CHAT, "model": "kimi-k3"}).encode()
         request = (
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + header.replace(b"KEY", gw.key.encode()) + b"\r\n"
-            + f"Authorization: Bearer {gw.key}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
-        )  # fmt: skip
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            + header.replace(b"KEY", gw.key.encode())
+            + b"\r\n"
+            + f"Authorization: Bearer {gw.key}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         reply = _raw(_port(gw), request)
         assert reply.split(b" ", 2)[1] == b"400", reply[:300]
         assert _ledger(gw) == (0, 0) and not upstream.seen
@@ -263,7 +275,9 @@ def test_names_with_markup_print_as_they_are_and_control_characters_never_get_in
     upstream.always = Fault(bill_all_choices=True)
     target = f'{{ url = "{upstream.url}/v1", model = {json.dumps(model)}, api_key_env = "HOSTED_KEY" }}'
     body = (
-        route(model, target) + PRICES_TOML.replace('"kimi-k3"', json.dumps(model)) + f'[[users]]\nname = "{user}"\nbudget_usd = 1.0\n[[users]]\nname = "eve"\n'
+        route(model, target)
+        + PRICES_TOML.replace('"kimi-k3"', json.dumps(model))
+        + f'[[users]]\nname = "{user}"\nbudget_usd = 1.0\n[[users]]\nname = "eve"\n'
     )
 
     with gateway(tmp_path, body, user=user, env=ENV) as gw:

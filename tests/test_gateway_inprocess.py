@@ -43,7 +43,8 @@ class Upstream:
         self.seen.append((request.headers.get("Authorization"), body))
         if self.status == 401:  # as some APIs do: the refused key, quoted back
             return web.json_response(
-                {"error": {"message": f"Incorrect API key provided: {request.headers.get('Authorization')}", "type": "invalid_request_error"}}, status=401
+                {"error": {"message": f"Incorrect API key provided: {request.headers.get('Authorization')}", "type": "invalid_request_error"}},
+                status=401,
             )
         if self.status != 200:
             return web.json_response({"error": {"message": "loading", "type": "service_unavailable", "code": 503}}, status=self.status)
@@ -115,7 +116,9 @@ def _rows(tmp_path: Path) -> list[sqlite3.Row]:
 def _cost(usage: dict) -> float:  # type: ignore[type-arg]
     cached = usage["prompt_tokens_details"]["cached_tokens"]
     return (
-        cached * PRICES["input_cache_hit"] + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"] + usage["completion_tokens"] * PRICES["output"]
+        cached * PRICES["input_cache_hit"]
+        + (usage["prompt_tokens"] - cached) * PRICES["input_cache_miss"]
+        + usage["completion_tokens"] * PRICES["output"]
     ) / 1e6
 
 
@@ -153,7 +156,8 @@ def test_a_loading_cluster_hands_over_to_the_hosted_api_and_usage_says_which_tie
 
     def routes(urls: dict[str, str]) -> str:
         return (
-            f'[[routes]]\nmodel = "kimi-k3"\ntargets = [\n  {{ url = "{urls["cluster"]}", model = "moonshotai/Kimi-K3", tier = 1, usd_per_hour = 40.0 }},\n'
+            '[[routes]]\nmodel = "kimi-k3"\ntargets = [\n  '
+            f'{{ url = "{urls["cluster"]}", model = "moonshotai/Kimi-K3", tier = 1, usd_per_hour = 40.0 }},\n'
             f'  {{ url = "{urls["hosted"]}", model = "kimi-k3", api_key_env = "INPROC_HOSTED_KEY" }},\n]\n'
         )
 
@@ -217,7 +221,9 @@ def test_the_ledger_lets_exactly_the_reservations_the_budget_holds(tmp_path: Pat
     from tierlocal.gateway.wire import Reject
 
     routes = '[[routes]]\nmodel = "kimi-k3"\ntargets = [ { url = "https://api.example/v1", model = "kimi-k3", api_key_env = "K" } ]\n'
-    config = parse_config(_config(tmp_path / "state", routes, '[[users]]\nname = "alice"\nbudget_usd = 0.024\nbudget_period = "day"\n'), "ledger.toml")
+    config = parse_config(
+        _config(tmp_path / "state", routes, '[[users]]\nname = "alice"\nbudget_usd = 0.024\nbudget_period = "day"\n'), "ledger.toml"
+    )
     (tmp_path / "state").mkdir()
     store, worker = SqliteStore(tmp_path / "state"), StoreWorker()
     ledger = Ledger(config, store, Metrics(), (), worker)

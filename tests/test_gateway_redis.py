@@ -122,7 +122,8 @@ def test_two_replicas_share_keys_budget_and_usage(tmp_path: Path, assets: Assets
     argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, engine_port, "--api-key", HOSTED_KEY, ctx=2048, parallel=4)
     with running(argv, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
         body = (
-            f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "HOSTED_KEY" }} ]\n'
+            '[[routes]]\nmodel = "kimi-k3"\ntargets = [ '
+            f'{{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "HOSTED_KEY" }} ]\n'
             f'[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.00\noutput = 15.00\n'
             f'[[users]]\nname = "bob"\nbudget_usd = {budget}\nbudget_period = "day"\n'
         )
@@ -160,7 +161,10 @@ def test_rate_limits_are_shared_by_replicas(tmp_path: Path, assets: Assets, clea
     engine_port = free_port()
     argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, engine_port, ctx=1024, parallel=2)
     with running(argv, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
-        body = f'[[routes]]\nmodel = "local"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "local" }} ]\n[[users]]\nname = "carol"\nrequests_per_minute = 3\n'
+        body = (
+            f'[[routes]]\nmodel = "local"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "local" }} ]\n[[users]]\nname = '
+            '"carol"\nrequests_per_minute = 3\n'
+        )
         env = {"TIERLOCAL_REDIS_URL": clean_redis}
         with replicas(tmp_path, body, "carol", env) as (ports, _configs, key):
             request = {"model": "local", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}

@@ -187,9 +187,10 @@ def test_usage_gives_the_break_even_verdict_from_the_measured_volume(tmp_path: P
 SCHEMA_BEFORE_NUMBERING = """
 CREATE TABLE IF NOT EXISTS keys (key_hash TEXT PRIMARY KEY, shown_prefix TEXT NOT NULL, user TEXT NOT NULL, created REAL NOT NULL, revoked REAL);
 CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL, amount_usd REAL NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS usage (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, user TEXT NOT NULL, model TEXT NOT NULL, route TEXT NOT NULL,
-    target TEXT NOT NULL, status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
-    cost_usd REAL NOT NULL, latency_ms REAL NOT NULL, fallback_reason TEXT, request_id TEXT, request_body TEXT, response_body TEXT);
+CREATE TABLE IF NOT EXISTS usage (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, user TEXT NOT NULL, model TEXT NOT NULL,
+    route TEXT NOT NULL, target TEXT NOT NULL, status INTEGER NOT NULL, prompt_tokens INTEGER NOT NULL, cached_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL, cost_usd REAL NOT NULL, latency_ms REAL NOT NULL,
+    fallback_reason TEXT, request_id TEXT, request_body TEXT, response_body TEXT);
 CREATE INDEX IF NOT EXISTS usage_user_time ON usage (user, time);
 """
 FIRST_SCHEMA = SCHEMA_BEFORE_NUMBERING.replace(", request_id TEXT, request_body TEXT, response_body TEXT", "")

@@ -118,7 +118,9 @@ def _tensor(name: bytes, dims: list[int], type_id: int = 0, offset: int = 0) -> 
     return _string(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", type_id, offset)
 
 
-def _gguf(kvs: list[bytes], tensors: list[bytes], *, n_kv: int | None = None, n_tensors: int | None = None, version: int = 3, pad_to: int = 4096) -> bytes:
+def _gguf(
+    kvs: list[bytes], tensors: list[bytes], *, n_kv: int | None = None, n_tensors: int | None = None, version: int = 3, pad_to: int = 4096
+) -> bytes:
     arch = _string(b"general.architecture") + struct.pack("<I", GGUFValueType.STRING) + _string(b"llama")
     body = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors, (len(kvs) + 1) if n_kv is None else n_kv)
     body += arch + b"".join(kvs) + b"".join(tensors)
@@ -149,7 +151,11 @@ def test_valid_crafted_header_parses() -> None:
         (_gguf([], [], n_tensors=1 << 40), 8, "tensors, more than the file can hold"),
         (_gguf([], [], n_kv=1 << 40), 16, "metadata entries, more than the file can hold"),
         (_gguf([_string(b"k") + struct.pack("<I", 99)], []), 78, "unknown value type 99"),
-        (_gguf([_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.UINT8, 1 << 60)], []), 82, "claims 1152921504606846976 elements"),
+        (
+            _gguf([_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.UINT8, 1 << 60)], []),
+            82,
+            "claims 1152921504606846976 elements",
+        ),
         (_gguf([_string(b"k") + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.ARRAY, 1)], []), 82, "array of arrays"),
         (_gguf([struct.pack("<Q", 1 << 62)], []), 69, "claims 4611686018427387904 bytes"),
         (_gguf([_kv_u32(b"a", 1), _kv_u32(b"a", 2)], []), 86, "metadata key 'a' appears twice"),

@@ -67,7 +67,9 @@ def test_http_fetches_under_twice_the_header(served_dir: Path) -> None:
 def test_hub_fetches_under_twice_the_header_and_keeps_the_token_on_the_hub(served_dir: Path) -> None:
     repo = HubRepo("acme/private-gemma", served_dir, private=True, token="hf_secret_token_123")
     with fake_hub([repo]) as (endpoint, state):
-        result = run_cli("inspect", f"hf://acme/private-gemma/gemma.gguf@{COMMIT}", "--json", env={"HF_ENDPOINT": endpoint, "HF_TOKEN": repo.token or ""})
+        result = run_cli(
+            "inspect", f"hf://acme/private-gemma/gemma.gguf@{COMMIT}", "--json", env={"HF_ENDPOINT": endpoint, "HF_TOKEN": repo.token or ""}
+        )
         sent = state.total_sent
         requests = list(state.requests)
     assert result.returncode == 0, result.stderr
@@ -168,6 +170,8 @@ def test_source_specs() -> None:
 def test_token_never_appears_in_errors(served_dir: Path) -> None:
     token = "hf_do_not_print_me_987"
     with fake_hub([HubRepo("acme/private-gemma", served_dir, private=True, token="other")]) as (endpoint, _):
-        result = run_cli("inspect", "hf://acme/private-gemma/gemma.gguf", "--json", env={"HF_ENDPOINT": endpoint, "HF_TOKEN": token, "TIERLOCAL_DEBUG": "1"})
+        result = run_cli(
+            "inspect", "hf://acme/private-gemma/gemma.gguf", "--json", env={"HF_ENDPOINT": endpoint, "HF_TOKEN": token, "TIERLOCAL_DEBUG": "1"}
+        )
     assert result.returncode == 2
     assert token not in result.stdout + result.stderr

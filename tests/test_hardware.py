@@ -177,7 +177,10 @@ def test_a_unified_memory_machine_is_one_pool_counted_once(value: str, gpu: str,
     [
         (["--gpu", "M3 Max"], "error: --gpu 'M3 Max': how much RAM has it?"),
         (["--gpu", "M1 24GB"], "error: --gpu 'M1 24GB': the Apple M1 is not sold with 24 GB"),
-        (["--gpu", "M3 Max 64GB", "--ram", "32GiB"], "error: --gpu 'Apple M3 Max 64GB' already gives the machine's memory: one pool for its GPU and CPU"),
+        (
+            ["--gpu", "M3 Max 64GB", "--ram", "32GiB"],
+            "error: --gpu 'Apple M3 Max 64GB' already gives the machine's memory: one pool for its GPU and CPU",
+        ),
     ],
 )
 def test_a_unified_machine_needs_its_ram_once(argv: list[str], error: str) -> None:
@@ -190,7 +193,9 @@ def test_gpu_none_plans_a_cpu_only_machine_from_anywhere() -> None:
     assert payload["hardware"]["gpus"] == [] and payload["recommendation"]["where"] == "CPU"
 
 
-@pytest.mark.parametrize("name", ["RTX 4060", "RTX 3060 12GB", "RTX 3080", "RTX 4070 Ti", "RX 9070 XT", "Arc B580", "V100 32GB", "A10", "RTX PRO 6000"])
+@pytest.mark.parametrize(
+    "name", ["RTX 4060", "RTX 3060 12GB", "RTX 3080", "RTX 4070 Ti", "RX 9070 XT", "Arc B580", "V100 32GB", "A10", "RTX PRO 6000"]
+)
 def test_the_cards_people_own_are_known_by_name(name: str) -> None:
     (device,) = parse_gpu_override([name])
     assert device.total_bytes >= 8 * _GIB and device.bandwidth_bytes_per_s

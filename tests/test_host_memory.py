@@ -15,9 +15,10 @@ from tests.support.kernel_memory import measure_load
 from tests.support.sparse_models import LFM2_1_2B, write_sparse_gguf
 from tierlocal.engines.llama_server import parse_system_info
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+from tierlocal.fit.estimate import Machine, RunRequest
 from tierlocal.fit.host_memory import ENGINE_FILE_BYTES, host_memory, repack_rules
 from tierlocal.fit.model import model_spec
+from tierlocal.fit.search import plan_run
 from tierlocal.hardware.detect import cpu_features
 from tierlocal.serve.systemd import memory_limits
 
@@ -57,7 +58,11 @@ def test_without_mmap_the_weights_are_anonymous_and_mlock_pins_them(tmp_path: Pa
     assert anonymous.anonymous_bytes - mapped.anonymous_bytes == estimate.devices[-1].weights_bytes - (mapped.repack_bytes - spec.token_embd_bytes)
     assert (
         pinned.locked_bytes
-        == anonymous.anonymous_bytes - anonymous.repack_bytes - anonymous.engine_bytes - estimate.devices[-1].kv_bytes - estimate.devices[-1].output_bytes
+        == anonymous.anonymous_bytes
+        - anonymous.repack_bytes
+        - anonymous.engine_bytes
+        - estimate.devices[-1].kv_bytes
+        - estimate.devices[-1].output_bytes
     )
     assert mapped.in_use_bytes == mapped.peak_bytes + estimate.devices[-1].compute_bytes
 

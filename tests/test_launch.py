@@ -96,7 +96,10 @@ def test_specs_for_the_published_topologies(kind: str, engine: str, gpu: str, no
             (container,) = pod["containers"]
             assert container["resources"]["limits"] == {"nvidia.com/gpu": 8}
             volumes = {volume["name"]: volume for volume in pod["volumes"]}
-            assert volumes["dshm"]["emptyDir"]["medium"] == "Memory" and volumes["weights"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+            assert (
+                volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+                and volumes["weights"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+            )
         assert leader["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": 8000}
         leader_script, worker_script = leader["containers"][0]["command"][2], worker_pod["containers"][0]["command"][2]
         assert "HEAD=${LWS_LEADER_ADDRESS}" in leader_script and "RANK=${LWS_WORKER_INDEX}" in worker_script
@@ -200,7 +203,11 @@ def test_yaml_is_the_same_spec_as_json() -> None:
             "4 nodes of 8 (32 GPUs) divide evenly",
         ),
         (["--gpu", "A100 80GB"], "the published vllm recipe for this model covers no A100 80GB", "it covers: B200, B300, GB300, H100, H200, MI355X"),
-        (["--gpu", "H200", "--layout", "expert"], "the vllm recipe marks the expert-parallel layout unsupported on H200", "use the tensor layout there"),
+        (
+            ["--gpu", "H200", "--layout", "expert"],
+            "the vllm recipe marks the expert-parallel layout unsupported on H200",
+            "use the tensor layout there",
+        ),
     ],
 )
 def test_a_topology_that_cannot_work_is_refused_in_one_line(args: list[str], message: str, hint: str) -> None:
@@ -282,7 +289,10 @@ def _broken_lws(spec: dict) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
             lambda items: items[1]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"].update(containerz=[]),
         ),
         ("Service: 'eighty' is not of type 'integer'", lambda items: items[2]["spec"]["ports"][0].update(port="eighty")),
-        ("PersistentVolumeClaim: Additional properties are not allowed ('accessMode'", lambda items: items[0]["spec"].update(accessMode=["ReadWriteMany"])),
+        (
+            "PersistentVolumeClaim: Additional properties are not allowed ('accessMode'",
+            lambda items: items[0]["spec"].update(accessMode=["ReadWriteMany"]),
+        ),
     ]:
         broken = copy.deepcopy(spec)
         edit(broken["items"])

@@ -128,7 +128,13 @@ _COMPUTE_LINE = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d
 
 @pytest.mark.parametrize(
     ("model_key", "ctx", "n_ubatch", "flash_attn"),
-    [("gemma", 4096, 512, "on"), ("gemma", 16384, 128, "off"), ("llama3", 8192, 256, "on"), ("llama3", 4096, 512, "off"), ("deepseek", 4096, 512, "on")],
+    [
+        ("gemma", 4096, 512, "on"),
+        ("gemma", 16384, 128, "off"),
+        ("llama3", 8192, 256, "on"),
+        ("llama3", 4096, 512, "off"),
+        ("deepseek", 4096, 512, "on"),
+    ],
 )
 def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path, model_key: str, ctx: int, n_ubatch: int, flash_attn: str) -> None:
     """The compute buffer formula (calibrated on the CPU backend) against the CPU build."""
@@ -242,8 +248,9 @@ def _planned_repack(spec: ModelSpec, log: str) -> int:
     """The CPU_REPACK bytes planned for a 4096-token, 2-slot CPU load by the build whose
     ``log`` this is (its CPU features decide what is repacked)."""
     from tierlocal.engines.llama_server import parse_system_info
-    from tierlocal.fit.estimate import Machine, RunRequest, plan_run
+    from tierlocal.fit.estimate import Machine, RunRequest
     from tierlocal.fit.host_memory import host_memory
+    from tierlocal.fit.search import plan_run
 
     machine = Machine(None, None, 0, 0, None, 64 << 30, 64 << 30, 40_000_000_000, 0, 1 << 30, cpu_arch="x86_64", cpu_features=parse_system_info(log))
     return host_memory(spec, plan_run(spec, RunRequest(ctx=4096, parallel=2), machine), machine).repack_bytes
@@ -555,8 +562,10 @@ def test_gemma4_e4b_per_layer_embeddings_stay_in_ram_and_shared_blocks_keep_no_c
     spec = model_spec(read_headers(str(path)))
     assert spec.n_head_kv == (2,) * 6 + (0,) * 6 and spec.n_embd_per_layer == 256
     assert {t.name: t.layer for t in spec.tensors if "per_layer" in t.name} == {
-        "per_layer_token_embd.weight": -1, "per_layer_model_proj.weight": 0, "per_layer_proj_norm.weight": 0,
-    }  # fmt: skip
+        "per_layer_token_embd.weight": -1,
+        "per_layer_model_proj.weight": 0,
+        "per_layer_proj_norm.weight": 0,
+    }
     params = server_context(spec, ctx=4096, parallel=2)
     kv = kv_cache(spec, params)
     log = _served_log(assets, path, tmp_path)

@@ -32,7 +32,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("shape", "swa_blocks", "compute_over"), CASES)
-def test_a_new_family_is_planned_as_the_real_engine_allocates(assets: Assets, tmp_path: Path, shape: str, swa_blocks: int, compute_over: float) -> None:
+def test_a_new_family_is_planned_as_the_real_engine_allocates(
+    assets: Assets, tmp_path: Path, shape: str, swa_blocks: int, compute_over: float
+) -> None:
     arch = getattr(sparse_models, shape)
     path = sparse_models.write_sparse_gguf(tmp_path / f"{arch.name}.gguf", arch)
     spec = model_spec(read_headers(str(path)))

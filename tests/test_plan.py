@@ -72,7 +72,12 @@ def test_kimi_k3_defaults() -> None:
     assert any("config.json text_config" in source for source in payload["sources"])
     # Rental at $2.50/GPU-h (the guides' rate, in the dated $2–5 range), 720 h a month.
     rental = {row["label"]: row["usd_per_month"] for row in payload["rental"]}
-    assert rental == {"1 GPU always on": 1 * 720 * 2.5, "8 GPUs 4 h/day": 8 * 120 * 2.5, "8 GPUs always on": 8 * 720 * 2.5, "32 GPUs always on": 32 * 720 * 2.5}
+    assert rental == {
+        "1 GPU always on": 1 * 720 * 2.5,
+        "8 GPUs 4 h/day": 8 * 120 * 2.5,
+        "8 GPUs always on": 8 * 720 * 2.5,
+        "32 GPUs always on": 32 * 720 * 2.5,
+    }
     even = payload["break_even"]
     assert even["monthly_cost_usd"] == 8 * 720 * 2.5
     assert even["output_tokens_per_month"] == pytest.approx(14_400 / OUT * 1e6)

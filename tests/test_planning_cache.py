@@ -21,7 +21,8 @@ from tierlocal.fit.digest import spec_digest, spec_from_digest
 from tierlocal.fit.estimate import RunRequest
 from tierlocal.fit.model import model_spec
 from tierlocal.gguf import summarize
-from tierlocal.plan.source import check_model, machine_for
+from tierlocal.plan.machine import machine_for
+from tierlocal.plan.source import check_model
 
 #: One entry of each kind of layout the planner treats apart: dense, tied output, sliding
 #: window, MoE, MLA, MXFP4 experts, per-layer embeddings, hybrid recurrent.
@@ -29,7 +30,14 @@ ARCHITECTURES = ("llama", "gemma3", "qwen3moe", "deepseek2", "gpt-oss", "gemma4"
 #: Machines that take every path of a plan: the CPU alone, a small GPU (layers and experts in
 #: RAM), a mid-sized and a large one (whole), a named card priced from published rows, a split
 #: across two cards.
-MACHINES = ((("none",), "16GiB"), (("6GiB",), "32GiB"), (("RTX 4060",), "64GiB"), (("24GiB",), "64GiB"), (("H200",), "128GiB"), (("2xRTX 3090",), "64GiB"))
+MACHINES = (
+    (("none",), "16GiB"),
+    (("6GiB",), "32GiB"),
+    (("RTX 4060",), "64GiB"),
+    (("24GiB",), "64GiB"),
+    (("H200",), "128GiB"),
+    (("2xRTX 3090",), "64GiB"),
+)
 
 
 def _entries() -> list:

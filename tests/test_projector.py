@@ -46,7 +46,9 @@ def test_projector_header_gives_the_encoder_and_its_bytes(tmp_path: Path) -> Non
     assert (spec.projector_type, spec.n_layer, spec.n_embd, spec.n_ff, spec.n_head) == ("gemma3", 27, 1152, 4304, 16)
     assert spec.n_patches == (896 // 14) ** 2 == 4096
     assert spec.projection_dim == 640 and spec.verified
-    by_shape = sum(math.prod(shape) // GGML_QUANT_SIZES[qtype][0] * GGML_QUANT_SIZES[qtype][1] for _, shape, qtype in projector_tensors(GEMMA3_SIGLIP_TO_270M))
+    by_shape = sum(
+        math.prod(shape) // GGML_QUANT_SIZES[qtype][0] * GGML_QUANT_SIZES[qtype][1] for _, shape, qtype in projector_tensors(GEMMA3_SIGLIP_TO_270M)
+    )
     assert spec.weights_bytes == by_shape
 
 

@@ -62,7 +62,12 @@ def test_pull_by_quant_into_a_directory_is_verified(assets: Assets, repo_dir: Pa
     final = tmp_path / "models" / FILE
     assert payload["source"] == f"hf://{REPO}"
     assert payload["files"] == [
-        {"path": str(final), "bytes": assets.gemma_gguf.stat().st_size, "sha256": assets.gemma_sha256, "fetched_bytes": assets.gemma_gguf.stat().st_size}
+        {
+            "path": str(final),
+            "bytes": assets.gemma_gguf.stat().st_size,
+            "sha256": assets.gemma_sha256,
+            "fetched_bytes": assets.gemma_gguf.stat().st_size,
+        }
     ]
     assert final.read_bytes() == assets.gemma_gguf.read_bytes()
     assert sorted(p.name for p in final.parent.iterdir()) == [FILE]  # no partial or sidecar left
@@ -99,7 +104,9 @@ def test_split_gguf_pulls_every_shard(assets: Assets, repo_dir: Path, tmp_path: 
     for path in paths:
         assert path.read_bytes() == (repo_dir / "split" / path.name).read_bytes()
     # The pulled set reads as one model, like the original.
-    assert summarize(read_headers(str(paths[0]))).to_json()["tensor_count"] == summarize(read_headers(str(assets.gemma_gguf))).to_json()["tensor_count"]
+    assert (
+        summarize(read_headers(str(paths[0]))).to_json()["tensor_count"] == summarize(read_headers(str(assets.gemma_gguf))).to_json()["tensor_count"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -251,7 +258,9 @@ def test_private_repo_needs_the_token_and_the_cdn_never_sees_it(repo_dir: Path, 
     repo = HubRepo(REPO, repo_dir, private=True, token=token)
     with fake_hub([repo]) as (endpoint, state):
         refused = run_cli("pull", f"hf://{REPO}", "--quant", "Q4_K_M", "--dir", str(tmp_path / "m"), env=_env(endpoint, tmp_path))
-        allowed = run_cli("pull", f"hf://{REPO}", "--quant", "Q4_K_M", "--dir", str(tmp_path / "m"), "--json", env=_env(endpoint, tmp_path, HF_TOKEN=token))
+        allowed = run_cli(
+            "pull", f"hf://{REPO}", "--quant", "Q4_K_M", "--dir", str(tmp_path / "m"), "--json", env=_env(endpoint, tmp_path, HF_TOKEN=token)
+        )
         cdn_auth = [headers.get("authorization") for _, path, headers in state.requests if path.startswith("/cdn/")]
     assert refused.returncode == 2
     assert refused.stderr.splitlines() == [
@@ -297,7 +306,10 @@ def test_serve_a_catalog_name_takes_what_check_recommends(repo_dir: Path, tmp_pa
         assert pulled.returncode == 0, pulled.stderr
     assert result.returncode == 2, result.stderr
     assert f"llama-3.1-8b: {best['model']} {best['quant']}: recommended for this machine" in result.stderr
-    assert result.stderr.splitlines()[-2:] == ["error: llama-3.1-8b: not downloaded yet", "hint: add --pull, or run `tierlocal pull llama-3.1-8b` first"]
+    assert result.stderr.splitlines()[-2:] == [
+        "error: llama-3.1-8b: not downloaded yet",
+        "hint: add --pull, or run `tierlocal pull llama-3.1-8b` first",
+    ]
     # Downloaded: found in the hub cache with the hub gone and offline mode on. The model
     # resolved, so what stops serve is the next thing it needs (no llama-server in this test).
     offline = run_cli("serve", "llama-3.1-8b", "--gpu", "8GiB", env=_env(endpoint, tmp_path, HF_HUB_OFFLINE="1"))

@@ -43,7 +43,9 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         with ThreadPoolExecutor(2) as pool:
             chats = [[{"role": "user", "content": text}] for text in ("Name a colour.", "Name a fruit.")]
-            replies = list(pool.map(lambda messages: client.chat.completions.create(model="gemma", messages=messages, max_tokens=4, temperature=0), chats))
+            replies = list(
+                pool.map(lambda messages: client.chat.completions.create(model="gemma", messages=messages, max_tokens=4, temperature=0), chats)
+            )
         client.close()
         assert all(reply.choices[0].message.content and reply.usage and reply.usage.completion_tokens == 4 for reply in replies)
         status = run_cli("status", "--json", env={"TIERLOCAL_HOME": str(tmp_path)})
@@ -67,7 +69,20 @@ def test_flash_attention_on_llvmpipe_fails_before_ready_with_the_flag_to_try(ass
     port = free_port()
     env = {"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_vulkan), "GGML_VK_VISIBLE_DEVICES": "0"}
     result = run_cli(
-        "serve", str(assets.gemma_gguf), "--gpu", "1650MiB", "--ctx", "4096", "--port", str(port), "--threads", "2", "--flash-attn", "on", env=env, timeout=400
+        "serve",
+        str(assets.gemma_gguf),
+        "--gpu",
+        "1650MiB",
+        "--ctx",
+        "4096",
+        "--port",
+        str(port),
+        "--threads",
+        "2",
+        "--flash-attn",
+        "on",
+        env=env,
+        timeout=400,
     )
     assert result.returncode == 1, result.stderr[-2000:]
     error = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
@@ -131,9 +146,14 @@ def test_ngl_a_number_and_all_reach_llama_server_resolved(assets: Assets, tmp_pa
 
 def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
     result = run_cli(
-        "serve", str(assets.gemma_gguf), "--ctx", "16000000", "--port", str(free_port()),
+        "serve",
+        str(assets.gemma_gguf),
+        "--ctx",
+        "16000000",
+        "--port",
+        str(free_port()),
         env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
-    )  # fmt: skip
+    )
     assert result.returncode == 1
     assert "does not fit this machine as asked" in result.stderr and "nothing was started" in result.stderr
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
@@ -142,14 +162,22 @@ def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Pa
 def test_a_gpu_the_engine_does_not_see_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
     """`--gpu 24GiB` with an engine that sees no GPU once started -ngl 19 and said "plan held"."""
     result = run_cli(
-        "serve", str(assets.gemma_gguf), "--gpu", "24GiB", "--ctx", "2048", "--port", str(free_port()),
+        "serve",
+        str(assets.gemma_gguf),
+        "--gpu",
+        "24GiB",
+        "--ctx",
+        "2048",
+        "--port",
+        str(free_port()),
         env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
-    )  # fmt: skip
+    )
     assert (result.returncode, result.stderr.splitlines()[-2:]) == (
         2,
         [
             "error: --gpu 24GiB plans 1 GPU(s), and the engine here sees no GPU: nothing was started",
-            "hint: drop --gpu to plan for this machine (`tierlocal check --gpu …` plans another one), or build an engine for the GPU: tierlocal engine build",
+            "hint: drop --gpu to plan for this machine (`tierlocal check --gpu …` plans another one), or build an engine for the GPU: tierlocal "
+            "engine build",
         ],
     )
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
@@ -165,7 +193,8 @@ def test_a_plan_on_a_gpu_holds_only_if_the_gpu_buffers_are_in_the_log(gemma: Pat
     from tierlocal.fit.estimate import RunRequest
     from tierlocal.hardware.detect import detect
     from tierlocal.hardware.override import with_gpu_override
-    from tierlocal.plan.source import check_source, machine_for
+    from tierlocal.plan.machine import machine_for
+    from tierlocal.plan.source import check_source
     from tierlocal.plan.verify import verify_load
 
     machine = machine_for(with_gpu_override(detect(), ["24GiB"]), load_host_defaults())
@@ -192,8 +221,11 @@ def test_status_says_a_server_is_starting_until_it_serves(assets: Assets, tmp_pa
     env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(late)}
     process = subprocess.Popen(
         [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--port", str(port), "--threads", "2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO_ROOT,
+    )
     seen: list[str] = []
     try:
         deadline = time.monotonic() + 120
@@ -292,7 +324,10 @@ def test_an_engine_that_ignores_sigterm_cannot_outlive_a_killed_tierlocal(assets
     stubborn = tmp_path / "llama-server"
     stubborn.write_text(f"#!/bin/sh\ntrap '' TERM\n'{assets.llama_server_cpu}' \"$@\"\n")
     stubborn.chmod(0o755)
-    with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port()), extra_env={"TIERLOCAL_LLAMA_SERVER": str(stubborn)}) as (process, ready):
+    with serving(assets, tmp_path, "--ctx", "2048", "--port", str(free_port()), extra_env={"TIERLOCAL_LLAMA_SERVER": str(stubborn)}) as (
+        process,
+        ready,
+    ):
         shell = psutil.Process(ready["engine_pid"])
         (server,) = shell.children()
         assert server.name() == "llama-server"
@@ -314,9 +349,14 @@ def test_engine_that_dies_while_loading_is_reported_with_its_log(assets: Assets,
     data[at : at + 19] = b"blk.0.attn_x.weight"
     broken.write_bytes(bytes(data))
     result = run_cli(
-        "serve", str(broken), "--ctx", "2048", "--port", str(free_port()),
+        "serve",
+        str(broken),
+        "--ctx",
+        "2048",
+        "--port",
+        str(free_port()),
         env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
-    )  # fmt: skip
+    )
     assert result.returncode == 1, result.stderr
     error = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
     assert error.startswith("error: llama-server exited with 1 while loading: ")

@@ -68,7 +68,9 @@ def test_ollama_started_with_the_plan(assets: Assets, tmp_path: Path) -> None:
         client = ollama.Client(host=f"http://127.0.0.1:{port}")
         with ThreadPoolExecutor(2) as pool:
             replies = list(
-                pool.map(lambda p: client.generate(model=actual["ollama_model"], prompt=p, options={"num_predict": 3, "temperature": 0}), ["One", "Two"])
+                pool.map(
+                    lambda p: client.generate(model=actual["ollama_model"], prompt=p, options={"num_predict": 3, "temperature": 0}), ["One", "Two"]
+                )
             )
         (loaded,) = client.ps().models
         client.close()
@@ -126,9 +128,26 @@ def test_an_ollama_tag_is_served_as_it_is_by_ollama_or_by_llama_server(assets: A
         client.create(model="gemma-test:small", files={assets.gemma_gguf.name: client.create_blob(assets.gemma_gguf)})  # a tag made by Ollama itself
         serve_env = {**_env(tmp_path), "OLLAMA_HOST": f"127.0.0.1:{port}"}
         process = subprocess.Popen(
-            [sys.executable, "-m", "tierlocal", "serve", "ollama://gemma-test:small", "--engine", "ollama", "--port", str(port), "--ctx", "3072", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=serve_env, cwd=REPO_ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tierlocal",
+                "serve",
+                "ollama://gemma-test:small",
+                "--engine",
+                "ollama",
+                "--port",
+                str(port),
+                "--ctx",
+                "3072",
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=serve_env,
+            cwd=REPO_ROOT,
+        )
         try:
             ready = first_json_document(process)
             assert ready["actual"]["ollama_model"] == "gemma-test:small" and ready["delta"]["verified"], ready["delta"]
@@ -143,9 +162,28 @@ def test_an_ollama_tag_is_served_as_it_is_by_ollama_or_by_llama_server(assets: A
     # The same tag's GGUF, planned and served by llama-server straight from Ollama's store.
     llama_port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", "ollama://gemma-test:small", "--llama-server", str(assets.llama_server_cpu), "--port", str(llama_port), "--ctx", "2048", "--threads", "2", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**_env(tmp_path)}, cwd=REPO_ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierlocal",
+            "serve",
+            "ollama://gemma-test:small",
+            "--llama-server",
+            str(assets.llama_server_cpu),
+            "--port",
+            str(llama_port),
+            "--ctx",
+            "2048",
+            "--threads",
+            "2",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**_env(tmp_path)},
+        cwd=REPO_ROOT,
+    )
     try:
         ready = first_json_document(process)
         assert ready["delta"]["verified"] and ready["actual"]["n_ctx"] == 2048

@@ -55,13 +55,39 @@ def test_a_units_command_line_keeps_what_differs_from_the_defaults(tmp_path: Pat
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages }}")
     options = ServeOptions(
-        Path("m.gguf"), ctx="max", parallel="2", port=9000, gpus=("24GiB",), ngl=constants.NGL_ALL, chat_template=str(tmp_path / "." / "t.jinja"),
-        cache_type_k="q8_0", flash_attn="off", ubatch=1024,
-    )  # fmt: skip
+        Path("m.gguf"),
+        ctx="max",
+        parallel="2",
+        port=9000,
+        gpus=("24GiB",),
+        ngl=constants.NGL_ALL,
+        chat_template=str(tmp_path / "." / "t.jinja"),
+        cache_type_k="q8_0",
+        flash_attn="off",
+        ubatch=1024,
+    )
     assert serve_argv(options) == [
-        "--ctx", "max", "--parallel", "2", "--host", "127.0.0.1", "--port", "9000", "--gpu", "24GiB", "--ngl", "all",
-        "--chat-template", str(template), "--cache-type-k", "q8_0", "--flash-attn", "off", "--ubatch", "1024",
-    ]  # fmt: skip
+        "--ctx",
+        "max",
+        "--parallel",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9000",
+        "--gpu",
+        "24GiB",
+        "--ngl",
+        "all",
+        "--chat-template",
+        str(template),
+        "--cache-type-k",
+        "q8_0",
+        "--flash-attn",
+        "off",
+        "--ubatch",
+        "1024",
+    ]
     assert "--ngl" not in serve_argv(ServeOptions(Path("m.gguf")))  # auto: planned where it runs
     assert "--ctx" not in serve_argv(ServeOptions(Path("m.gguf")))  # not given: the default, up to the model's training, where it runs
 

@@ -29,10 +29,32 @@ def test_python_engine_serves_the_plan_and_keeps_the_key_off_its_command_line(as
     key_file.chmod(0o600)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "python", "--ctx", "2048", "--threads", "2",
-         "--host", "0.0.0.0", "--port", str(port), "--api-key-file", str(key_file), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=os.environ.copy(),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tierlocal",
+            "serve",
+            str(assets.gemma_gguf),
+            "--engine",
+            "python",
+            "--ctx",
+            "2048",
+            "--threads",
+            "2",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(port),
+            "--api-key-file",
+            str(key_file),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=os.environ.copy(),
+    )
     try:
         ready = first_json_document(process)
         assert ready["engine"] == "llama-cpp-python" and ready["engine_version"] == "0.3.36"
@@ -53,7 +75,9 @@ def test_python_engine_serves_the_plan_and_keeps_the_key_off_its_command_line(as
         assert answer.choices[0].text.strip()
         # No template in the file: llama-cpp-python gets Gemma's chat format, not its llama-2 default.
         assert b"--chat_format\x00gemma" in cmdline and ready["chat_template"]["name"] == "gemma"
-        said = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0)
+        said = api.chat.completions.create(
+            model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0
+        )
         text = said.choices[0].message.content or ""
         assert text and not any(marker in text for marker in ("[INST]", "<|im_start|>", "<|im_end|>")), text
         status = run_cli("status", "--port", str(port), "--json")

@@ -71,9 +71,13 @@ def test_the_same_engine_without_tierlocal_falls_back_to_chatml(assets: Assets, 
     """The failure the previous test guards against, on the same binary and file."""
     port = free_port()
     with running(
-        llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=1024, parallel=1), tmp_path / "ls.log", f"http://127.0.0.1:{port}/health"
+        llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=1024, parallel=1),
+        tmp_path / "ls.log",
+        f"http://127.0.0.1:{port}/health",
     ):
-        prompt = httpx2.post(f"http://127.0.0.1:{port}/apply-template", json={"messages": [{"role": "user", "content": PROBE_MESSAGE}]}).json()["prompt"]
+        prompt = httpx2.post(f"http://127.0.0.1:{port}/apply-template", json={"messages": [{"role": "user", "content": PROBE_MESSAGE}]}).json()[
+            "prompt"
+        ]
         assert prompt.startswith("<|im_start|>user")
         assert any(marker in _chat(port) for marker in CHATML_MARKERS)
 

@@ -33,10 +33,25 @@ def _install(assets: Assets, tmp_path: Path, *extra: str) -> tuple[Path, str]:
     key_file.chmod(0o600)
     port = free_port()
     result = run_cli(
-        "service", "install", "serve", str(assets.gemma_gguf), "--llama-server", str(assets.llama_server_cpu),
-        "--ctx", "2048", "--host", "0.0.0.0", "--port", str(port), "--api-key-file", str(key_file), "--dir", str(tmp_path / "units"),
-        "--no-access-check", *extra,  # the files live under the test's /tmp, which the unit's PrivateTmp hides (see test_unit_access)
-    )  # fmt: skip
+        "service",
+        "install",
+        "serve",
+        str(assets.gemma_gguf),
+        "--llama-server",
+        str(assets.llama_server_cpu),
+        "--ctx",
+        "2048",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--api-key-file",
+        str(key_file),
+        "--dir",
+        str(tmp_path / "units"),
+        "--no-access-check",
+        *extra,  # the files live under the test's /tmp, which the unit's PrivateTmp hides (see test_unit_access)
+    )
     assert result.returncode == 0, result.stderr
     return tmp_path / "units" / "tierlocal-serve.service", str(port)
 
@@ -58,8 +73,16 @@ def test_unit_passes_systemd_analyze(assets: Assets, tmp_path: Path) -> None:
     assert "--api-key" not in exec_start and KEY not in text
     # --dry-run prints exactly what install writes.
     dry = run_cli(
-        "service", "install", "serve", str(assets.gemma_gguf), *shlex.split(exec_start)[3:], "--api-key-file", str(tmp_path / "key"), "--dry-run", "--no-access-check"
-    )  # fmt: skip
+        "service",
+        "install",
+        "serve",
+        str(assets.gemma_gguf),
+        *shlex.split(exec_start)[3:],
+        "--api-key-file",
+        str(tmp_path / "key"),
+        "--dry-run",
+        "--no-access-check",
+    )
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout == text
 
@@ -84,7 +107,10 @@ def test_the_units_command_serves_with_the_credential_and_notifies(assets: Asset
             assert httpx2.get(url, timeout=10).status_code in (200, 401)  # model listing may be open
             denied = httpx2.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, timeout=60)
             allowed = httpx2.post(
-                f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"prompt": "Hi", "max_tokens": 1},
+                headers={"Authorization": f"Bearer {KEY}"},
+                timeout=60,
             )
             assert (denied.status_code, allowed.status_code) == (401, 200)
         finally:
@@ -99,7 +125,9 @@ def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Asse
     started with its Environment= lines runs the plan's -c and -np."""
 
     units = tmp_path / "units"
-    result = run_cli("service", "install", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "2048", "--parallel", "2", "--dir", str(units))
+    result = run_cli(
+        "service", "install", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "2048", "--parallel", "2", "--dir", str(units)
+    )
     assert result.returncode == 0, result.stderr
     dropin = units / "ollama.service.d" / "tierlocal.conf"
     text = dropin.read_text()
@@ -111,17 +139,39 @@ def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Asse
     )
     verify = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", str(units / "ollama.service")],
-        capture_output=True, text=True, check=False, env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"},
+    )
     assert verify.returncode == 0 and verify.stderr == "", verify.stderr
     environment = dict(re.findall(r'^Environment="([A-Z_]+)=([^"]*)"$', text, re.MULTILINE))
     port = free_port()
     env = {**environment, "OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_MODELS": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
     with running([str(assets.ollama), "serve"], tmp_path / "ollama.log", f"http://127.0.0.1:{port}/api/version", env=env):
         process = subprocess.Popen(
-            [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ctx", "2048", "--parallel", "2", "--port", str(port), "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl")},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "tierlocal",
+                "serve",
+                str(assets.gemma_gguf),
+                "--engine",
+                "ollama",
+                "--ctx",
+                "2048",
+                "--parallel",
+                "2",
+                "--port",
+                str(port),
+                "--json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env={**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl")},
+        )
         assert first_json_document(process)["delta"]["verified"] is True
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=30)
@@ -138,7 +188,8 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'[server]\nport = {gateway_port}\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }} ]\n'
+        '[[routes]]\nmodel = "kimi-k3"\ntargets = [ '
+        f'{{ url = "http://127.0.0.1:{engine_port}/v1", model = "kimi-k3", api_key_env = "MOONSHOT_API_KEY" }} ]\n'
     )
     result = run_cli(
         "service",
@@ -173,7 +224,19 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as receiver:
         receiver.bind(notify_path)
         receiver.settimeout(60)
-        engine = [str(assets.llama_server_cpu), "-m", str(assets.gemma_gguf), "--port", str(engine_port), "-c", "1024", "-t", "2", "--api-key", upstream_key]
+        engine = [
+            str(assets.llama_server_cpu),
+            "-m",
+            str(assets.gemma_gguf),
+            "--port",
+            str(engine_port),
+            "-c",
+            "1024",
+            "-t",
+            "2",
+            "--api-key",
+            upstream_key,
+        ]
         with running(engine, tmp_path / "engine.log", f"http://127.0.0.1:{engine_port}/health"):
             process = subprocess.Popen(
                 argv,
@@ -186,9 +249,11 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
                 assert "READY=1" in receiver.recv(4096).decode().splitlines()
                 key = (tmp_path / "state" / "local.key").read_text().strip()
                 answer = httpx2.post(
-                    f"http://127.0.0.1:{gateway_port}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                    json={"model": "kimi-k3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}, timeout=60,
-                )  # fmt: skip
+                    f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": "kimi-k3", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+                    timeout=60,
+                )
                 assert answer.status_code == 200, answer.text  # the engine accepted the credential's key
             finally:
                 process.send_signal(signal.SIGTERM)
@@ -211,7 +276,8 @@ def test_service_status_reads_systemctl_show_and_fails_clearly_without_systemd()
     assert line.startswith("tierlocal-serve.service: active (running), pid 4242, restarted 2 time(s), since Sun 2026-11-29")
     assert line.endswith("— serving gemma.gguf on http://127.0.0.1:8080 (plan: -ngl=19)")
     failed = describe_unit(
-        "tierlocal-serve.service", {**properties, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1", "MainPID": "0"}
+        "tierlocal-serve.service",
+        {**properties, "ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1", "MainPID": "0"},
     )
     assert "last result exit-code (exit status 1)" in failed and "pid" not in failed
     # The command itself, against this machine's systemctl: here systemd is not PID 1 (or, on
@@ -241,7 +307,9 @@ def test_chat_template_reaches_the_unit_a_file_by_its_resolved_path(tmp_path: Pa
     (tmp_path / "mine.jinja").write_text("{{ messages[0].content }}")
     (tmp_path / "sub").mkdir()
     for given, expected in (("llama3", "--chat-template llama3"), (f"{tmp_path}/sub/../mine.jinja", f"--chat-template {tmp_path / 'mine.jinja'}")):
-        unit = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--chat-template", given, "--dry-run", "--no-access-check")
+        unit = run_cli(
+            "service", "install", "serve", str(model), "--llama-server", "/bin/true", "--chat-template", given, "--dry-run", "--no-access-check"
+        )
         assert unit.returncode == 0, unit.stderr
         assert next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart=")).endswith(expected)
 

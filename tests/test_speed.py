@@ -68,13 +68,20 @@ def _known_speed() -> DeviceSpeed:
     """Figures chosen by hand, as a CPU might have them."""
     types = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "IQ4_NL", "Q5_0", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16")
     return DeviceSpeed(
-        "cpu", "measured", "by hand",
+        "cpu",
+        "measured",
+        "by hand",
         decode_bytes_per_s={name: 12e9 + 1.5e9 * i for i, name in enumerate(types)},
         prefill_flops_per_s={**{name: 90e9 + 10e9 * i for i, name in enumerate(types)}, "x:Q4_K": 70e9},
-        attention_flops_per_s=40e9, token_overhead_s=4e-4, layer_overhead_s=3e-5, vocab_overhead_s=5e-9,
+        attention_flops_per_s=40e9,
+        token_overhead_s=4e-4,
+        layer_overhead_s=3e-5,
+        vocab_overhead_s=5e-9,
         decode_row_s={name: 1e-9 + 2e-10 * i for i, name in enumerate(types)},
-        prefill_token_overhead_s=2e-5, prefill_layer_overhead_s=1e-6, prefill_element_s=2e-10,
-    )  # fmt: skip
+        prefill_token_overhead_s=2e-5,
+        prefill_layer_overhead_s=1e-6,
+        prefill_element_s=2e-10,
+    )
 
 
 def test_the_calibration_fit_recovers_the_figures_that_timed_the_probes(tmp_path: Path) -> None:
@@ -89,9 +96,16 @@ def test_the_calibration_fit_recovers_the_figures_that_timed_the_probes(tmp_path
         features = run_features(spec, depth=depth, prompt=probe.prompt)
         assert predicted.decode_tokens_per_s and predicted.prefill_tokens_per_s
         runs.append(
-            TimedRun(probe.shape.name, features.decode["host"], features.prefill["host"], features.once["host"], probe.prompt,
-                     1 / predicted.decode_tokens_per_s, 1 / predicted.prefill_tokens_per_s)
-        )  # fmt: skip
+            TimedRun(
+                probe.shape.name,
+                features.decode["host"],
+                features.prefill["host"],
+                features.once["host"],
+                probe.prompt,
+                1 / predicted.decode_tokens_per_s,
+                1 / predicted.prefill_tokens_per_s,
+            )
+        )
     fitted = fit_device_speed(runs)
     for name, rate in truth.decode_bytes_per_s.items():
         assert fitted.decode_bytes_per_s[name] == pytest.approx(rate, rel=1e-6), name
@@ -123,7 +137,12 @@ def test_a_type_without_a_probe_is_priced_at_the_nearest_measured_type_and_named
 def test_a_damaged_calibration_is_refused_not_used() -> None:
     good = _known_speed().to_json()
     assert DeviceSpeed.from_json(good).decode_bytes_per_s["Q4_K"] == pytest.approx(_known_speed().decode_bytes_per_s["Q4_K"], rel=1e-9)
-    for damage in ({"decode_bytes_per_s": {"Q4_K": -1}}, {"decode_bytes_per_s": "fast"}, {"layer_overhead_s": float("nan")}, {"attention_flops_per_s": 0}):
+    for damage in (
+        {"decode_bytes_per_s": {"Q4_K": -1}},
+        {"decode_bytes_per_s": "fast"},
+        {"layer_overhead_s": float("nan")},
+        {"attention_flops_per_s": 0},
+    ):
         with pytest.raises(ValueError):
             DeviceSpeed.from_json({**good, **damage})
 

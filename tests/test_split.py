@@ -64,7 +64,9 @@ def test_two_rtx_3090s_are_both_planned() -> None:
         ("lfm2-1.2b", ("24GiB", "24GiB"), ("--ctx", "4096", "--parallel", "2")),  # a hybrid: convolution state and KV
     ],
 )
-def test_a_two_device_load_matches_the_planned_split(assets: Assets, tmp_path: Path, name: str, gpus: tuple[str, str], extra: tuple[str, ...]) -> None:
+def test_a_two_device_load_matches_the_planned_split(
+    assets: Assets, tmp_path: Path, name: str, gpus: tuple[str, str], extra: tuple[str, ...]
+) -> None:
     model = write_compact_as_gguf(json.loads(header_path(name, "Q4_K_M").read_text()), tmp_path / f"{name}.gguf")
     plan = _plan(model, *(f"--gpu={gpu}" for gpu in gpus), *extra)
     args = [arg for arg in plan["command"][3:] if arg != "--no-jinja"]  # type: ignore[index]
@@ -133,7 +135,8 @@ def test_serve_verification_holds_for_a_split(assets: Assets, tmp_path: Path) ->
     from tierlocal.fit.estimate import RunRequest
     from tierlocal.hardware.detect import detect
     from tierlocal.hardware.override import with_gpu_override
-    from tierlocal.plan.source import check_source, machine_for
+    from tierlocal.plan.machine import machine_for
+    from tierlocal.plan.source import check_source
     from tierlocal.plan.verify import verify_load
 
     model = write_compact_as_gguf(json.loads(header_path("qwen3-0.6b", "Q4_K_M").read_text()), tmp_path / "q.gguf")

@@ -152,7 +152,9 @@ def test_it_opens_on_the_answer_check_gives_with_its_plan_beside_it() -> None:
         for device in devices:  # each device's bar legend carries check's figures
             compute = device["compute_bytes"] + device["output_bytes"] + device["overhead_bytes"] + device["projector_bytes"]
             assert f"{device['name']}: {format_bytes(device['total_needed_bytes'])} of {format_bytes(device['free_bytes'])} free" in text
-            assert f"weights {format_bytes(device['weights_bytes'])}  ■ KV {format_bytes(device['kv_bytes'])}  ■ compute {format_bytes(compute)}" in text
+            assert (
+                f"weights {format_bytes(device['weights_bytes'])}  ■ KV {format_bytes(device['kv_bytes'])}  ■ compute {format_bytes(compute)}" in text
+            )
         assert "Command: " + " ".join(payload["plan"]["command"]) in text.replace("\n", " ")
         assert str(screen.query_one("#fits-status", Static).content).startswith("--gpu 24GiB --ram 32GiB · ctx 8,192 × 1 slot(s)")
 

@@ -53,7 +53,10 @@ def _status(home: Path) -> dict:  # type: ignore[type-arg]
 
 def _planned_lines(status: dict) -> list[str]:  # type: ignore[type-arg]
     """The Live lines `status --json`'s delta gives, in MiB as the screen rounds them."""
-    return [f"{d['name']}: planned {d['planned_bytes'] / 2**20:.0f} MiB, allocated {d['actual_bytes'] / 2**20:.0f} MiB" for d in status["delta"]["devices"]]
+    return [
+        f"{d['name']}: planned {d['planned_bytes'] / 2**20:.0f} MiB, allocated {d['actual_bytes'] / 2**20:.0f} MiB"
+        for d in status["delta"]["devices"]
+    ]
 
 
 def _flat(text: str) -> str:
@@ -108,12 +111,16 @@ def test_live_shows_a_real_serve_and_gateway_updating_and_a_filter_changes_the_t
                 # the request's time), so the screen is watched from another thread meanwhile.
                 api = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0)
                 with ThreadPoolExecutor(1) as pool:
-                    asked = pool.submit(api.chat.completions.create, model="gemma", messages=[{"role": "user", "content": "Count to twenty"}], max_tokens=48)
+                    asked = pool.submit(
+                        api.chat.completions.create, model="gemma", messages=[{"role": "user", "content": "Count to twenty"}], max_tokens=48
+                    )
                     ui.wait_for(lambda text: re.search(r"decode (?!0\.0 )[\d,]+\.\d tok/s", text) is not None, 60, "a decode rate above zero")
                     answer = asked.result(timeout=120)
                 assert answer.usage is not None
                 tokens_in, tokens_out = answer.usage.prompt_tokens, answer.usage.completion_tokens
-                screen = ui.wait_for(lambda text: re.search(rf"alice\s+1\s+{tokens_in}\s+{tokens_out}\s", text) is not None, 15, "alice's request on Live")
+                screen = ui.wait_for(
+                    lambda text: re.search(rf"alice\s+1\s+{tokens_in}\s+{tokens_out}\s", text) is not None, 15, "alice's request on Live"
+                )
                 assert "of $5.00/month" in screen and "local: 1 requests" in screen
                 assert SECRET not in screen and gw.key not in screen
                 # What fits: a filter key narrows the table.
@@ -154,7 +161,9 @@ def test_the_pull_and_serve_keys_fetch_the_selection_and_start_a_serve_live_show
             with tmux_session(argv, env) as ui:
                 ui.wait_for(lambda text: re.search(r"\d+/\d+ shown", text) is not None, 20, "the What fits table")
                 ui.send("/", "gemma-3-270m q4_k_m", "Enter")
-                screen = ui.wait_for(lambda text: re.search(r"^ gemma-3-270m\s+Q4_K_M", text, re.M) is not None and "1/" in text, 10, "the one Gemma row")
+                screen = ui.wait_for(
+                    lambda text: re.search(r"^ gemma-3-270m\s+Q4_K_M", text, re.M) is not None and "1/" in text, 10, "the one Gemma row"
+                )
                 assert "gemma-3-270m Q4_K_M" in screen  # its plan beside the table
                 ui.send("s")
                 ui.wait_for(lambda text: "is not downloaded yet: press d to pull it" in _flat(text), 10, "serve refused before a pull")

@@ -57,7 +57,9 @@ def _seed(state_dir: Path) -> None:
     user and a model whose names are script tags, with a stored body."""
     store = SqliteStore(state_dir)
     try:
-        store.settle(None, UsageRecord("bob", "kimi-k3", "kimi-k3", "http://127.0.0.1:9/v1#kimi-k3", 200, 1_000_000, 400_000, 100_000, 3.42, 900.0, tier=3))
+        store.settle(
+            None, UsageRecord("bob", "kimi-k3", "kimi-k3", "http://127.0.0.1:9/v1#kimi-k3", 200, 1_000_000, 400_000, 100_000, 3.42, 900.0, tier=3)
+        )
         store.settle(
             None,
             UsageRecord(
@@ -206,13 +208,22 @@ def test_the_spend_page_shows_what_usage_json_says(running: RunningGateway) -> N
         == report["by_tier"]
         == {
             "2": {"name": "local", "requests": 1, "prompt_tokens": 50, "cached_tokens": 0, "completion_tokens": 20, "cost_usd": 0.0},
-            "3": {"name": "hosted API", "requests": 1, "prompt_tokens": 1_000_000, "cached_tokens": 400_000, "completion_tokens": 100_000, "cost_usd": 3.42},
+            "3": {
+                "name": "hosted API",
+                "requests": 1,
+                "prompt_tokens": 1_000_000,
+                "cached_tokens": 400_000,
+                "completion_tokens": 100_000,
+                "cost_usd": 3.42,
+            },
         }
     )
     assert report["budgets"]["bob"] == {"budget_usd": 2.0, "budget_period": "day", "spent_usd": 3.42, "left_usd": 0.0}
     # The budget bar draws bob's spend against his budget, full (over budget).
     bar = re.search(
-        r'<span class="budget" data-spent="([0-9.]+)" data-budget="([0-9.]+)"><svg[^>]*>.*?<rect class="spent" data-value="[0-9.]+" width="([0-9.]+)"', page
+        r'<span class="budget" data-spent="([0-9.]+)" data-budget="([0-9.]+)"><svg[^>]*>.*?<rect class="spent" data-value="[0-9.]+" '
+        r'width="([0-9.]+)"',
+        page,
     )
     assert bar is not None and (float(bar.group(1)), float(bar.group(2)), float(bar.group(3))) == (3.42, 2.0, 120.0)
     # The break-even chart: its lines and today's point are usage --json's verdict.
@@ -268,5 +279,7 @@ def test_tierlocal_dashboard_serves_the_pages_without_a_gateway(tmp_path: Path) 
     assert "No gateway serves this page" in live
     assert spend["users"]["bob"]["cost_usd"] == 3.42
     # It listens on loopback only: there is no option to choose another address.
-    help_text = subprocess.run([sys.executable, "-m", "tierlocal", "dashboard", "--help"], capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "tierlocal", "dashboard", "--help"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+    ).stdout
     assert "--host" not in help_text and "127.0.0.1" in help_text

@@ -63,7 +63,8 @@ def test_a_browser_signs_in_and_sees_the_plan_live_slots_and_spend(assets: Asset
     shots = artefacts_dir()
     routes = (
         f'[[routes]]\nmodel = "gemma"\ntargets = [ {{ url = "http://127.0.0.1:{port}/v1", model = "gemma" }} ]\n\n'
-        f'[[routes]]\nmodel = "kimi-k3"\ntargets = [ {{ url = "http://127.0.0.1:{hosted_port}/v1", model = "kimi-k3", api_key_env = "HOSTED_KEY" }} ]\n\n'
+        '[[routes]]\nmodel = "kimi-k3"\ntargets = [ '
+        f'{{ url = "http://127.0.0.1:{hosted_port}/v1", model = "kimi-k3", api_key_env = "HOSTED_KEY" }} ]\n\n'
     )
     users = '[[users]]\nname = "alice"\nadmin = true\nbudget_usd = 5.0\n'
     hosted = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, hosted_port, "--api-key", HOSTED_KEY, ctx=1024, parallel=1)

@@ -50,7 +50,9 @@ def test_an_account_needs_every_directory_on_the_way_and_the_file(tree: Path) ->
     closed = tree / "closed"
     _file(closed / "model.gguf")
     closed.chmod(0o700)
-    assert _why(Needed("the model", closed / "model.gguf")) == [("permissions", f"{closed} is drwx------ (owner root, group root): nobody cannot enter it")]
+    assert _why(Needed("the model", closed / "model.gguf")) == [
+        ("permissions", f"{closed} is drwx------ (owner root, group root): nobody cannot enter it")
+    ]
     private = _file(tree / "open" / "private.gguf", 0o600)
     assert _why(Needed("the model", private)) == [("permissions", f"{private} is -rw------- (owner root, group root): nobody cannot read it")]
     unrunnable = _file(tree / "open" / "llama-server", 0o644)
@@ -103,21 +105,29 @@ def test_install_refuses_a_unit_its_account_cannot_start_and_says_what_to_change
     model = _file(closed / "model.gguf")
     closed.chmod(0o700)
     units = tree / "units"
-    refused = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "nobody", "--dir", str(units), python=unit_python)
+    refused = run_cli(
+        "service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "nobody", "--dir", str(units), python=unit_python
+    )
     assert refused.returncode == 2 and not units.exists()
     error, hint = refused.stderr.splitlines()[-2:]
     assert error.startswith("error: the service account 'nobody' could not reach ") and "the model" in error
     assert hint.startswith("hint: ") and hint.endswith("; or --no-access-check if an ACL or a drop-in opens it")
 
     in_tmp = _file(tmp_path / "model.gguf")
-    hidden = run_cli("service", "install", "serve", str(in_tmp), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units), python=unit_python)
+    hidden = run_cli(
+        "service", "install", "serve", str(in_tmp), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units), python=unit_python
+    )
     assert hidden.returncode == 2
     assert hidden.stderr.splitlines()[-2:] == [
-        f"error: the service account 'root' could not reach the model {in_tmp}: {in_tmp} is under /tmp, which PrivateTmp=yes replaces with the service's own empty directory",
-        "hint: move it out of /tmp and /var/tmp (e.g. models under /var/lib/tierlocal/models, tierlocal under /opt/tierlocal); or --no-access-check if an ACL or a drop-in opens it",
+        f"error: the service account 'root' could not reach the model {in_tmp}: {in_tmp} is under /tmp, which PrivateTmp=yes replaces with the "
+        "service's own empty directory",
+        "hint: move it out of /tmp and /var/tmp (e.g. models under /var/lib/tierlocal/models, tierlocal under /opt/tierlocal); or "
+        "--no-access-check if an ACL or a drop-in opens it",
     ]
 
-    written = run_cli("service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units), python=unit_python)
+    written = run_cli(
+        "service", "install", "serve", str(model), "--llama-server", "/bin/true", "--user", "root", "--dir", str(units), python=unit_python
+    )
     assert written.returncode == 0, written.stderr
     assert f"ReadOnlyPaths={closed}" in (units / "tierlocal-serve.service").read_text()
 
@@ -125,6 +135,8 @@ def test_install_refuses_a_unit_its_account_cannot_start_and_says_what_to_change
 def test_install_takes_a_catalog_name_once_it_is_pulled(tmp_path: Path) -> None:
     """`serve` takes catalog names; `service install serve` now does too (it said "no such model
     file"), and says how to get the file when it is not downloaded yet."""
-    result = run_cli("service", "install", "serve", "qwen3-4b", "--llama-server", "/bin/true", "--dry-run", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    result = run_cli(
+        "service", "install", "serve", "qwen3-4b", "--llama-server", "/bin/true", "--dry-run", env={"HF_HUB_CACHE": str(tmp_path / "hub")}
+    )
     assert result.returncode == 2
     assert result.stderr.splitlines()[-2:] == ["error: qwen3-4b: not downloaded yet", "hint: run `tierlocal pull qwen3-4b` first"]

@@ -39,7 +39,8 @@ def test_parse_bandwidth(text: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("parse", "text"), [(parse_bytes, "24 GiBs"), (parse_bytes, "lots"), (parse_count, "2.8 trillion"), (parse_bandwidth, "1GB"), (parse_bandwidth, "0GB/s")]
+    ("parse", "text"),
+    [(parse_bytes, "24 GiBs"), (parse_bytes, "lots"), (parse_count, "2.8 trillion"), (parse_bandwidth, "1GB"), (parse_bandwidth, "0GB/s")],
 )
 def test_bad_values_say_how_to_write_them(parse: object, text: str) -> None:
     with pytest.raises(UsageError) as caught:

@@ -29,11 +29,11 @@ _API = {
     "RunRequest": "tierlocal.fit.estimate",
     "Machine": "tierlocal.fit.estimate",
     "estimate_run": "tierlocal.fit.estimate",
-    "plan_run": "tierlocal.fit.estimate",
-    "max_context": "tierlocal.fit.estimate",
-    "max_parallel": "tierlocal.fit.estimate",
+    "plan_run": "tierlocal.fit.search",
+    "max_context": "tierlocal.fit.search",
+    "max_parallel": "tierlocal.fit.search",
     "check_source": "tierlocal.plan.source",
-    "machine_for": "tierlocal.plan.source",
+    "machine_for": "tierlocal.plan.machine",
     "recommend": "tierlocal.plan.rule_of_thumb",
     "verify_load": "tierlocal.plan.verify",
     "detect": "tierlocal.hardware.detect",
@@ -74,14 +74,16 @@ if TYPE_CHECKING:
     from .catalog import load_host_defaults, load_models
     from .errors import TierlocalError
     from .fetch.sources import read_headers
-    from .fit.estimate import Machine, RunRequest, estimate_run, max_context, max_parallel, plan_run
+    from .fit.estimate import Machine, RunRequest, estimate_run
     from .fit.model import model_spec
+    from .fit.search import max_context, max_parallel, plan_run
     from .gguf.parse import parse_header
     from .gguf.summary import summarize
     from .hardware.detect import detect
     from .hardware.override import with_gpu_override
+    from .plan.machine import machine_for
     from .plan.rule_of_thumb import recommend
-    from .plan.source import check_source, machine_for
+    from .plan.source import check_source
     from .plan.verify import verify_load
     from .tiers.facts import resolve_model_facts
     from .tiers.plan import build_plan

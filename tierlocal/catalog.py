@@ -438,18 +438,29 @@ def load_published_rows() -> tuple[PublishedRow, ...]:
     try:
         shapes = {
             entry["name"]: ModelShape(
-                entry["name"], int(entry["params"]), int(entry["active_params"]), int(entry["embedding_params"]),
-                int(entry.get("read_bytes_per_token", 0)), int(float(entry.get("read_file_gib", 0)) * _GIB),
+                entry["name"],
+                int(entry["params"]),
+                int(entry["active_params"]),
+                int(entry["embedding_params"]),
+                int(entry.get("read_bytes_per_token", 0)),
+                int(float(entry.get("read_file_gib", 0)) * _GIB),
             )
             for entry in data.get("shape", [])  # type: ignore[attr-defined]
-        }  # fmt: skip
+        }
         return tuple(
             PublishedRow(
-                gpu=str(entry["gpu"]), shape=shapes[entry["shape"]], model=str(entry["model"]), size_bytes=int(float(entry["size_gib"]) * _GIB),
-                test=str(entry["test"]), tokens_per_s=float(entry["tokens_per_s"]), use=str(entry["use"]), source=str(entry["source"]), date=str(entry["date"]),
+                gpu=str(entry["gpu"]),
+                shape=shapes[entry["shape"]],
+                model=str(entry["model"]),
+                size_bytes=int(float(entry["size_gib"]) * _GIB),
+                test=str(entry["test"]),
+                tokens_per_s=float(entry["tokens_per_s"]),
+                use=str(entry["use"]),
+                source=str(entry["source"]),
+                date=str(entry["date"]),
             )
             for entry in data.get("row", [])  # type: ignore[attr-defined]
-        )  # fmt: skip
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpu_speed.toml: a row lacks {exc}", hint="fix the entry") from None
 

@@ -77,7 +77,10 @@ def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:
     fit = card_fit(name, fits, {**gpu_cards(), name: info})
     if fit is None:
         return None
-    note = f"assumed: {info.bandwidth_bytes_per_s / 1e9:,.0f} GB/s, the median of the {len(same)} cards of that size in recipes/gpus.toml (name the GPU with --gpu for its own); {fit.note}"
+    note = (
+        f"assumed: {info.bandwidth_bytes_per_s / 1e9:,.0f} GB/s, the median of the {len(same)} cards of that size in recipes/gpus.toml (name "
+        f"the GPU with --gpu for its own); {fit.note}"
+    )
     return card_device_speed(replace(fit, note=note), info, kappa)
 
 

@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ModelShape", "PublishedRow", "CardInfo", "Precision", "ApiPrices", "PublishedConfig", "QualityFigure", "QuantLoss", "weights_bytes", "HALF_TYPES"]
+__all__ = [
+    "ModelShape",
+    "PublishedRow",
+    "CardInfo",
+    "Precision",
+    "ApiPrices",
+    "PublishedConfig",
+    "QualityFigure",
+    "QuantLoss",
+    "weights_bytes",
+    "HALF_TYPES",
+]
 
 #: Weight types read at the half-precision rate (κ of :mod:`tierlocal.fit.gpu_speed`).
 HALF_TYPES = ("F16", "BF16")

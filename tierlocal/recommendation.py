@@ -25,10 +25,10 @@ from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
 from .measure.calibration_cache import calibration_key, load_calibration
 from .plan.candidates import CatalogRecommendation
+from .plan.machine import machine_for
 from .plan.quality import ModelQuality, fit_quality
 from .plan.recommend import recommend_catalog
 from .plan.single_machine import SingleMachinePlan, single_machine_plan
-from .plan.source import machine_for
 from .planning_cache import catalog_models
 from .published import QualityFigure, QuantLoss
 
@@ -142,10 +142,24 @@ def catalog_recommendation(
     models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
     recommendation = recommend_catalog(
-        entries, models, hardware, machine, host, load_gpus(), ctx=ctx, parallel=parallel, min_tokens_per_s=min_tokens_per_s, purpose=purpose,
-        request=replace(request, parallel=parallel), host_speed=host_speed, gpu_speed=machine_gpu_speed(machine),
-        quality=_quality()[0], quant_losses=_quality()[1], prefer=prefer, ctx_up_to_training=ctx_up_to_training,
-    )  # fmt: skip
+        entries,
+        models,
+        hardware,
+        machine,
+        host,
+        load_gpus(),
+        ctx=ctx,
+        parallel=parallel,
+        min_tokens_per_s=min_tokens_per_s,
+        purpose=purpose,
+        request=replace(request, parallel=parallel),
+        host_speed=host_speed,
+        gpu_speed=machine_gpu_speed(machine),
+        quality=_quality()[0],
+        quant_losses=_quality()[1],
+        prefer=prefer,
+        ctx_up_to_training=ctx_up_to_training,
+    )
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
     return replace(recommendation, frontier=frontier)
 
@@ -160,10 +174,17 @@ def _single_machine(name: str, hardware: Hardware, ctx: int) -> SingleMachinePla
     bandwidths = [gpu.bandwidth_bytes_per_s for gpu in gpus if gpu.bandwidth_bytes_per_s]
     unified = next((gpu for gpu in hardware.gpus if gpu.unified_pool_bytes), None)
     ram_bandwidth = (
-        hardware.ram_bandwidth_bytes_per_s or (unified.bandwidth_bytes_per_s if unified else None) or load_host_defaults().assumed_ram_bandwidth_bytes_per_s
+        hardware.ram_bandwidth_bytes_per_s
+        or (unified.bandwidth_bytes_per_s if unified else None)
+        or load_host_defaults().assumed_ram_bandwidth_bytes_per_s
     )
     return single_machine_plan(
-        model.single_machine, params=model.params, kv_bytes=round((kv_per_token or 0) * ctx) + state, ctx=ctx,
-        gpu_bytes_here=sum(gpu.free_bytes for gpu in gpus), ram_bytes_here=hardware.ram_available_bytes + (unified.free_bytes if unified else 0),
-        ram_bandwidth_bytes_per_s=ram_bandwidth, gpu_bandwidth_bytes_per_s=min(bandwidths) if bandwidths else None,
-    )  # fmt: skip
+        model.single_machine,
+        params=model.params,
+        kv_bytes=round((kv_per_token or 0) * ctx) + state,
+        ctx=ctx,
+        gpu_bytes_here=sum(gpu.free_bytes for gpu in gpus),
+        ram_bytes_here=hardware.ram_available_bytes + (unified.free_bytes if unified else 0),
+        ram_bandwidth_bytes_per_s=ram_bandwidth,
+        gpu_bandwidth_bytes_per_s=min(bandwidths) if bandwidths else None,
+    )

@@ -21,12 +21,18 @@ __all__ = ["catalog_choice", "resolve_model"]
 
 
 def resolve_model(
-    source: str, *, pull: bool, say: Callable[[str], None], hardware: Hardware | None = None, ctx: int | None = None, pull_option: bool = True
+    source: str,
+    *,
+    pull: bool,
+    say: Callable[[str], None],
+    hardware: Callable[[], Hardware] = detect,
+    ctx: int | None = None,
+    pull_option: bool = True,
 ) -> Path:
     """A local GGUF path for SOURCE: the path itself, an ollama:// tag's blob in Ollama's store,
     or an hf:// / catalog model from the hub cache (downloaded first when ``pull``). A catalog
-    name is taken at the quantisation the recommendation picks for ``hardware`` (None: this
-    machine) at ``ctx`` tokens per slot (None: the default, up to each model's trained context).
+    name is taken at the quantisation the recommendation picks for the machine ``hardware()``
+    gives (detected when asked: only a catalog name needs it) at ``ctx`` tokens per slot (None: the default, up to each model's trained context).
     ``pull_option``: the command has ``--pull`` (the hint names it).
 
     Raises:
@@ -38,11 +44,13 @@ def resolve_model(
         path = Path(source)
         if path.exists() or "/" in source or source.endswith(".gguf"):
             return path
-        if not [entry for entry in find_model(source) if entry.gguf_repo]:
+        entries = [entry for entry in find_model(source) if entry.gguf_repo]
+        if not entries:
             raise UsageError(
-                f"{source!r} is neither a GGUF file nor a catalog model", hint="give a path, hf://OWNER/REPO/FILE.gguf, or a name from `tierlocal catalog list`"
+                f"{source!r} is neither a GGUF file nor a catalog model",
+                hint="give a path, hf://OWNER/REPO/FILE.gguf, or a name from `tierlocal catalog list`",
             )
-        repo, quant, reason = catalog_choice(source, hardware if hardware is not None else detect(), ctx)
+        repo, quant, reason = catalog_choice(source, hardware(), ctx, named=entries)
         say(f"{source}: {reason}")
         spec = parse_hf_pull(repo)
     else:
@@ -52,7 +60,9 @@ def resolve_model(
     if cached is not None:
         return cached
     if not pull:
-        raise UsageError(f"{source}: not downloaded yet", hint=("add --pull, or run " if pull_option else "run ") + f"`tierlocal pull {source}` first")
+        raise UsageError(
+            f"{source}: not downloaded yet", hint=("add --pull, or run " if pull_option else "run ") + f"`tierlocal pull {source}` first"
+        )
     plan = plan_hf_pull(spec, quant=wanted_quant, dest_dir=None)
     if not all(planned.present for planned in plan.files):
         say(f"pulling {plan.source}: {', '.join(f.repo_file.path for f in plan.files)}")
@@ -60,7 +70,7 @@ def resolve_model(
     return plan.files[0].final_path
 
 
-def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None) -> tuple[str, str, str]:
+def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None, *, named: list[ModelEntry] | None = None) -> tuple[str, str, str]:
     """(``hf://`` repo, quantisation, why) for a catalog name, or for what the recommendation
     picks for ``hardware`` at ``ctx`` tokens of context (None: the default, up to each model's
     trained context) when ``source`` is None — the answer
@@ -70,7 +80,7 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None) -> t
         UsageError: the name has no GGUF repo, or nothing in the catalog fits.
     """
     if source is not None:
-        entries = [entry for entry in find_model(source) if entry.gguf_repo]
+        entries = named if named is not None else [entry for entry in find_model(source) if entry.gguf_repo]
         if not entries and find_frontier(source) is not None:
             raise UsageError(
                 f"{source!r} never fits one machine: the catalog has no GGUF of it to pull",
@@ -78,7 +88,8 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None) -> t
             )
         if not entries:
             raise UsageError(
-                f"{source!r} is not a pull source", hint="give hf://OWNER/REPO --quant Q4_K_M, hf://OWNER/REPO/FILE.gguf, ollama://TAG or a catalog model"
+                f"{source!r} is not a pull source",
+                hint="give hf://OWNER/REPO --quant Q4_K_M, hf://OWNER/REPO/FILE.gguf, ollama://TAG or a catalog model",
             )
     else:
         entries = [entry for entry in load_models() if entry.gguf_repo]
@@ -95,9 +106,14 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None) -> t
                 entry.quant,
                 f"{entry.family} {entry.quant}, the smallest, as asked (it does not fit this machine: see `tierlocal check {entry.family}`)",
             )
-        raise UsageError("nothing in the catalog fits this machine", hint="see `tierlocal check`; or pull a file by name with hf://OWNER/REPO/FILE.gguf")
+        raise UsageError(
+            "nothing in the catalog fits this machine", hint="see `tierlocal check`; or pull a file by name with hf://OWNER/REPO/FILE.gguf"
+        )
     entry = best.entry
     speed = f", ~{best.decode_tokens_per_s:.0f} tok/s" if best.decode_tokens_per_s else ""
     needs = f"needs {format_bytes(best.needed_bytes)} of {format_bytes(best.free_bytes)}" if best.needed_bytes is not None else "fits"
-    reason = f"{entry.family} {entry.quant}: recommended for this machine at {tokens:,} tokens of context — {needs}{speed}, {best.reason} (`tierlocal check` shows the arithmetic)"
+    reason = (
+        f"{entry.family} {entry.quant}: recommended for this machine at {tokens:,} tokens of context — {needs}{speed}, {best.reason} "
+        "(`tierlocal check` shows the arithmetic)"
+    )
     return f"hf://{entry.gguf_repo}", entry.quant, reason

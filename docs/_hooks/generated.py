@@ -44,7 +44,8 @@ GATEWAY_TABLES: tuple[tuple[str, str, frozenset[str], type], ...] = (
     ("targets = [ { … } ]", "One upstream of a route, as an inline table in its `targets` list.", config_values.TARGET_KEYS, config.Target),
     (
         "[prices.MODEL]",
-        "A hosted model's prices in USD per million tokens; recipes/apis.toml gives the dated defaults, this table overrides them. All three keys are needed.",
+        "A hosted model's prices in USD per million tokens; recipes/apis.toml gives the dated defaults, this table overrides them. All three keys "
+        "are needed.",
         config_values.PRICE_KEYS,
         ApiPrices,
     ),

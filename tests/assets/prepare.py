@@ -225,12 +225,17 @@ def _apt_download_unpack(staging: Path, *packages: str, suite: str = DEBIAN_SUIT
     sources = apt_dir / "sources.list"
     sources.write_text("".join(f"deb [signed-by={keyring}] {uri} {suite} main\n" for uri, keyring in system_archives()))
     options = [
-        "-o", f"Dir::Etc::SourceList={sources}",
-        "-o", "Dir::Etc::SourceParts=/dev/null",
-        "-o", f"Dir::State::Lists={apt_dir / 'lists'}",
-        "-o", f"Dir::Cache={apt_dir / 'cache'}",
-        "-o", "APT::Sandbox::User=root",
-    ]  # fmt: skip
+        "-o",
+        f"Dir::Etc::SourceList={sources}",
+        "-o",
+        "Dir::Etc::SourceParts=/dev/null",
+        "-o",
+        f"Dir::State::Lists={apt_dir / 'lists'}",
+        "-o",
+        f"Dir::Cache={apt_dir / 'cache'}",
+        "-o",
+        "APT::Sandbox::User=root",
+    ]
     run(["apt-get", *options, "update", "-qq"])
     run(["apt-get", *options, "download", *packages], cwd=apt_dir / "debs")
     debs = sorted((apt_dir / "debs").glob("*.deb"))
@@ -268,7 +273,9 @@ def build_redis(staging: Path) -> None:
 def build_validators(staging: Path) -> None:
     """SkyPilot and kubernetes-validate with their dependencies in ``staging/site`` (pip
     --target): run as ``python -S`` with PYTHONPATH=site, so nothing of the test venv mixes in."""
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(staging / "site"), *VALIDATOR_REQUIREMENTS])
+    run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(staging / "site"), *VALIDATOR_REQUIREMENTS]
+    )
 
 
 # --- llama.cpp -----------------------------------------------------------------------------
@@ -328,9 +335,23 @@ def build_llama_cpp_python_wheel(staging: Path, libraries: Path) -> None:
     pure = staging / "pure"
     env = {"CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
     run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps", "--no-binary", "llama-cpp-python", "--wheel-dir", str(pure), f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"],
-        env=env, log_file=staging / "build.log",
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-cache-dir",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            "--wheel-dir",
+            str(pure),
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+        ],
+        env=env,
+        log_file=staging / "build.log",
+    )
     built = next(pure.glob("llama_cpp_python-*.whl"), None)
     if built is None:
         raise SystemExit("[prepare] pip wheel llama-cpp-python produced no wheel")

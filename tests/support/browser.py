@@ -64,7 +64,8 @@ def full_page_screenshot(driver: object, path: Path) -> Path:
     height = driver.execute_script("return document.documentElement.scrollHeight")  # type: ignore[attr-defined]
     width = driver.execute_script("return document.documentElement.scrollWidth")  # type: ignore[attr-defined]
     shot = driver.execute_cdp_cmd(  # type: ignore[attr-defined]
-        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}}
+        "Page.captureScreenshot",
+        {"format": "png", "captureBeyondViewport": True, "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}},
     )
     path.write_bytes(base64.b64decode(shot["data"]))
     return path

@@ -118,7 +118,11 @@ def cases(gemma: str, models: Path, state: Path, vulkan: str | None) -> list[tup
             (f"plan-{name}-json", ["plan", path, "--json"], {}),
         ]
     out += [
-        ("check-moe-ncpumoe-json", ["check", str(models / "qwen3-30b-a3b-q4k.gguf"), "--gpu", "12GiB", "--n-cpu-moe", "20", "--ngl", "49", "--json"], {}),
+        (
+            "check-moe-ncpumoe-json",
+            ["check", str(models / "qwen3-30b-a3b-q4k.gguf"), "--gpu", "12GiB", "--n-cpu-moe", "20", "--ngl", "49", "--json"],
+            {},
+        ),
         ("plan-kimi", ["plan", "kimi-k3"], {}),
         ("plan-kimi-json", ["plan", "kimi-k3", "--json"], {}),
         ("plan-kimi-sources", ["plan", "kimi-k3", "--sources"], {}),
@@ -150,7 +154,11 @@ def cases(gemma: str, models: Path, state: Path, vulkan: str | None) -> list[tup
         ("serve-ollama-tag-bad", ["serve", "ollama://bad tag!"], {}),
         ("status-none", ["status"], {}),
         ("status-port-none-json", ["status", "--port", "8999", "--json"], {}),
-        ("service-serve-dry", ["service", "install", "serve", gemma, "--llama-server", "/bin/true", "--ctx", "2048", "--parallel", "2", "--dry-run"], {}),
+        (
+            "service-serve-dry",
+            ["service", "install", "serve", gemma, "--llama-server", "/bin/true", "--ctx", "2048", "--parallel", "2", "--dry-run"],
+            {},
+        ),
         ("service-serve-dry-key", ["service", "install", "serve", gemma, "--llama-server", "/bin/true", "--host", "0.0.0.0", "--dry-run"], {}),
         ("service-serve-ollama-dry", ["service", "install", "serve", gemma, "--engine", "ollama", "--parallel", "2", "--dry-run"], {}),
         ("service-serve-ollama-port-dry", ["service", "install", "serve", gemma, "--engine", "ollama", "--port", "11500", "--dry-run"], {}),
@@ -254,9 +262,17 @@ def main() -> int:
         if args.only and args.only not in name:
             continue
         done = subprocess.run(
-            [sys.executable, "-c", _BOOTSTRAP, *argv], capture_output=True, text=True, cwd=checkout, env={**base_env, **extra}, timeout=300, check=False
+            [sys.executable, "-c", _BOOTSTRAP, *argv],
+            capture_output=True,
+            text=True,
+            cwd=checkout,
+            env={**base_env, **extra},
+            timeout=300,
+            check=False,
         )
-        (args.out / f"{name}.txt").write_text(f"$ tierlocal {' '.join(argv)}\nexit: {done.returncode}\n--- stdout\n{done.stdout}--- stderr\n{done.stderr}")
+        (args.out / f"{name}.txt").write_text(
+            f"$ tierlocal {' '.join(argv)}\nexit: {done.returncode}\n--- stdout\n{done.stdout}--- stderr\n{done.stderr}"
+        )
         print(f"{name}: exit {done.returncode}", flush=True)
     return 0
 

@@ -27,7 +27,8 @@ MOONSHOT_RATE_LIMIT = {
 MOONSHOT_QUOTA = {
     "error": {
         "type": "exceeded_current_quota_error",
-        "message": "Your account org-9f8e7d6c5b4a<ak-a1b2c3d4e5f6> is suspended due to insufficient balance, please recharge your account or check your plan and billing details",
+        "message": "Your account org-9f8e7d6c5b4a<ak-a1b2c3d4e5f6> is suspended due to insufficient balance, please recharge your account or "
+        "check your plan and billing details",
     }
 }
 MOONSHOT_SERVER_ERROR = {"error": {"type": "server_error", "message": "Internal server error"}}

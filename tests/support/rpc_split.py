@@ -33,7 +33,9 @@ def rpc_servers(binary: Path, count: int) -> Iterator[list[str]]:
     try:
         for _ in range(count):
             port = _free_port()
-            processes.append(subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            processes.append(
+                subprocess.Popen([str(binary), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
             endpoints.append(f"127.0.0.1:{port}")
         for endpoint in endpoints:
             host, port = endpoint.split(":")

@@ -41,7 +41,10 @@ def service_python() -> Path:
         subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(REPO_ROOT)], check=True, capture_output=True, timeout=900)
     else:
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(REPO_ROOT)], check=True, capture_output=True, timeout=300
+            [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(REPO_ROOT)],
+            check=True,
+            capture_output=True,
+            timeout=300,
         )
     return python
 

@@ -115,17 +115,40 @@ QWEN3_8B = SparseArch("qwen3-8b-q4k", "qwen3", 36, 4096, 32, 8, 128, 12288, 1519
 QWEN3_30B_A3B = SparseArch("qwen3-30b-a3b-q4k", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, qk_norm=True, experts=(128, 8, 768))
 # LFM2-1.2B: 10 short-convolution blocks with a fixed-size recurrent state, 6 attention blocks.
 LFM2_1_2B = SparseArch(
-    "lfm2-1.2b-q4k", "lfm2", 16, 2048, 32, 8, 64, 8192, 65536, 128000,
-    tied_output=True, qk_norm=True, attention_layers=(2, 5, 8, 10, 12, 14), conv_l_cache=3,
-)  # fmt: skip
+    "lfm2-1.2b-q4k",
+    "lfm2",
+    16,
+    2048,
+    32,
+    8,
+    64,
+    8192,
+    65536,
+    128000,
+    tied_output=True,
+    qk_norm=True,
+    attention_layers=(2, 5, 8, 10, 12, 14),
+    conv_l_cache=3,
+)
 # Granite-4.0-H-350M (ibm-granite/granite-4.0-h-350m config.json, as the model's published
 # config gives it): 32 blocks, attention in 10, 13, 17 and 27 (12 heads, 4 KV heads of 64), the
 # rest Mamba-2 (48 heads of 32, d_state 128, one group, conv 4), a 2,048-wide dense MLP in every
 # block, vocabulary 100,352, tied embeddings.
 GRANITE_4_H_350M = SparseArch(
-    "granite-4.0-h-350m-q4k", "granitehybrid", 32, 768, 12, 4, 64, 2048, 100352, 32768,
-    tied_output=True, attention_layers=(10, 13, 17, 27), mamba2=(4, 128, 1, 48),
-)  # fmt: skip
+    "granite-4.0-h-350m-q4k",
+    "granitehybrid",
+    32,
+    768,
+    12,
+    4,
+    64,
+    2048,
+    100352,
+    32768,
+    tied_output=True,
+    attention_layers=(10, 13, 17, 27),
+    mamba2=(4, 128, 1, 48),
+)
 # Qwen3-Next-80B-A3B (its published config.json: Qwen/Qwen3-Coder-Next shares it): hidden 2048,
 # full attention every 4th block (16 heads with an output gate, 2 KV heads of 256, q/k norms),
 # gated delta nets elsewhere (16 key heads and 32 value heads of 128, conv 4), 512 experts (10
@@ -133,56 +156,136 @@ GRANITE_4_H_350M = SparseArch(
 # 4 (3 delta-net + 1 attention; the width is the published one) so its experts fit this disk's
 # page cache.
 QWEN3_NEXT_4L = SparseArch(
-    "qwen3-next-80b-a3b-4-blocks-q4k", "qwen3next", 4, 2048, 16, 2, 256, 5120, 151936, 262144,
-    qk_norm=True, experts=(512, 10, 512), n_expert_shared=1, gated_delta_net=(4, 16, 32, 128, 4),
-)  # fmt: skip
+    "qwen3-next-80b-a3b-4-blocks-q4k",
+    "qwen3next",
+    4,
+    2048,
+    16,
+    2,
+    256,
+    5120,
+    151936,
+    262144,
+    qk_norm=True,
+    experts=(512, 10, 512),
+    n_expert_shared=1,
+    gated_delta_net=(4, 16, 32, 128, 4),
+)
 # Qwen3.5-9B (Qwen/Qwen3.5-9B model card and config.json text_config): width 4096, full
 # attention every 4th block (16 heads with an output gate, 4 KV heads of 256, q/k norms), gated
 # delta nets elsewhere (16 key heads and 32 value heads of 128, conv 4), a dense FFN of 12,288,
 # vocabulary 248,320, untied output (the GGUF's 8.95B weights count it). The first 8 of its 32
 # blocks, width kept; with its one multi-token-prediction block when mtp_layers=1.
 QWEN35_9B_8L = SparseArch(
-    "qwen3.5-9b-8-blocks-q4k", "qwen35", 8, 4096, 16, 4, 256, 12288, 248320, 262144,
-    qk_norm=True, gated_delta_net=(4, 16, 32, 128, 4),
-)  # fmt: skip
+    "qwen3.5-9b-8-blocks-q4k",
+    "qwen35",
+    8,
+    4096,
+    16,
+    4,
+    256,
+    12288,
+    248320,
+    262144,
+    qk_norm=True,
+    gated_delta_net=(4, 16, 32, 128, 4),
+)
 # Qwen3.5-35B-A3B (its config.json text_config): width 2048, full attention every 4th block (16
 # heads with an output gate, 2 KV heads of 256), gated delta nets elsewhere (16 key and 32 value
 # heads of 128, conv 4), 256 experts (8 used) of 512 plus a shared expert of 512, vocabulary
 # 248,320, untied output. The first 4 of its 40 blocks, width kept.
 QWEN35_35B_A3B_4L = SparseArch(
-    "qwen3.5-35b-a3b-4-blocks-q4k", "qwen35moe", 4, 2048, 16, 2, 256, 512, 248320, 262144,
-    qk_norm=True, experts=(256, 8, 512), n_expert_shared=1, gated_delta_net=(4, 16, 32, 128, 4),
-)  # fmt: skip
+    "qwen3.5-35b-a3b-4-blocks-q4k",
+    "qwen35moe",
+    4,
+    2048,
+    16,
+    2,
+    256,
+    512,
+    248320,
+    262144,
+    qk_norm=True,
+    experts=(256, 8, 512),
+    n_expert_shared=1,
+    gated_delta_net=(4, 16, 32, 128, 4),
+)
 # NVIDIA-Nemotron-Nano-9B-v2 (its published config.json): hidden 4480, Mamba-2 mixers of 128
 # heads × 80 (d_state 128, 8 groups, conv 4), MLPs of 15,680 (squared ReLU: up and down only),
 # attention of 40 heads with 8 KV heads of 128, vocabulary 131,072. The first 16 of its 56
 # blocks (8 Mamba-2, 7 MLP, 1 attention), width kept; Q8_0, since 4480 is not whole Q4_K blocks.
 NEMOTRON_H_9B_16L = SparseArch(
-    "nemotron-nano-9b-v2-16-blocks-q8", "nemotron_h", 16, 4480, 40, 8, 128, 15680, 131072, 131072,
-    weight_type=Q.Q8_0, output_type=Q.Q8_0, mamba2=(4, 128, 8, 128), nemotron_pattern="M-M-M-MM-M-M-M*-",
-)  # fmt: skip
+    "nemotron-nano-9b-v2-16-blocks-q8",
+    "nemotron_h",
+    16,
+    4480,
+    40,
+    8,
+    128,
+    15680,
+    131072,
+    131072,
+    weight_type=Q.Q8_0,
+    output_type=Q.Q8_0,
+    mamba2=(4, 128, 8, 128),
+    nemotron_pattern="M-M-M-MM-M-M-M*-",
+)
 # Mamba-2.8B (state-spaces/mamba-2.8b, its published config): 64 blocks of width 2560, d_inner
 # 5120 (expand 2), d_state 16, conv 4, dt_rank 160, vocabulary 50,280 (the GGUF pads it to
 # 50,288), tied embeddings. Full depth.
 MAMBA_2_8B = SparseArch(
-    "mamba-2.8b-q4k", "mamba", 64, 2560, 0, 0, 0, 0, 50288, 1048576, tied_output=True, mamba1=(4, 16, 160),
-)  # fmt: skip
+    "mamba-2.8b-q4k",
+    "mamba",
+    64,
+    2560,
+    0,
+    0,
+    0,
+    0,
+    50288,
+    1048576,
+    tied_output=True,
+    mamba1=(4, 16, 160),
+)
 # Falcon-H1-1.5B (tiiuae/Falcon-H1-1.5B-Instruct, its published config): 24 blocks of width
 # 2048, each with attention (8 heads, 2 KV heads of 128) beside a Mamba-2 mixer (48 heads of 64,
 # d_ssm 3072, d_state 256, one group, conv 4), an MLP of 4608, vocabulary 65,537. Full depth.
 FALCON_H1_1_5B = SparseArch(
-    "falcon-h1-1.5b-q4k", "falcon-h1", 24, 2048, 8, 2, 128, 4608, 65537, 131072, falcon_h1=(4, 256, 1, 48, 3072),
-)  # fmt: skip
+    "falcon-h1-1.5b-q4k",
+    "falcon-h1",
+    24,
+    2048,
+    8,
+    2,
+    128,
+    4608,
+    65537,
+    131072,
+    falcon_h1=(4, 256, 1, 48, 3072),
+)
 # Kimi-Linear-48B-A3B (moonshotai/Kimi-Linear-48B-A3B-Instruct, its released config): hidden
 # 2304; Kimi Delta Attention (32 heads of 128, conv 4) in 3 of every 4 blocks, MLA in the
 # others (32 heads, kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128, no q compression);
 # 256 experts (8 used) of 1024 plus one shared, the first block dense (9216); vocabulary
 # 163,840. Its first 4 blocks (3 KDA, then MLA, as the released pattern starts), width kept.
 KIMI_LINEAR_4L = SparseArch(
-    "kimi-linear-48b-a3b-4-blocks-q4k", "kimi-linear", 4, 2304, 32, 1, 192, 9216, 163840, 1048576,
-    experts=(256, 8, 1024), mla=(512, 128, 64, 128), n_expert_shared=1, dense_lead=1,
-    attention_layers=(3,), kda=(4, 128),
-)  # fmt: skip
+    "kimi-linear-48b-a3b-4-blocks-q4k",
+    "kimi-linear",
+    4,
+    2304,
+    32,
+    1,
+    192,
+    9216,
+    163840,
+    1048576,
+    experts=(256, 8, 1024),
+    mla=(512, 128, 64, 128),
+    n_expert_shared=1,
+    dense_lead=1,
+    attention_layers=(3,),
+    kda=(4, 128),
+)
 # Kimi K3 (moonshotai/Kimi-K3 config.json text_config, 2026-07): width 7168, 96 heads; KDA
 # heads of 128 with a 4-wide convolution; MLA with kv_lora_rank 512, q_lora_rank 1536, nope 128 +
 # rope 64, values of 128; 896 routed experts (16 used) of 3072 in a 3584-wide latent space, 2
@@ -190,14 +293,33 @@ KIMI_LINEAR_4L = SparseArch(
 # (block 0: KDA with the dense FFN, as K3's; block 1: MLA with experts); width kept. Experts in
 # MXFP4 (as shipped), the rest Q8_0: about 20 GB of holes.
 KIMI_K3_2L = SparseArch(
-    "kimi-k3-2-blocks-mxfp4", "kimi-k3", 2, 7168, 96, 1, 192, 33792, 163840, 1048576,
-    experts=(896, 16, 3072), mla=(512, 128, 64, 128), n_expert_shared=2, dense_lead=1,
-    attention_layers=(1,), kda=(4, 128), kimi_k3=(1536, 3584), weight_type=Q.Q8_0, output_type=Q.Q8_0,
+    "kimi-k3-2-blocks-mxfp4",
+    "kimi-k3",
+    2,
+    7168,
+    96,
+    1,
+    192,
+    33792,
+    163840,
+    1048576,
+    experts=(896, 16, 3072),
+    mla=(512, 128, 64, 128),
+    n_expert_shared=2,
+    dense_lead=1,
+    attention_layers=(1,),
+    kda=(4, 128),
+    kimi_k3=(1536, 3584),
+    weight_type=Q.Q8_0,
+    output_type=Q.Q8_0,
     extra={
-        "kimi-k3.attn_res.block_size": 12, "kimi-k3.activation.situ_beta": 4.0, "kimi-k3.activation.situ_linear_beta": 25.0,
-        "kimi-k3.expert_latent_length": 3584, "kimi-k3.attention.q_lora_rank": 1536,
+        "kimi-k3.attn_res.block_size": 12,
+        "kimi-k3.activation.situ_beta": 4.0,
+        "kimi-k3.activation.situ_linear_beta": 25.0,
+        "kimi-k3.expert_latent_length": 3584,
+        "kimi-k3.attention.q_lora_rank": 1536,
     },
-)  # fmt: skip
+)
 # RWKV-6 World 1.6B (RWKV/rwkv-6-world-1b6 config.json: 24 blocks of width 2048, heads of 64,
 # vocabulary 65536; the FFN width and LoRA widths as llama.cpp's converter derives them:
 # 3.5 × 2048 = 7168, 32 and 64). Full depth.
@@ -207,53 +329,135 @@ RWKV6_1B6 = SparseArch("rwkv6-world-1b6-q4k", "rwkv6", 24, 2048, 0, 0, 0, 7168, 
 # from block 4, 16 experts of 14336 (2 used) in every 2nd block from block 1. Depth reduced from
 # 32 to 8 blocks (one period of the pattern); width kept.
 JAMBA_MINI_8L = SparseArch(
-    "ai21-jamba-1.5-mini-8-blocks-q4k", "jamba", 8, 4096, 32, 8, 128, 14336, 65536, 262144,
-    experts=(16, 2, 14336), mamba1=(4, 16, 256), attention_layers=(4,), expert_layers=(1, 3, 5, 7),
-)  # fmt: skip
+    "ai21-jamba-1.5-mini-8-blocks-q4k",
+    "jamba",
+    8,
+    4096,
+    32,
+    8,
+    128,
+    14336,
+    65536,
+    262144,
+    experts=(16, 2, 14336),
+    mamba1=(4, 16, 256),
+    attention_layers=(4,),
+    expert_layers=(1, 3, 5, 7),
+)
 # RWKV7-Goose-Pile-168M (RWKV/RWKV7-Goose-Pile-168M-HF, its published config): 12 blocks of
 # width 768, heads of 64, channel mix of 3072, LoRA ranks decay 64, a (ICLR) 64, v 32, gate 128.
 # The vocabulary is taken as 50,304 (the Pile tokenizer's; the state does not depend on it).
 RWKV7_168M = SparseArch(
-    "rwkv7-goose-pile-168m-q4k", "rwkv7", 12, 768, 0, 0, 0, 3072, 50304, 1048576, rwkv7=(64, 64, 64, 32, 128),
-)  # fmt: skip
+    "rwkv7-goose-pile-168m-q4k",
+    "rwkv7",
+    12,
+    768,
+    0,
+    0,
+    0,
+    3072,
+    50304,
+    1048576,
+    rwkv7=(64, 64, 64, 32, 128),
+)
 # gpt-oss-20b (openai/gpt-oss-20b config.json): width 2880, 64 heads and 8 KV heads of 64, a
 # 128-token sliding window in every other block (from the first), 32 experts (4 used) of 2880
 # in MXFP4 with the rest Q8_0 (llama-quantize's MXFP4_MOE), vocabulary 201,088. The first 4 of
 # its 24 blocks, width kept.
 GPT_OSS_20B_4L = SparseArch(
-    "gpt-oss-20b-4-blocks-mxfp4", "gpt-oss", 4, 2880, 64, 8, 64, 2880, 201088, 131072,
-    experts=(32, 4, 2880), gpt_oss=True, sliding_window=128, weight_type=Q.Q8_0, output_type=Q.Q8_0,
-)  # fmt: skip
+    "gpt-oss-20b-4-blocks-mxfp4",
+    "gpt-oss",
+    4,
+    2880,
+    64,
+    8,
+    64,
+    2880,
+    201088,
+    131072,
+    experts=(32, 4, 2880),
+    gpt_oss=True,
+    sliding_window=128,
+    weight_type=Q.Q8_0,
+    output_type=Q.Q8_0,
+)
 # Gemma-4-31B (google/gemma-4-31B config.json text_config): width 5376, 32 heads; 5 of every 6
 # blocks see a 1,024-token window with 16 KV heads of 256, the 6th attends globally with 4 KV
 # heads of 512 whose K is also V; FFN 21,504, vocabulary 262,144, output tied to the embedding.
 # Its first 6 blocks of 60, width kept.
 GEMMA4_31B_6L = SparseArch(
-    "gemma-4-31b-6-blocks-q4k", "gemma4", 6, 5376, 32, 16, 256, 21504, 262144, 262144,
-    tied_output=True, sliding_window=1024, gemma4=(512, 4, 6, 1),
-)  # fmt: skip
+    "gemma-4-31b-6-blocks-q4k",
+    "gemma4",
+    6,
+    5376,
+    32,
+    16,
+    256,
+    21504,
+    262144,
+    262144,
+    tied_output=True,
+    sliding_window=1024,
+    gemma4=(512, 4, 6, 1),
+)
 # Gemma-4-26B-A4B (google/gemma-4-26B-A4B config.json text_config): width 2816, 16 heads, 8
 # sliding-window KV heads of 256 and 2 global ones of 512, a dense FFN of 2,112 beside 128
 # experts of 704 (8 used) in every block. Its first 6 blocks of 30, width kept.
 GEMMA4_26B_A4B_6L = SparseArch(
-    "gemma-4-26b-a4b-6-blocks-q4k", "gemma4", 6, 2816, 16, 8, 256, 2112, 262144, 262144,
-    tied_output=True, sliding_window=1024, gemma4=(512, 2, 6, 1), experts=(128, 8, 704),
-)  # fmt: skip
+    "gemma-4-26b-a4b-6-blocks-q4k",
+    "gemma4",
+    6,
+    2816,
+    16,
+    8,
+    256,
+    2112,
+    262144,
+    262144,
+    tied_output=True,
+    sliding_window=1024,
+    gemma4=(512, 2, 6, 1),
+    experts=(128, 8, 704),
+)
 # Gemma-4-E4B (google/gemma-4-E4B config.json text_config): width 2560, 8 heads and 2 KV heads
 # (256 in the 1-in-6 sliding-window blocks' place, 512 in the global ones, K and V apart), a
 # 512-token window, FFN 10,240, per-layer embeddings of 256, the last 18 of 42 blocks reading
 # earlier caches. Its first 12 blocks, the last 6 sharing.
 GEMMA4_E4B_12L = SparseArch(
-    "gemma-4-e4b-12-blocks-q4k", "gemma4", 12, 2560, 8, 2, 256, 10240, 262144, 131072,
-    tied_output=True, sliding_window=512, gemma4=(512, 2, 6, 0), per_layer_embd=256,
+    "gemma-4-e4b-12-blocks-q4k",
+    "gemma4",
+    12,
+    2560,
+    8,
+    2,
+    256,
+    10240,
+    262144,
+    131072,
+    tied_output=True,
+    sliding_window=512,
+    gemma4=(512, 2, 6, 0),
+    per_layer_embd=256,
     extra={"gemma4.attention.shared_kv_layers": 6},
-)  # fmt: skip
+)
 # DeepSeek-V2-Lite: MLA (kv_lora_rank 512, rope 64), 64 routed experts (6 used) + 2 shared,
 # the first block dense. Rows that are not whole Q4_K blocks (1408, 128) use Q8_0.
 DEEPSEEK_V2_LITE = SparseArch(
-    "deepseek-v2-lite-q4k", "deepseek2", 27, 2048, 16, 1, 192, 10944, 102400, 163840,
-    experts=(64, 6, 1408), mla=(512, 128, 64, 128), n_expert_shared=2, dense_lead=1,
-)  # fmt: skip
+    "deepseek-v2-lite-q4k",
+    "deepseek2",
+    27,
+    2048,
+    16,
+    1,
+    192,
+    10944,
+    102400,
+    163840,
+    experts=(64, 6, 1408),
+    mla=(512, 128, 64, 128),
+    n_expert_shared=2,
+    dense_lead=1,
+)
 
 
 def _block_quant(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> GGMLQuantizationType:
@@ -613,7 +817,12 @@ def _jamba_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], 
             (blk + "ffn_up_exps.weight", (e, spec.n_ff, n_expert), w),
             (blk + "ffn_down_exps.weight", (spec.n_ff, e, n_expert), w),
         ]
-    return [*tensors, (blk + "ffn_gate.weight", (e, spec.n_ff), w), (blk + "ffn_up.weight", (e, spec.n_ff), w), (blk + "ffn_down.weight", (spec.n_ff, e), w)]
+    return [
+        *tensors,
+        (blk + "ffn_gate.weight", (e, spec.n_ff), w),
+        (blk + "ffn_up.weight", (e, spec.n_ff), w),
+        (blk + "ffn_down.weight", (spec.n_ff, e), w),
+    ]
 
 
 def _falcon_h1_block(spec: SparseArch, il: int) -> list[tuple[str, tuple[int, ...], GGMLQuantizationType]]:
@@ -848,7 +1057,9 @@ def _tensors(spec: SparseArch) -> list[tuple[str, tuple[int, ...], GGMLQuantizat
                 (blk + "ffn_down.weight", (spec.n_ff, spec.n_embd), w),
             ]
     if spec.rwkv7 is not None or spec.rwkv6 is not None:  # RWKV's embedding and output norms carry biases
-        tensors += [(name, (spec.n_embd,), f32) for name in ("token_embd_norm.weight", "token_embd_norm.bias", "output_norm.weight", "output_norm.bias")]
+        tensors += [
+            (name, (spec.n_embd,), f32) for name in ("token_embd_norm.weight", "token_embd_norm.bias", "output_norm.weight", "output_norm.bias")
+        ]
     else:
         tensors.append(("token_embd_norm.weight" if spec.arch == "lfm2" else "output_norm.weight", (spec.n_embd,), f32))
     if spec.kimi_k3 is not None:
@@ -903,7 +1114,13 @@ def write_sparse_gguf(
         writer.add_uint32(f"{a}.attention.head_count_kv", 0)
     elif spec.falcon_h1 is not None:
         d_conv, d_state, n_group, n_head, d_inner = spec.falcon_h1
-        for key, value in {"conv_kernel": d_conv, "state_size": d_state, "group_count": n_group, "time_step_rank": n_head, "inner_size": d_inner}.items():
+        for key, value in {
+            "conv_kernel": d_conv,
+            "state_size": d_state,
+            "group_count": n_group,
+            "time_step_rank": n_head,
+            "inner_size": d_inner,
+        }.items():
             writer.add_uint32(f"{a}.ssm.{key}", value)
         writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
     elif spec.arch == "jamba" and spec.mamba1 is not None and spec.attention_layers is not None:
@@ -922,7 +1139,13 @@ def write_sparse_gguf(
         writer.add_array(f"{a}.feed_forward_length", [spec.n_ff if kind == "-" else 0 for kind in pattern])
         writer.add_float32(f"{a}.attention.layer_norm_epsilon", 1e-5)
         d_conv, d_state, n_group, n_head = spec.mamba2
-        for key, value in {"conv_kernel": d_conv, "state_size": d_state, "group_count": n_group, "time_step_rank": n_head, "inner_size": n_head * 80}.items():
+        for key, value in {
+            "conv_kernel": d_conv,
+            "state_size": d_state,
+            "group_count": n_group,
+            "time_step_rank": n_head,
+            "inner_size": n_head * 80,
+        }.items():
             writer.add_uint32(f"{a}.ssm.{key}", value)
     elif spec.attention_layers is not None:
         writer.add_array(f"{a}.attention.head_count_kv", [spec.n_head_kv if il in spec.attention_layers else 0 for il in range(spec.n_layer)])
@@ -980,7 +1203,13 @@ def write_sparse_gguf(
     writer.add_float32(f"{a}.rope.freq_base", 1_000_000.0)
     if spec.gated_delta_net:
         d_conv, k_heads, v_heads, head, interval = spec.gated_delta_net
-        for key, value in {"conv_kernel": d_conv, "state_size": head, "group_count": k_heads, "time_step_rank": v_heads, "inner_size": v_heads * head}.items():
+        for key, value in {
+            "conv_kernel": d_conv,
+            "state_size": head,
+            "group_count": k_heads,
+            "time_step_rank": v_heads,
+            "inner_size": v_heads * head,
+        }.items():
             writer.add_uint32(f"{a}.ssm.{key}", value)
         writer.add_uint32(f"{a}.full_attention_interval", interval)
         writer.add_uint32(f"{a}.rope.dimension_count", spec.head_dim // 4)
@@ -1025,40 +1254,108 @@ QWEN25_7B = SparseArch("qwen2.5-7b-q4k", "qwen2", 28, 3584, 28, 4, 128, 18944, 1
 # gate+up of 2 × 8192, vocabulary 200,064, tied embeddings; partial rotary 0.75 (96 of 128 dims)
 # with LongRoPE factors (48 each); its 262,144 sliding window, which phi3.cpp turns off. Full depth.
 PHI4_MINI = SparseArch(
-    "phi-4-mini-q4k", "phi3", 32, 3072, 24, 8, 128, 8192, 200064, 131072,
-    tied_output=True, fused_qkv=True, rope_factors=48,
+    "phi-4-mini-q4k",
+    "phi3",
+    32,
+    3072,
+    24,
+    8,
+    128,
+    8192,
+    200064,
+    131072,
+    tied_output=True,
+    fused_qkv=True,
+    rope_factors=48,
     extra={"phi3.rope.dimension_count": 96, "phi3.attention.sliding_window": 262144},
-)  # fmt: skip
+)
 # OLMo-2-1124-7B-Instruct: 32 blocks of 4096, 32 heads (no GQA) of 128, norms after attention and
 # after the FFN only, q/k norms over all heads, FFN 11,008, vocabulary 100,352. First 8 blocks.
 OLMO2_7B_8L = SparseArch(
-    "olmo-2-7b-8-blocks-q4k", "olmo2", 8, 4096, 32, 32, 128, 11008, 100352, 4096,
-    qk_norm=True, qk_norm_full=True, norm_layout="post",
-)  # fmt: skip
+    "olmo-2-7b-8-blocks-q4k",
+    "olmo2",
+    8,
+    4096,
+    32,
+    32,
+    128,
+    11008,
+    100352,
+    4096,
+    qk_norm=True,
+    qk_norm_full=True,
+    norm_layout="post",
+)
 # SmolLM3-3B: 36 blocks of 2048, 16 heads and 4 KV heads of 128 (every 4th block without RoPE:
 # no tensor of its own), FFN 11,008, vocabulary 128,256, tied embeddings. Full depth.
 SMOLLM3_3B = SparseArch("smollm3-3b-q4k", "smollm3", 36, 2048, 16, 4, 128, 11008, 128256, 65536, tied_output=True)
 # Seed-OSS-36B-Instruct: 64 blocks of 5120, 80 heads and 8 KV heads of 128 with Q/K/V biases,
 # attn_norm then post_attention_norm before the FFN of 27,648, vocabulary 155,136. First 4 blocks.
 SEED_OSS_36B_4L = SparseArch(
-    "seed-oss-36b-4-blocks-q4k", "seed_oss", 4, 5120, 80, 8, 128, 27648, 155136, 524288, qkv_bias=True, norm_layout="seed",
-)  # fmt: skip
+    "seed-oss-36b-4-blocks-q4k",
+    "seed_oss",
+    4,
+    5120,
+    80,
+    8,
+    128,
+    27648,
+    155136,
+    524288,
+    qkv_bias=True,
+    norm_layout="seed",
+)
 # EXAONE-4.0-1.2B: 30 blocks of 2048, 32 heads and 8 KV heads of 64 with head-wise q/k norms,
 # norms after attention and FFN only, FFN 4096, vocabulary 102,400, tied embeddings, no sliding
 # window. Full depth.
 EXAONE4_1_2B = SparseArch(
-    "exaone-4.0-1.2b-q4k", "exaone4", 30, 2048, 32, 8, 64, 4096, 102400, 65536, tied_output=True, qk_norm=True, norm_layout="post",
-)  # fmt: skip
+    "exaone-4.0-1.2b-q4k",
+    "exaone4",
+    30,
+    2048,
+    32,
+    8,
+    64,
+    4096,
+    102400,
+    65536,
+    tied_output=True,
+    qk_norm=True,
+    norm_layout="post",
+)
 # EXAONE-4.0-32B: 64 blocks of 5120, 40 heads and 8 KV heads of 128, FFN 27,392, vocabulary
 # 102,400; 3 of every 4 blocks see a 4,096-token window (exaone4.cpp does so only at 64 blocks, so
 # the whole depth is written), the 4th attends globally. Q8_0 is not repacked on this CPU.
 EXAONE4_32B = SparseArch(
-    "exaone-4.0-32b-q8", "exaone4", 64, 5120, 40, 8, 128, 27392, 102400, 131072,
-    qk_norm=True, norm_layout="post", sliding_window=4096, weight_type=Q.Q8_0, output_type=Q.Q8_0,
-)  # fmt: skip
+    "exaone-4.0-32b-q8",
+    "exaone4",
+    64,
+    5120,
+    40,
+    8,
+    128,
+    27392,
+    102400,
+    131072,
+    qk_norm=True,
+    norm_layout="post",
+    sliding_window=4096,
+    weight_type=Q.Q8_0,
+    output_type=Q.Q8_0,
+)
 # Falcon-H1-34B-Instruct (its config.json): 72 blocks of 5120, attention of 20 heads and 4 KV heads
 # of 128 beside a Mamba-2 mixer of 32 heads of 128 (d_ssm 4096, d_state 256, 2 groups, conv 4), an
 # MLP of 21,504, vocabulary 261,120. The first 4 blocks: two groups, unlike the 1.5B's one.
 FALCON_H1_34B_4L = SparseArch(
-    "falcon-h1-34b-4-blocks-q4k", "falcon-h1", 4, 5120, 20, 4, 128, 21504, 261120, 262144, falcon_h1=(4, 256, 2, 32, 4096),
-)  # fmt: skip
+    "falcon-h1-34b-4-blocks-q4k",
+    "falcon-h1",
+    4,
+    5120,
+    20,
+    4,
+    128,
+    21504,
+    261120,
+    262144,
+    falcon_h1=(4, 256, 2, 32, 4096),
+)

@@ -43,7 +43,11 @@ def booted_systemd(directory: Path, boot_timeout_s: int = 30) -> Iterator[System
     directory.mkdir(parents=True, exist_ok=True)
     try:
         started = subprocess.run(
-            ["sh", str(SCRIPT), "start", str(directory), str(boot_timeout_s)], capture_output=True, text=True, timeout=boot_timeout_s + 30, check=False
+            ["sh", str(SCRIPT), "start", str(directory), str(boot_timeout_s)],
+            capture_output=True,
+            text=True,
+            timeout=boot_timeout_s + 30,
+            check=False,
         )
         if started.returncode != 0:
             raise RuntimeError(f"systemd did not boot in a container here (root, cgroup2 and overlayfs are needed): {started.stderr[-2000:]}")

@@ -105,9 +105,12 @@ def _render(run: BenchRun) -> None:
     for prompt in run.runs:
         estimated = first_token.get(str(prompt.prompt_tokens))
         table.add_row(
-            str(prompt.prompt_tokens), f"{prompt.prefill_tokens_per_s:,.1f}", f"{prompt.decode_tokens_per_s:,.1f}", f"{prompt.first_token_s:.2f} s",
+            str(prompt.prompt_tokens),
+            f"{prompt.prefill_tokens_per_s:,.1f}",
+            f"{prompt.decode_tokens_per_s:,.1f}",
+            f"{prompt.first_token_s:.2f} s",
             f"{estimated:.2f} s" if isinstance(estimated, int | float) else "-",
-        )  # fmt: skip
+        )
     out.print(table)
     estimate = run.bound_decode_tokens_per_s
     bound = f"; the memory-bandwidth bound says {estimate:,.1f} ({estimate / run.decode_tokens_per_s:.1f}× the measured)" if estimate else ""
@@ -115,7 +118,8 @@ def _render(run: BenchRun) -> None:
     if isinstance(decode, int | float) and isinstance(prefill, int | float):
         out.print(
             f"Decode: {run.decode_tokens_per_s:,.1f} tok/s measured, {decode:,.1f} estimated ({decode / run.decode_tokens_per_s:.2f}×){bound}. "
-            f"Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured, {prefill:,.1f} estimated at 512 tokens ({prefill / run.prefill_tokens_per_s:.2f}×)."
+            f"Prefill: {run.prefill_tokens_per_s:,.1f} tok/s measured, {prefill:,.1f} estimated at 512 tokens "
+            f"({prefill / run.prefill_tokens_per_s:.2f}×)."
         )
     else:
         out.print(

@@ -138,10 +138,15 @@ def list_(as_json: bool) -> None:
         params, active = int(family["params"]), int(family["active_params"])  # type: ignore[call-overload]
         quality = family["quality"]
         table.add_row(
-            str(family["name"]), str(family["series"]), format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
-            str(family["architecture"]), f"{family['context_length']:,}", " ".join(family["quants"]),  # type: ignore[arg-type]
-            str(family["facts_date"]), _quality_cell(quality),  # type: ignore[arg-type]
-        )  # fmt: skip
+            str(family["name"]),
+            str(family["series"]),
+            format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
+            str(family["architecture"]),
+            f"{family['context_length']:,}",
+            " ".join(family["quants"]),  # type: ignore[arg-type]
+            str(family["facts_date"]),
+            _quality_cell(quality),  # type: ignore[arg-type]
+        )
     console().print(table)
     console().print("`tierlocal catalog show NAME` prints one model's facts; `tierlocal check NAME` plans it on this machine.")
 
@@ -161,8 +166,9 @@ def _compact_list(families: list[dict[str, object]], title: str, width: int) -> 
         table.add_row(
             f"[bold]{escape(str(family['name']))}[/bold]\n[dim]{escape(str(family['architecture']))} · {family['facts_date']}{escape(scored)}[/dim]",
             format_count(params) + (f"-A{format_count(active)}" if active < params else ""),
-            f"{family['context_length']:,}", " ".join(family["quants"]),  # type: ignore[arg-type]
-        )  # fmt: skip
+            f"{family['context_length']:,}",
+            " ".join(family["quants"]),  # type: ignore[arg-type]
+        )
     return table
 
 
@@ -206,9 +212,14 @@ def show(name: str, as_json: bool) -> None:
     for quant in payload["quantisations"]:  # type: ignore[attr-defined]
         kv = ", ".join(f"{format_bytes(size)} at {int(ctx):,}" for ctx, size in quant["kv_bytes"].items()) or "-"
         table.add_row(
-            quant["quant"], format_bytes(quant["file_bytes"]), format_count(quant["params"]), f"{quant['bits_per_weight']:.2f}", kv,
-            quant["ollama_tag"] or "-", quant["method"],
-        )  # fmt: skip
+            quant["quant"],
+            format_bytes(quant["file_bytes"]),
+            format_count(quant["params"]),
+            f"{quant['bits_per_weight']:.2f}",
+            kv,
+            quant["ollama_tag"] or "-",
+            quant["method"],
+        )
     out.print(table)
 
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import find_model, load_host_defaults, load_models
+from ..catalog import ModelEntry, find_model, load_host_defaults, load_models
 from ..errors import UsageError
 from ..fit.estimate import RunEstimate, RunRequest
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
@@ -19,8 +19,9 @@ from ..fit.memory import ContextParams
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
 from ..measure.calibration_cache import calibration_key, load_calibration
+from ..plan.machine import machine_for
 from ..plan.recommend import PREFERENCES, PURPOSES
-from ..plan.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
+from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..units import format_bytes
@@ -39,7 +40,10 @@ __all__ = ["check", "render_source_check"]
     help="Context tokens per slot (llama-server's -c is that × --parallel), or 'max' with SOURCE.",
 )
 @click.option(
-    "--parallel", default="1", show_default=True, help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'."
+    "--parallel",
+    default="1",
+    show_default=True,
+    help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'.",
 )
 @ngl_option
 @planning_options
@@ -48,14 +52,16 @@ __all__ = ["check", "render_source_check"]
     "mmproj",
     metavar="FILE|URL",
     default=None,
-    help="A multimodal projector (mmproj GGUF, header only) loaded beside SOURCE: its weights and compute buffer are planned on the device llama-server puts it on.",
+    help="A multimodal projector (mmproj GGUF, header only) loaded beside SOURCE: its weights and compute buffer are planned on the device "
+    "llama-server puts it on.",
 )
 @click.option(
     "--min-speed",
     type=click.FloatRange(0),
     default=constants.DEFAULT_MIN_TOKENS_PER_S,
     show_default=True,
-    help="Slowest acceptable decode speed, tokens/s, for the catalog recommendation (the best estimate: measured, calibrated or from published GPU results; else the bandwidth bound).",
+    help="Slowest acceptable decode speed, tokens/s, for the catalog recommendation (the best estimate: measured, calibrated or from published "
+    "GPU results; else the bandwidth bound).",
 )
 @click.option(
     "--for",
@@ -63,14 +69,16 @@ __all__ = ["check", "render_source_check"]
     type=click.Choice(PURPOSES),
     default="chat",
     show_default=True,
-    help="What the catalog recommendation is for: the task whose published benchmarks score the models (docs/how-it-works/quality.md); long-context also plans 32k tokens and keeps models trained for 128k+.",
+    help="What the catalog recommendation is for: the task whose published benchmarks score the models (docs/how-it-works/quality.md); "
+    "long-context also plans 32k tokens and keeps models trained for 128k+.",
 )
 @click.option(
     "--prefer",
     type=click.Choice(list(PREFERENCES)),
     default="balanced",
     show_default=True,
-    help="How the catalog recommendation weighs quality against speed: quality (speed only breaks ties), balanced (2 score points per doubling of tok/s), speed (8).",
+    help="How the catalog recommendation weighs quality against speed: quality (speed only breaks ties), balanced (2 score points per doubling of "
+    "tok/s), speed (8).",
 )
 @click.option("--all", "show_all", is_flag=True, help="List every catalog entry, not only the nearest ones.")
 @ram_options
@@ -120,24 +128,34 @@ def check(
       tierlocal check kimi-k3
     """
     hardware = machine(gpus, ram, ram_bandwidth)
-    if source is not None and not find_model(source):
-        request = RunRequest(
-            ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch,
-            projector=read_projector(mmproj) if mmproj else None,
-        )  # fmt: skip
+    named = find_model(source) if source is not None else []  # a catalog name: its quantisations
+    if mmproj and (source is None or named):
+        raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
+    request = _request(ngl, n_cpu_moe, cache_type_k, cache_type_v, flash_attn, ubatch, mmproj)
+    if source is not None and not named:
         result = _check_one_source(source, hardware, ctx, parallel, request)
         print_json(result.to_json()) if as_json else render_source_check(result)
         return
-    if mmproj:
-        raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
-    request = RunRequest(
-        ngl=ngl, n_cpu_moe=n_cpu_moe, cache_type_k=cache_type_k, cache_type_v=cache_type_v, flash_attn=flash_attn != "off", n_ubatch=ubatch
-    )  # fmt: skip
-    _check_catalog(source, hardware, ctx, parallel, request, min_speed=min_speed, purpose=purpose, prefer=prefer, show_all=show_all, as_json=as_json)
+    _check_catalog(named, hardware, ctx, parallel, request, min_speed=min_speed, purpose=purpose, prefer=prefer, show_all=show_all, as_json=as_json)
+
+
+def _request(
+    ngl: int | None, n_cpu_moe: int | None, cache_type_k: str, cache_type_v: str, flash_attn: str, ubatch: int, mmproj: str | None
+) -> RunRequest:
+    """What the planning options ask of llama-server (the projector's header read from ``mmproj``)."""
+    return RunRequest(
+        ngl=ngl,
+        n_cpu_moe=n_cpu_moe,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        flash_attn=flash_attn != "off",
+        n_ubatch=ubatch,
+        projector=read_projector(mmproj) if mmproj else None,
+    )
 
 
 def _check_catalog(
-    source: str | None,
+    named: list[ModelEntry],
     hardware: Hardware,
     ctx: str | None,
     parallel: str,
@@ -149,8 +167,8 @@ def _check_catalog(
     show_all: bool,
     as_json: bool,
 ) -> None:
-    """The catalog recommendation (every entry, or a catalog name's quantisations), ranked."""
-    entries = find_model(source) if source is not None else list(load_models())
+    """The catalog recommendation, ranked: of every entry, or of a catalog name's quantisations (``named``)."""
+    entries = named or list(load_models())
     if (ctx is not None and not ctx.isdigit()) or not parallel.isdigit():
         raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
     tokens = parse_ctx(ctx) if ctx is not None else constants.LONG_CONTEXT_CTX if purpose == "long-context" else constants.DEFAULT_CTX
@@ -167,7 +185,7 @@ def _check_catalog(
         ctx_up_to_training=ctx is None,
     )
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
-    shown = recommendation.best or (recommendation.candidates[0] if source is not None and recommendation.candidates else None)
+    shown = recommendation.best or (recommendation.candidates[0] if named and recommendation.candidates else None)
     if as_json:
         payload = recommendation.to_json()
         payload["plan"] = shown.plan.to_json() if shown and shown.plan else None
@@ -187,10 +205,17 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
     # This CPU's calibration prices the host only when the host is this machine (no --ram).
     host_speed = load_calibration(calibration_key(version)) if version and not hardware.ram_overridden else None
     result = check_source(
-        source, read_headers(source), machine_, ctx=parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX, parallel=parse_parallel(parallel),
-        request=request, host_speed=host_speed, gpu_speed=machine_gpu_speed(machine_), host_is_here=not hardware.ram_overridden,
+        source,
+        read_headers(source),
+        machine_,
+        ctx=parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX,
+        parallel=parse_parallel(parallel),
+        request=request,
+        host_speed=host_speed,
+        gpu_speed=machine_gpu_speed(machine_),
+        host_is_here=not hardware.ram_overridden,
         up_to_training=ctx is None,
-    )  # fmt: skip
+    )
     return replace(result, measured=_measured(source, result, version))
 
 
@@ -340,7 +365,9 @@ def _render_host_memory(out: Console, check: SourceCheck) -> None:
     """System RAM as the kernel counts it, per load mode."""
     if not check.host_memory:
         return
-    table = Table(title=f"system RAM as the kernel counts it (repacking for: {', '.join(check.cpu_features) or 'no CPU feature'})", title_justify="left")
+    table = Table(
+        title=f"system RAM as the kernel counts it (repacking for: {', '.join(check.cpu_features) or 'no CPU feature'})", title_justify="left"
+    )
     for column in ("--load-mode", "mapped (page cache)", "anonymous", "of which repacked", "at load", "in use"):
         table.add_column(column, justify="left" if column == "--load-mode" else "right")
     for memory in check.host_memory:
@@ -348,7 +375,8 @@ def _render_host_memory(out: Console, check: SourceCheck) -> None:
         table.add_row(memory.load_mode, *(format_bytes(size) for size in sizes))
     out.print(table)
     out.print(
-        f"In use adds the compute buffer as prompts fill it; llama-server's prompt cache may add up to {format_bytes(check.host_memory[0].grows_by_bytes)}"
+        "In use adds the compute buffer as prompts fill it; llama-server's prompt cache may add up to "
+        f"{format_bytes(check.host_memory[0].grows_by_bytes)}"
         + (
             " (--cache-ram: the RAM the plan leaves, below the 8 GiB default)."
             if check.host_memory[0].grows_by_bytes < PROMPT_CACHE_DEFAULT_BYTES

@@ -91,7 +91,8 @@ def ram_options(command: _F) -> _F:
     return click.option(
         "--ram",
         metavar="SIZE",
-        help="Plan for this much system RAM (32GiB) instead of what is available here: a VPS, or another machine; this CPU's calibration is then not used.",
+        help="Plan for this much system RAM (32GiB) instead of what is available here: a VPS, or another machine; this CPU's calibration is then "
+        "not used.",
     )(command)
 
 
@@ -135,7 +136,9 @@ def planning_options(command: _F) -> _F:
     """The options that change the plan's memory, as `check` and `serve` take them."""
     for option in reversed(
         [
-            click.option("--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned)."),
+            click.option(
+                "--n-cpu-moe", type=click.IntRange(0, 10_000), help="MoE: keep the experts of the first N blocks on the CPU (default: planned)."
+            ),
             click.option("--cache-type-k", default="f16", show_default=True, help="KV cache type for K (f16, q8_0, q4_0 ...)."),
             click.option("--cache-type-v", default="f16", show_default=True, help="KV cache type for V."),
             click.option(
@@ -145,7 +148,9 @@ def planning_options(command: _F) -> _F:
                 show_default=True,
                 help="Flash attention (auto = on, as llama-server decides on CPU and GPU).",
             ),
-            click.option("--ubatch", type=click.IntRange(1, 65536), default=constants.DEFAULT_UBATCH, show_default=True, help="Physical batch size (-ub)."),
+            click.option(
+                "--ubatch", type=click.IntRange(1, 65536), default=constants.DEFAULT_UBATCH, show_default=True, help="Physical batch size (-ub)."
+            ),
         ]
     ):
         command = option(command)
@@ -168,9 +173,14 @@ def serve_options(command: _F) -> _F:
                 help="Context tokens per slot (llama-server's -c is that × --parallel), or 'max' for the most that fit.",
             ),
             click.option(
-                "--parallel", default="1", show_default=True, help="Slots, each with --ctx tokens of its own; 'auto' (4 sharing one KV of --ctx) or 'max'."
+                "--parallel",
+                default="1",
+                show_default=True,
+                help="Slots, each with --ctx tokens of its own; 'auto' (4 sharing one KV of --ctx) or 'max'.",
             ),
-            click.option("--host", default=constants.DEFAULT_HOST, show_default=True, help="Address to bind; anything but loopback needs --api-key-file."),
+            click.option(
+                "--host", default=constants.DEFAULT_HOST, show_default=True, help="Address to bind; anything but loopback needs --api-key-file."
+            ),
             click.option("--port", type=click.IntRange(1, 65535), default=constants.LLAMA_SERVER_PORT, show_default=True),
             gpu_option,
             ngl_option,
@@ -182,7 +192,8 @@ def serve_options(command: _F) -> _F:
             click.option(
                 "--mmproj",
                 type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                help="A multimodal projector (mmproj GGUF) to load beside the model: planned on the device llama-server puts it on, passed as --mmproj.",
+                help="A multimodal projector (mmproj GGUF) to load beside the model: planned on the device llama-server puts it on, passed as "
+                "--mmproj.",
             ),
             click.option(
                 "--chat-template",
@@ -207,9 +218,22 @@ def ollama_port(port: int) -> int:
 
 #: The click parameters :func:`serve_options` adds, by the ServeOptions field they fill.
 SERVE_OPTION_FIELDS = (
-    "llama_server", "ctx", "parallel", "host", "port", "gpus", "ngl", "api_key_file", "chat_template",
-    "n_cpu_moe", "cache_type_k", "cache_type_v", "flash_attn", "ubatch", "mmproj",
-)  # fmt: skip
+    "llama_server",
+    "ctx",
+    "parallel",
+    "host",
+    "port",
+    "gpus",
+    "ngl",
+    "api_key_file",
+    "chat_template",
+    "n_cpu_moe",
+    "cache_type_k",
+    "cache_type_v",
+    "flash_attn",
+    "ubatch",
+    "mmproj",
+)
 
 
 def serve_options_from(model: Path, served: dict[str, Any], **more: Any) -> ServeOptions:
@@ -223,7 +247,15 @@ def serve_options_from(model: Path, served: dict[str, Any], **more: Any) -> Serv
 def serve_argv(options: ServeOptions) -> list[str]:
     """The serve options back as `tierlocal serve` takes them, defaults left out (a unit's
     command line): ``--ngl`` as typed, a template file by its absolute path."""
-    args = [*(["--ctx", options.ctx] if options.ctx is not None else []), "--parallel", options.parallel, "--host", options.host, "--port", str(options.port)]
+    args = [
+        *(["--ctx", options.ctx] if options.ctx is not None else []),
+        "--parallel",
+        options.parallel,
+        "--host",
+        options.host,
+        "--port",
+        str(options.port),
+    ]
     for gpu in options.gpus:
         args += ["--gpu", gpu]
     args += ["--ngl", ngl_text(options.ngl)] if options.ngl is not None else []  # resolved where the service starts

@@ -14,7 +14,10 @@ __all__ = ["dashboard"]
 
 @click.command()
 @click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file: its keys, users and usage (default: built-in)."
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The gateway's TOML file: its keys, users and usage (default: built-in).",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=constants.DASHBOARD_PORT, show_default=True, help="Port on 127.0.0.1.")
 def dashboard(config_path: Path | None, port: int) -> None:

@@ -49,7 +49,11 @@ def build(backend: str, source: Path | None, jobs: int | None, as_json: bool) ->
         with Progress(*columns, console=console(stderr=True)) as progress:
             task = progress.add_task("build", total=None)
             result = build_engine(
-                chosen, source=source, jobs=jobs, say=progress.console.print, on_progress=lambda done, total: progress.update(task, completed=done, total=total)
+                chosen,
+                source=source,
+                jobs=jobs,
+                say=progress.console.print,
+                on_progress=lambda done, total: progress.update(task, completed=done, total=total),
             )
     else:
         result = build_engine(chosen, source=source, jobs=jobs, say=say)

@@ -150,7 +150,8 @@ def _render_usage(report: dict[str, Any]) -> None:
         click.echo(f"{label}:")
         for name, row in report[label].items():
             click.echo(
-                f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  {row['completion_tokens']:>9} out  {format_usd(row['cost_usd'])}"
+                f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  "
+                f"{row['completion_tokens']:>9} out  {format_usd(row['cost_usd'])}"
             )
     for tier, row in report["by_tier"].items():
         label = f"tier {tier} ({row['name']})" if tier != "none" else row["name"]
@@ -158,11 +159,15 @@ def _render_usage(report: dict[str, Any]) -> None:
     for label, cluster in report["clusters"].items():
         click.echo(_cluster_line(label, cluster))
     for name, budget in report["budgets"].items():
-        click.echo(f"budget {printable(name)}: {format_usd(budget['spent_usd'])} of {format_usd(budget['budget_usd'])} this {budget['budget_period']}")
+        click.echo(
+            f"budget {printable(name)}: {format_usd(budget['spent_usd'])} of {format_usd(budget['budget_usd'])} this {budget['budget_period']}"
+        )
     for model, verdict in report["break_even"].items():
         click.echo(
-            f"{model}: at the measured volume (~{verdict['tokens_per_month']:,.0f} tokens/month) the API costs ${verdict['api_usd_per_month']:,.2f}/month;"
-            f" renting {verdict['rent']} costs ${verdict['rent_usd_per_month']:,.0f}/month — {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"
+            f"{model}: at the measured volume (~{verdict['tokens_per_month']:,.0f} tokens/month) the API costs "
+            f"${verdict['api_usd_per_month']:,.2f}/month;"
+            f" renting {verdict['rent']} costs ${verdict['rent_usd_per_month']:,.0f}/month — "
+            f"{'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"
             f" (break-even ~{verdict['break_even_tokens_per_month']:,.0f} tokens/month)"
         )
 
@@ -178,5 +183,7 @@ def _cluster_line(label: str, cluster: dict[str, Any]) -> str:
     cheaper = "the cluster" if cluster["cheaper"] == "cluster" else "the API"
     even = cluster["break_even_tokens_per_hour"]
     return (
-        line + f"; the API would have cost {format_usd(cluster['api_usd'])}: {cheaper} was cheaper" + (f" (break-even ~{even:,} tokens/hour)" if even else "")
+        line
+        + f"; the API would have cost {format_usd(cluster['api_usd'])}: {cheaper} was cheaper"
+        + (f" (break-even ~{even:,} tokens/hour)" if even else "")
     )

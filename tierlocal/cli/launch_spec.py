@@ -104,8 +104,10 @@ def emit_spec(plan: TierPlan, options: EmitOptions, *, as_json: bool) -> None:
         click.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
     header = (
-        f"# {plan.facts.display_name} on {top.nodes} × {top.gpus_per_node} {top.gpu} with {options.engine}: tensor {top.tensor} × pipeline {top.pipeline}"
-        f" × data {top.data} = {top.gpus} GPUs, the experts {'sliced by tensor parallelism' if top.expert == 1 else f'spread over {top.expert} ranks'};"
+        f"# {plan.facts.display_name} on {top.nodes} × {top.gpus_per_node} {top.gpu} with {options.engine}: tensor {top.tensor} × pipeline "
+        f"{top.pipeline}"
+        f" × data {top.data} = {top.gpus} GPUs, the experts "
+        f"{'sliced by tensor parallelism' if top.expert == 1 else f'spread over {top.expert} ranks'};"
         f" written by tierlocal plan --emit {options.emit}\n"
     )
     usd_per_hour = top.gpus * plan.options.rate_usd_per_gpu_hour

@@ -54,7 +54,8 @@ def _sources(rental: RentalDefaults, rate: float | None, specs: list[GpuSpec], a
     """Where each figure of the plan comes from, with its date (``plan --sources``)."""
     sources = [f"rental: {rental.source} ({rental.date})" if rate is None else f"rental: --rate {rate:g} USD/GPU-h (yours)"]
     sources += [
-        f"{spec.name}: {format_marketed_bytes(spec.marketed_bytes or spec.memory_bytes)} (marketed), recipes/gpus.toml ({spec.spec_date})" for spec in specs
+        f"{spec.name}: {format_marketed_bytes(spec.marketed_bytes or spec.memory_bytes)} (marketed), recipes/gpus.toml ({spec.spec_date})"
+        for spec in specs
     ]
     sources.append("bytes per weight: recipes/precisions.toml (OCP MX v1.0 for MXFP4, OCP OFP8 for fp8, 2023)")
     if api is not None:
@@ -75,16 +76,26 @@ def _sources(rental: RentalDefaults, rate: float | None, specs: list[GpuSpec], a
     help="GPU to size with: a name from recipes/gpus.toml or a size (96GB). Repeatable. Default: the datacenter GPUs.",
 )
 @click.option(
-    "--rate", type=click.FloatRange(0, min_open=True), help="USD per GPU-hour (default: the guides' $2.50, in the dated $2-5 range of recipes/gpus.toml)."
+    "--rate",
+    type=click.FloatRange(0, min_open=True),
+    help="USD per GPU-hour (default: the guides' $2.50, in the dated $2-5 range of recipes/gpus.toml).",
 )
-@click.option("--hours-per-day", type=click.FloatRange(0, 24, min_open=True), help="Hours a day the cluster runs (adds your own scenario; default always on).")
+@click.option(
+    "--hours-per-day", type=click.FloatRange(0, 24, min_open=True), help="Hours a day the cluster runs (adds your own scenario; default always on)."
+)
 @click.option("--input-share", type=click.FloatRange(0, 1), help=f"Share of tokens that are input (default {constants.DEFAULT_INPUT_SHARE}).")
 @click.option("--output-share", type=click.FloatRange(0, 1), help="Share of tokens that are output.")
 @click.option(
-    "--cache-hit", type=click.FloatRange(0, 1), default=constants.DEFAULT_CACHE_HIT, show_default=True, help="Share of input tokens that hit the API's cache."
+    "--cache-hit",
+    type=click.FloatRange(0, 1),
+    default=constants.DEFAULT_CACHE_HIT,
+    show_default=True,
+    help="Share of input tokens that hit the API's cache.",
 )
 @click.option("--tokens-per-month", help="Your volume, e.g. 2B: gives the verdict for it.")
-@click.option("--monthly-cost", type=click.FloatRange(0, min_open=True), help="Cluster cost per month in USD for the break-even (e.g. a provider's quote).")
+@click.option(
+    "--monthly-cost", type=click.FloatRange(0, min_open=True), help="Cluster cost per month in USD for the break-even (e.g. a provider's quote)."
+)
 @click.option("--bandwidth", "bandwidths", multiple=True, help="Download bandwidth, e.g. 1GB/s or 10Gbit/s. Repeatable.")
 @click.option("--model-path", default="<path-or-repo-of-the-weights>", show_default=True, help="Weights path or repo for the launch commands.")
 @click.option("--sources", "show_sources", is_flag=True, help="List the dated sources of every fact used.")
@@ -93,7 +104,11 @@ def _sources(rental: RentalDefaults, rate: float | None, specs: list[GpuSpec], a
 )
 @click.option("--engine", type=click.Choice(ENGINES), default="vllm", show_default=True, help="The engine --emit starts.")
 @click.option(
-    "--layout", type=click.Choice(LAYOUTS), default="tensor", show_default=True, help="--emit: tensor (and pipeline) parallel, or data + expert parallel."
+    "--layout",
+    type=click.Choice(LAYOUTS),
+    default="tensor",
+    show_default=True,
+    help="--emit: tensor (and pipeline) parallel, or data + expert parallel.",
 )
 @click.option("--nodes", type=click.IntRange(1, 64), help="--emit: nodes of the GPU (default: the fewest that serve the model).")
 @click.option("--gpus-per-node", type=click.IntRange(1, 16), default=8, show_default=True, help="--emit: GPUs in each node.")
@@ -204,7 +219,10 @@ def render_plan(plan: TierPlan, *, show_sources: bool) -> None:
             out.print(f"   {engine}: {shell_line(argv)}", soft_wrap=True, markup=False, highlight=False)
         for key, text in facts.vllm_notes.items():
             out.print(f"   vLLM {key.replace('_', ' ')}: {text}", markup=False)
-        out.print(f"   As a launch spec for every node: tierlocal plan {facts.name} --emit skypilot|lws [--engine sglang] [--gpu NAME --nodes N]", markup=False)
+        out.print(
+            f"   As a launch spec for every node: tierlocal plan {facts.name} --emit skypilot|lws [--engine sglang] [--gpu NAME --nodes N]",
+            markup=False,
+        )
         if plan.launch_refused:
             out.print(f"   Not launched as planned: {plan.launch_refused}", markup=False)
         out.print("   Before traffic: " + "; ".join(plan.health))

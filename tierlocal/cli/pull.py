@@ -36,7 +36,9 @@ def _byte_progress(enabled: bool, total: int, description: str) -> Iterator[Call
 @click.command()
 @click.argument("source", required=False)
 @click.option("--quant", help="Quantisation to pick from an hf://OWNER/REPO listing (Q4_K_M, Q8_0 …), matched case-insensitively.")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), help="Put the GGUF file(s) here instead of huggingface_hub's cache.")
+@click.option(
+    "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), help="Put the GGUF file(s) here instead of huggingface_hub's cache."
+)
 @click.option(
     "--keep-free",
     default=format_bytes(constants.DEFAULT_KEEP_FREE_BYTES).replace(" ", ""),
@@ -53,7 +55,14 @@ def _byte_progress(enabled: bool, total: int, description: str) -> Iterator[Call
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: {files: [{path, bytes, sha256}], source}.")
 def pull(
-    source: str | None, quant: str | None, directory: Path | None, keep_free: str, insecure: bool, gpus: tuple[str, ...], ctx: int | None, as_json: bool
+    source: str | None,
+    quant: str | None,
+    directory: Path | None,
+    keep_free: str,
+    insecure: bool,
+    gpus: tuple[str, ...],
+    ctx: int | None,
+    as_json: bool,
 ) -> None:
     """Download a model: a GGUF from Hugging Face, or an Ollama tag.
 

@@ -109,7 +109,9 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
     caption = f"{hidden} more below these: --all lists every entry" if hidden else None
     title = "The catalog on this machine, best first"
     if width < COMPACT_WIDTH:
-        table = Table(title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        table = Table(
+            title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
+        )
         # Widths set here: rich's own share-out overshoots the console with these cells.
         # 12 columns go to the rules and padding between five columns.
         fixed = {"needs": 9, "busiest/free": 13, "tok/s": 8, "where": 14}
@@ -118,7 +120,9 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
             table.add_column(column, width=column_width, justify="left" if column == "where" else "right", no_wrap=column != "where")
         for candidate in rows:
             family, quant, params, needs, busiest, where, speed, score, verdict = _row(candidate)
-            table.add_row(f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · score {score} · [dim]{verdict}[/dim]", needs, busiest, speed, where)
+            table.add_row(
+                f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · score {score} · [dim]{verdict}[/dim]", needs, busiest, speed, where
+            )
         return table
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column in ("model", "quant", "params", "needs", "busiest: need/free", "where", "~tok/s", "score", "verdict"):
@@ -138,7 +142,11 @@ def _row(candidate: Candidate) -> list[str]:
         speed += f" {BASIS_MARK[candidate.speed_basis]}"
     total = candidate.needed_total_bytes if candidate.needed_total_bytes is not None else candidate.needed_bytes
     needs = format_bytes(total) if total is not None else "-"
-    busiest = f"{format_bytes(candidate.needed_bytes).removesuffix(' GiB')}/{format_bytes(candidate.free_bytes)}" if candidate.needed_bytes is not None else "-"
+    busiest = (
+        f"{format_bytes(candidate.needed_bytes).removesuffix(' GiB')}/{format_bytes(candidate.free_bytes)}"
+        if candidate.needed_bytes is not None
+        else "-"
+    )
     verdict = candidate.status if candidate.reason in (candidate.status, "fits") else candidate.reason
     if candidate.status == "best":
         verdict = "best: " + candidate.reason

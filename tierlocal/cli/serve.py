@@ -10,7 +10,6 @@ from typing import Any
 
 import click
 
-from ..catalog import find_model
 from ..errors import TierlocalError, UsageError
 from ..resolve import resolve_model
 from ..serve import ENGINES
@@ -29,12 +28,15 @@ __all__ = ["serve", "status"]
     type=click.Choice(ENGINES),
     default="llama-server",
     show_default=True,
-    help="The engine: llama-server; Ollama (an Ollama at --host:--port is used as it is; else `ollama serve` is started with the plan's settings); or python: llama-cpp-python's server (pip install 'tierlocal[python-engine]'), one request at a time.",
+    help="The engine: llama-server; Ollama (an Ollama at --host:--port is used as it is; else `ollama serve` is started with the plan's "
+    "settings); or python: llama-cpp-python's server (pip install 'tierlocal[python-engine]'), one request at a time.",
 )
 @click.option("--ollama", "ollama_binary", metavar="PATH", help="--engine ollama: the ollama binary to start when none is running (default: PATH).")
 @serve_options
 @click.option("--pull", is_flag=True, help="Download an hf:// or catalog model first if it is not in the hub cache.")
-@click.option("--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model).")
+@click.option(
+    "--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model)."
+)
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
 @click.option("--json", "as_json", is_flag=True, help="Once ready, print the plan, what llama.cpp did and the delta as one JSON object.")
 def serve(
@@ -69,8 +71,8 @@ def serve(
             f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
         )
     ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
-    hardware = machine(served["gpus"]) if find_model(source) else None  # a catalog name: planned for this machine
-    model = resolve_model(source, pull=pull, say=_say, hardware=hardware, ctx=ctx_tokens)
+    # A catalog name is planned for this machine (as --gpu describes it): detected only then.
+    model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens)
     options = serve_options_from(
         model,
         served,
@@ -124,10 +126,14 @@ def _render_status(payload: dict[str, object]) -> None:
     assert isinstance(delta, dict) and isinstance(actual, dict)
     click.echo(f"serving {payload['url']}  ({payload['engine']} pid {payload['engine_pid']}, log {payload['log']})")
     slots = f" = {actual['parallel']} slot(s) × {actual['n_ctx_per_slot']}" if actual.get("parallel") and actual.get("n_ctx_per_slot") else ""
-    click.echo(f"layers on the GPU: {actual.get('layers_offloaded') or 0}/{actual.get('layers_total') or '-'}   context {actual.get('n_ctx') or '-'}{slots}")
+    click.echo(
+        f"layers on the GPU: {actual.get('layers_offloaded') or 0}/{actual.get('layers_total') or '-'}   context {actual.get('n_ctx') or '-'}{slots}"
+    )
     for device in delta["devices"]:
         error = "" if device["error"] is None else f" ({device['error']:+.1%})"
-        click.echo(f"  {device['name']}: planned {device['planned_bytes'] / 2**20:.0f} MiB, allocated {device['actual_bytes'] / 2**20:.0f} MiB{error}")
+        click.echo(
+            f"  {device['name']}: planned {device['planned_bytes'] / 2**20:.0f} MiB, allocated {device['actual_bytes'] / 2**20:.0f} MiB{error}"
+        )
     click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
     for warning in delta["warnings"]:
         click.echo(f"warning: {warning}", err=True)
@@ -136,7 +142,9 @@ def _render_status(payload: dict[str, object]) -> None:
 @click.command()
 @click.option("--port", type=click.IntRange(1, 65535), help="The server's port (default: the only one running; with --live, every one).")
 @click.option("--live", is_flag=True, help="What the engines are doing now: slots busy, requests waiting, tokens/s over --window.")
-@click.option("--window", "window_s", type=click.FloatRange(0.5, 600), default=5.0, show_default=True, help="With --live: seconds between the two samples.")
+@click.option(
+    "--window", "window_s", type=click.FloatRange(0.5, 600), default=5.0, show_default=True, help="With --live: seconds between the two samples."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print {plan, actual, delta, …} as one JSON object (with --live: {engines: […]}).")
 def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None:
     """Show the running `tierlocal serve`: its plan, what llama.cpp did, and the delta."""
@@ -191,6 +199,11 @@ def _render_live(engines: list[dict[str, Any]]) -> None:
             continue
         rate = engine["decode_tokens_per_s"]
         click.echo(
-            f"{engine['url']} ({engine['engine']}): slots {engine['slots_busy']}/{engine['slots_total']} busy, {engine['requests_deferred'] or 0} waiting;"
-            + (f" {rate:.1f} tok/s decoded, {engine['prompt_tokens_per_s']:.1f} tok/s prompt over {engine['window_s']:g} s" if rate is not None else "")
+            f"{engine['url']} ({engine['engine']}): slots {engine['slots_busy']}/{engine['slots_total']} busy, {engine['requests_deferred'] or 0} "
+            "waiting;"
+            + (
+                f" {rate:.1f} tok/s decoded, {engine['prompt_tokens_per_s']:.1f} tok/s prompt over {engine['window_s']:g} s"
+                if rate is not None
+                else ""
+            )
         )

@@ -99,7 +99,9 @@ def install_serve(
         check_exposure(options.host, None)
     args = ["--llama-server", str(binary.resolve()), *serve_argv(options)]
     if not skip_access_check:
-        _check_access(user, [*_runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the model", model), *_path_arguments(args)])
+        _check_access(
+            user, [*_runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the model", model), *_path_arguments(args)]
+        )
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None, _memory_lines(options, binary))
     text = render_serve_unit(unit)
     if dry_run:
@@ -195,7 +197,9 @@ def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool
 
 
 @install.command("gateway")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration).")
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration)."
+)
 @click.option("--host", help="Listen address (any non-loopback address needs a gateway key).")
 @click.option("--port", type=click.IntRange(1, 65535), help="Listen port.")
 @click.option(
@@ -277,14 +281,18 @@ def status(what: str, as_json: bool) -> None:
     try:
         shown = subprocess.run(
             [systemctl, "show", unit, "--no-pager", "--property=" + ",".join(STATUS_PROPERTIES)],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise UsageError(f"systemctl show {unit} did not answer in 30 s", hint="is systemd busy? try `systemctl status` yourself") from None
     if shown.returncode != 0:
         reason = (shown.stderr.strip().splitlines() or ["no output"])[0]
         raise UsageError(
-            f"systemctl show {unit} failed: {reason}", hint="systemd must be running (PID 1); without it, `tierlocal status` reads the server's own state"
+            f"systemctl show {unit} failed: {reason}",
+            hint="systemd must be running (PID 1); without it, `tierlocal status` reads the server's own state",
         )
     properties = parse_systemctl_show(shown.stdout)
     if properties.get("LoadState") == "not-found":

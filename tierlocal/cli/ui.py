@@ -29,12 +29,20 @@ def _first_plan_pool() -> Executor:
 @click.command()
 @gpu_option
 @ram_options
-@click.option("--ctx", type=click.IntRange(512, 1 << 20), default=constants.DEFAULT_CTX, show_default=True, help="Context tokens per slot to plan at first.")
+@click.option(
+    "--ctx", type=click.IntRange(512, 1 << 20), default=constants.DEFAULT_CTX, show_default=True, help="Context tokens per slot to plan at first."
+)
 @click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True, help="Slots to plan at first.")
-@click.option("--for", "purpose", type=click.Choice(PURPOSES), default="chat", show_default=True, help="The task whose published benchmarks score the models.")
+@click.option(
+    "--for", "purpose", type=click.Choice(PURPOSES), default="chat", show_default=True, help="The task whose published benchmarks score the models."
+)
 @click.option("--prefer", type=click.Choice(list(PREFERENCES)), default="balanced", show_default=True, help="How quality weighs against speed.")
 @click.option(
-    "--min-speed", type=click.FloatRange(0), default=constants.DEFAULT_MIN_TOKENS_PER_S, show_default=True, help="Slowest acceptable decode speed, tokens/s."
+    "--min-speed",
+    type=click.FloatRange(0),
+    default=constants.DEFAULT_MIN_TOKENS_PER_S,
+    show_default=True,
+    help="Slowest acceptable decode speed, tokens/s.",
 )
 @click.option(
     "--gateway-config",
@@ -67,14 +75,18 @@ def ui(
     q or Ctrl-C quits. Needs a terminal of 80×24 or more.
     """
     if not sys.stdin.isatty() or not sys.stdout.isatty():
-        raise UsageError("tierlocal ui needs a terminal", hint="run it in an SSH session or a terminal; `tierlocal check --json` is the scriptable answer")
+        raise UsageError(
+            "tierlocal ui needs a terminal", hint="run it in an SSH session or a terminal; `tierlocal check --json` is the scriptable answer"
+        )
     from ..gateway.config import default_config, load_config
     from ..tui.planning import Planning, machine_label, plan_catalog
 
     gateway_config = load_config(gateway_config_path) if gateway_config_path is not None else default_config()
     hardware = machine(gpus, ram, ram_bandwidth)
     label = machine_label(list(gpus), ram)
-    planning = Planning(hardware=hardware, ctx=ctx, parallel=parallel, purpose=purpose, prefer=prefer, min_tokens_per_s=min_speed, machine_label=label)
+    planning = Planning(
+        hardware=hardware, ctx=ctx, parallel=parallel, purpose=purpose, prefer=prefer, min_tokens_per_s=min_speed, machine_label=label
+    )
     with _first_plan_pool() as pool:
         first = pool.submit(plan_catalog, planning)
         from ..tui.app import TierlocalApp

@@ -183,7 +183,9 @@ def _check_tools(backend: str) -> None:
     if missing:
         raise UsageError(
             f"cannot build: {', '.join(missing)} not found",
-            hint="install a compiler and CMake (Debian: apt install cmake ninja-build g++" + (" glslc libvulkan-dev" if backend == "vulkan" else "") + ")",
+            hint="install a compiler and CMake (Debian: apt install cmake ninja-build g++"
+            + (" glslc libvulkan-dev" if backend == "vulkan" else "")
+            + ")",
         )
 
 

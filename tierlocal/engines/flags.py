@@ -47,9 +47,23 @@ PLANNED_OPTIONS = {
 }
 #: Options that change memory in ways the plan does not model: passed on, with a warning.
 UNPLANNED_MEMORY_OPTIONS = (
-    "-nkvo", "--no-kv-offload", "-ot", "--override-tensor", "-sm", "--split-mode",
-    "-mg", "--main-gpu", "-mmu", "--mmproj-url", "--lora", "--control-vector", "-md", "--model-draft", "-ctxcp", "--ctx-checkpoints",
-)  # fmt: skip
+    "-nkvo",
+    "--no-kv-offload",
+    "-ot",
+    "--override-tensor",
+    "-sm",
+    "--split-mode",
+    "-mg",
+    "--main-gpu",
+    "-mmu",
+    "--mmproj-url",
+    "--lora",
+    "--control-vector",
+    "-md",
+    "--model-draft",
+    "-ctxcp",
+    "--ctx-checkpoints",
+)
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,12 @@ def planned_command(
     model_path: str, estimate: RunEstimate, *, host_only: bool = False, template_args: tuple[str, ...] = (), cache_ram_bytes: int | None = None
 ) -> list[str]:
     """The command ``check`` prints: ``llama-server -m MODEL`` and the planned options."""
-    return ["llama-server", "-m", model_path, *server_args(estimate, host_only=host_only, template_args=template_args, cache_ram_bytes=cache_ram_bytes)]
+    return [
+        "llama-server",
+        "-m",
+        model_path,
+        *server_args(estimate, host_only=host_only, template_args=template_args, cache_ram_bytes=cache_ram_bytes),
+    ]
 
 
 def launch_argv(

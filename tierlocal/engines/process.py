@@ -54,7 +54,9 @@ class Readiness:
 class EngineChild:
     """A started engine process."""
 
-    def __init__(self, process: subprocess.Popen[bytes], log_path: Path, on_line: Callable[[str], None] | None, watchdog: Watchdog | None = None) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], log_path: Path, on_line: Callable[[str], None] | None, watchdog: Watchdog | None = None
+    ) -> None:
         self.process = process
         self.watchdog = watchdog
         self.log_path = log_path

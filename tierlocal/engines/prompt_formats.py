@@ -44,7 +44,11 @@ def _go_template(turn: str, end: str) -> str:
     generation = turn.replace("{role}", "assistant")
     return (
         "{{- range $i, $_ := .Messages }}\n"
-        "{{- $last := eq (len (slice $.Messages $i)) 1 -}}\n" + opening + '{{ .Content }}{{ if or (ne .Role "assistant") (not $last) }}' + end + "{{ end }}\n"
+        "{{- $last := eq (len (slice $.Messages $i)) 1 -}}\n"
+        + opening
+        + '{{ .Content }}{{ if or (ne .Role "assistant") (not $last) }}'
+        + end
+        + "{{ end }}\n"
         '{{- if and $last (ne .Role "assistant") }}' + generation + "{{ end }}\n"
         "{{- end }}"
     )
@@ -166,7 +170,9 @@ def choose_template(
     ``builtins``: the names the engine knows (None: not known; any name is passed on)."""
     if requested_file is not None:
         path, file_info = requested_file
-        return TemplateChoice("file", None, file_info.family, path, ("--chat-template-file", path), f"using the chat template in {path} (--chat-template)")
+        return TemplateChoice(
+            "file", None, file_info.family, path, ("--chat-template-file", path), f"using the chat template in {path} (--chat-template)"
+        )
     if requested_name is not None:
         return _builtin(requested_name, "name", f"using llama-server's built-in chat template '{requested_name}' (--chat-template)")
     if info.usable:

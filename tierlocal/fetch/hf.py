@@ -72,7 +72,8 @@ def parse_hf_pull(text: str) -> HfPullSpec:
     parts = rest.split("/", 2)
     if len(parts) < 2 or not all(parts) or (len(parts) == 3 and not parts[2].endswith(".gguf")):
         raise UsageError(
-            f"cannot read {text!r} as a Hugging Face repo or GGUF file", hint="write hf://OWNER/REPO --quant Q4_K_M, or hf://OWNER/REPO/FILE.gguf[@REVISION]"
+            f"cannot read {text!r} as a Hugging Face repo or GGUF file",
+            hint="write hf://OWNER/REPO --quant Q4_K_M, or hf://OWNER/REPO/FILE.gguf[@REVISION]",
         )
     return HfPullSpec(f"{parts[0]}/{parts[1]}", parts[2] if len(parts) == 3 else None, revision or None)
 
@@ -176,7 +177,9 @@ def _link_into_snapshot(plan: PullPlan, planned: PlannedFile) -> None:
         os.replace(temporary_ref, refs)
 
 
-def run_pull(plan: PullPlan, *, progress: Callable[[int], None] | None = None, on_file: Callable[[PlannedFile], None] | None = None) -> list[DownloadedFile]:
+def run_pull(
+    plan: PullPlan, *, progress: Callable[[int], None] | None = None, on_file: Callable[[PlannedFile], None] | None = None
+) -> list[DownloadedFile]:
     """Download every file of ``plan`` that is not already present; returns them in order."""
     results = []
     for planned in plan.files:
@@ -193,7 +196,9 @@ def run_pull(plan: PullPlan, *, progress: Callable[[int], None] | None = None, o
                 return location.url, location.headers
 
             name = f"hf://{plan.repo_id}/{repo_file.path}"
-            downloaded = download_file(name, locate, planned.blob_path, size=repo_file.size, sha256=repo_file.sha256, check=_check_gguf, progress=progress)
+            downloaded = download_file(
+                name, locate, planned.blob_path, size=repo_file.size, sha256=repo_file.sha256, check=_check_gguf, progress=progress
+            )
             result = DownloadedFile(planned.final_path, downloaded.size, downloaded.sha256, downloaded.fetched_bytes)
         if plan.cache_dir is not None:
             _link_into_snapshot(plan, planned)

@@ -125,7 +125,9 @@ def _file_set_key(path: str) -> str:
 
 
 def _quant_of(path: str) -> str | None:
-    match = re.search(r"(?<![A-Za-z0-9])(I?Q\d[A-Z0-9_]*|F16|BF16|F32|MXFP4[A-Z0-9_]*|TQ\d_\d)(?![A-Za-z0-9])", path.rsplit("/", 1)[-1], re.IGNORECASE)
+    match = re.search(
+        r"(?<![A-Za-z0-9])(I?Q\d[A-Z0-9_]*|F16|BF16|F32|MXFP4[A-Z0-9_]*|TQ\d_\d)(?![A-Za-z0-9])", path.rsplit("/", 1)[-1], re.IGNORECASE
+    )
     return match.group(1).upper() if match else None
 
 

@@ -49,7 +49,9 @@ def close_catalog_tags(tag: str, limit: int = 3) -> list[str]:
 def _not_found(tag: str) -> SourceError:
     matches = close_catalog_tags(tag.rsplit("/", 1)[-1])
     hint = (
-        f"close matches in the catalog: {', '.join(matches)}" if matches else "check the name on ollama.com/library, or `tierlocal check` for a recommendation"
+        f"close matches in the catalog: {', '.join(matches)}"
+        if matches
+        else "check the name on ollama.com/library, or `tierlocal check` for a recommendation"
     )
     return SourceError(f"ollama://{tag}", f'model "{tag}" not found', hint=hint)
 
@@ -70,11 +72,15 @@ def pull_ollama(tag: str, *, insecure: bool = False, host: str | None = None, pr
                 if update.digest and update.total:
                     layers[update.digest] = (update.completed or 0, update.total)
                 if progress is not None:
-                    progress(OllamaProgress(update.status or "", sum(done for done, _ in layers.values()), sum(total for _, total in layers.values())))
+                    progress(
+                        OllamaProgress(update.status or "", sum(done for done, _ in layers.values()), sum(total for _, total in layers.values()))
+                    )
             listed = {model.model: model for model in client.list().models}
         except (ConnectionError, httpx.ConnectError):
             raise SourceError(
-                f"ollama://{tag}", f"no Ollama server answers at {base_url}", hint="start one with `ollama serve`, or set OLLAMA_HOST to where it runs"
+                f"ollama://{tag}",
+                f"no Ollama server answers at {base_url}",
+                hint="start one with `ollama serve`, or set OLLAMA_HOST to where it runs",
             ) from None
         except ollama.ResponseError as exc:
             message = str(exc.error)

@@ -9,7 +9,7 @@ repack classes, the attention and KV-layout tables at the default settings. None
 depends on the machine when the device binds every tensor (no ``max_tensor_bytes``), so a
 catalog computes them once per entry (:func:`spec_digest`) and restores them on every run
 (:func:`spec_from_digest`): the restored spec plans exactly as the one from the header did.
-Its ``tensors`` are :data:`~.model.TENSORS_NOT_KEPT`, which refuse to be read: a plan on a
+Its ``tensors`` are :data:`TENSORS_NOT_KEPT`, which refuse to be read: a plan on a
 device with a binding limit needs the header.
 
 The plain form holds only tuples, dicts, strings, numbers, booleans and None (``marshal`` can
@@ -27,13 +27,27 @@ from ..gguf.summary import ModelSummary, QuantShare
 from .features import DEFAULT_DEPTH, PREFILL_PROMPT, MatrixGroup, matrix_groups, run_features
 from .host_memory import token_embedding_repack
 from .memory import kv_cache, server_context
-from .model import TENSORS_NOT_KEPT, ModelSpec
+from .model import ModelSpec, PlacedTensor
 from .offload import largest_copies
 from .placement import PlacementGroup, RepackClass, placement_groups
 
-__all__ = ["DIGEST_VERSION", "spec_digest", "spec_from_digest"]
+__all__ = ["DIGEST_VERSION", "TENSORS_NOT_KEPT", "spec_digest", "spec_from_digest"]
 
 DIGEST_VERSION = 1
+
+
+class _TensorsNotKept(tuple):
+    """The ``tensors`` of a spec restored from its planning digest (:mod:`.digest`): the
+    per-tensor work is already done, and reading a tensor is a bug, not an empty model."""
+
+    def _refuse(self, *_args: object) -> Any:
+        raise RuntimeError("this ModelSpec was restored from its planning digest and keeps no tensors: plan it from its header")
+
+    __iter__ = __len__ = __getitem__ = __contains__ = _refuse
+
+
+#: The ``tensors`` of every spec restored from a digest.
+TENSORS_NOT_KEPT: tuple[PlacedTensor, ...] = _TensorsNotKept()
 _SPEC_FIELDS = tuple(f.name for f in fields(ModelSpec) if f.name != "tensors")
 
 

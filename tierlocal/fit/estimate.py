@@ -1,9 +1,8 @@
-"""The per-device memory of one llama-server run, and the plan that fits a machine. Pure.
+"""The per-device memory of one llama-server run and whether it fits the machine. Pure.
 
 Per device: weights + KV cache + compute buffer + output buffer + backend overhead, from the
 rules in memory.py. The GPU must keep ``margin`` bytes free (llama.cpp's fit target); the
-host must hold its resident part in available RAM. The planner picks the largest ``-ngl``
-that fits, and solves for the context (``--ctx max``) or the slots (``--parallel max``).
+host must hold its resident part in available RAM. :mod:`.search` finds the run that fits.
 """
 
 from __future__ import annotations
@@ -27,10 +26,7 @@ from .offload import partial_offload_compute_bytes
 from .projector import ProjectorSpec, ProjectorUsage, projector_usage
 from .split import PIPELINE_COPIES, boundary_copies_bytes, layer_devices, pipeline_inputs_bytes, weights_by_device
 
-__all__ = ["RunRequest", "GpuDevice", "Machine", "DeviceUsage", "RunEstimate", "estimate_run", "plan_run", "max_context", "max_parallel"]
-
-_CTX_STEP = 256
-_MAX_SLOTS = 256
+__all__ = ["RunRequest", "GpuDevice", "Machine", "DeviceUsage", "RunEstimate", "estimate_run"]
 
 
 @dataclass(frozen=True)
@@ -161,10 +157,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     n_cpu_moe = request.n_cpu_moe or 0
     if machine.gpu_name is None:
         ngl = n_cpu_moe = 0
-    params = server_context(
-        spec, ctx=request.ctx, parallel=request.parallel, n_ubatch=request.n_ubatch, cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v,
-        swa_full=request.swa_full, all_outputs=request.all_outputs, flash_attn=request.flash_attn,
-    )  # fmt: skip
+    params = _context(spec, request)
     on_gpu = gpu_layers(spec, ngl)
     kv = kv_cache(spec, params)
     kv_gpu = sum(size for size, offloaded in zip(kv.layer_bytes, on_gpu, strict=False) if offloaded)
@@ -187,17 +180,9 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
             host_compute += pipeline
         else:
             devices.append(_one_gpu(machine, weights.gpu_bytes, kv_gpu, gpu_compute, gpu_projector))
-    devices.append(
-        DeviceUsage(
-            "host (CPU, RAM)", "cpu", machine.host_total_bytes, machine.host_free_bytes,
-            weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, 0, host_projector,
-        )
-    )  # fmt: skip
+    devices.append(_host(machine, weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, host_projector))
     gpu_ok = all(d.total_needed_bytes + machine.margin_bytes <= d.free_bytes for d in devices[:-1])
     host_ok = devices[-1].total_needed_bytes <= devices[-1].free_bytes
-    seconds: float | None = weights.cpu_read_bytes / machine.host_bandwidth
-    if weights.gpu_read_bytes:
-        seconds = None if machine.gpu_bandwidth is None else seconds + weights.gpu_read_bytes / machine.gpu_bandwidth  # type: ignore[operator]
     return RunEstimate(
         request=replace(request, ngl=ngl, n_cpu_moe=n_cpu_moe),
         params=params,
@@ -205,7 +190,7 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
         layers_offloaded=offloaded,
         layers_total=spec.n_layer + 1,
         fits=gpu_ok and host_ok,
-        est_decode_tokens_per_s=None if not seconds else 1 / seconds,
+        est_decode_tokens_per_s=_bandwidth_bound(weights.cpu_read_bytes, weights.gpu_read_bytes, machine),
         host_read_bytes_per_token=weights.cpu_read_bytes,
         gpu_read_bytes_per_token=weights.gpu_read_bytes,
         projector=projector,
@@ -213,12 +198,50 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
     )
 
 
+def _context(spec: ModelSpec, request: RunRequest) -> ContextParams:
+    """The context llama-server creates for ``request``."""
+    return server_context(
+        spec,
+        ctx=request.ctx,
+        parallel=request.parallel,
+        n_ubatch=request.n_ubatch,
+        cache_type_k=request.cache_type_k,
+        cache_type_v=request.cache_type_v,
+        swa_full=request.swa_full,
+        all_outputs=request.all_outputs,
+        flash_attn=request.flash_attn,
+    )
+
+
+def _host(machine: Machine, weights: int, kv: int, compute: int, output: int, projector: int) -> DeviceUsage:
+    """The host's part: weights and KV kept in RAM, its compute and output buffers (bytes)."""
+    return DeviceUsage("host (CPU, RAM)", "cpu", machine.host_total_bytes, machine.host_free_bytes, weights, kv, compute, output, 0, projector)
+
+
+def _bandwidth_bound(host_read_bytes: int, gpu_read_bytes: int, machine: Machine) -> float | None:
+    """Tokens/s if each side read its weights at its memory bandwidth (None: the GPU's is unknown)."""
+    seconds = host_read_bytes / machine.host_bandwidth
+    if gpu_read_bytes:
+        if machine.gpu_bandwidth is None:
+            return None
+        seconds += gpu_read_bytes / machine.gpu_bandwidth
+    return None if not seconds else 1 / seconds
+
+
 def _one_gpu(machine: Machine, weights: int, kv: int, compute: int, projector: int) -> DeviceUsage:
     assert machine.gpu_name is not None
     return DeviceUsage(
-        machine.gpu_name, machine.gpu_backend or "gpu", machine.gpu_total_bytes, machine.gpu_free_bytes, weights, kv, compute, 0, machine.gpu_overhead_bytes,
+        machine.gpu_name,
+        machine.gpu_backend or "gpu",
+        machine.gpu_total_bytes,
+        machine.gpu_free_bytes,
+        weights,
+        kv,
+        compute,
+        0,
+        machine.gpu_overhead_bytes,
         projector,
-    )  # fmt: skip
+    )
 
 
 def _split_devices(
@@ -250,10 +273,18 @@ def _split_devices(
         own = first_compute if index == 0 else compute
         devices.append(
             DeviceUsage(
-                gpu.name, gpu.backend, gpu.total_bytes, gpu.free_bytes, weights[index], kv, own + pipeline + boundary[index], 0,
-                machine.gpu_overhead_bytes, 0,
+                gpu.name,
+                gpu.backend,
+                gpu.total_bytes,
+                gpu.free_bytes,
+                weights[index],
+                kv,
+                own + pipeline + boundary[index],
+                0,
+                machine.gpu_overhead_bytes,
+                0,
             )
-        )  # fmt: skip
+        )
     return devices, pipeline
 
 
@@ -262,114 +293,11 @@ def _projector(request: RunRequest, machine: Machine) -> tuple[ProjectorUsage | 
     if request.projector is None:
         return None, 0, 0
     usage = projector_usage(
-        request.projector, on_gpu=machine.gpu_name is not None and request.projector_offload, flash_attn=request.flash_attn,
+        request.projector,
+        on_gpu=machine.gpu_name is not None and request.projector_offload,
+        flash_attn=request.flash_attn,
         max_tensor_bytes=machine.max_tensor_bytes,
-    )  # fmt: skip
+    )
     if usage.on_gpu:
         return usage, usage.device_bytes, usage.host_compute_bytes
     return usage, 0, usage.device_bytes
-
-
-def _gpu_fits(candidate: RunEstimate, machine: Machine) -> bool:
-    return all(gpu.total_needed_bytes + machine.margin_bytes <= gpu.free_bytes for gpu in candidate.devices[:-1])
-
-
-def _faster(a: RunEstimate, b: RunEstimate) -> RunEstimate:
-    """The plan that decodes faster (bandwidth bound). Without the GPU's bandwidth, the one
-    that reads fewer weight bytes from system RAM per token (RAM is the slow side); ``a``
-    on a tie."""
-    if a.est_decode_tokens_per_s is None or b.est_decode_tokens_per_s is None:
-        return b if b.host_read_bytes_per_token < a.host_read_bytes_per_token else a
-    return b if b.est_decode_tokens_per_s > a.est_decode_tokens_per_s else a
-
-
-def plan_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
-    """The request with the largest ``-ngl`` that fits (the user's ``ngl`` is kept as given).
-    For a MoE model that does not fit whole, also every layer on the GPU with the experts of
-    the first N blocks on the CPU (``--n-cpu-moe N``, the smallest N that fits); the faster
-    of the two wins. A projector that does not fit the GPU even with no layers there is
-    planned in system RAM (``--no-mmproj-offload``). If nothing fits, the CPU-only estimate (``fits`` False when even that
-    does not)."""
-    if machine.gpu_name is None or (request.ngl is not None and request.n_cpu_moe is not None):
-        return estimate_run(spec, request, machine)
-    if request.projector is not None and request.projector_offload and not _gpu_fits(estimate_run(spec, replace(request, ngl=0), machine), machine):
-        request = replace(request, projector_offload=False)  # the projector alone does not fit the GPU: keep it in RAM
-    by_layers = (
-        _largest_ngl(spec, replace(request, n_cpu_moe=request.n_cpu_moe or 0), machine)
-        if request.ngl is None
-        else estimate_run(spec, replace(request, n_cpu_moe=0), machine)
-    )
-    if request.n_cpu_moe is not None or not spec.n_expert or by_layers.layers_offloaded == by_layers.layers_total:
-        return by_layers
-    all_layers = replace(request, ngl=spec.n_layer + 1)
-    low, high, by_experts = 1, spec.n_layer, None
-    while low <= high:  # fewer blocks with experts on the CPU means more GPU memory
-        middle = (low + high) // 2
-        candidate = estimate_run(spec, replace(all_layers, n_cpu_moe=middle), machine)
-        if _gpu_fits(candidate, machine):
-            by_experts, high = candidate, middle - 1
-        else:
-            low = middle + 1
-    return by_layers if by_experts is None else _faster(by_layers, by_experts)
-
-
-def _largest_ngl(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate:
-    whole = estimate_run(spec, replace(request, ngl=spec.n_layer + 1), machine)
-    if _gpu_fits(whole, machine):  # every layer fits: nothing to search
-        return whole
-    best = estimate_run(spec, replace(request, ngl=0), machine)
-    low, high = 1, spec.n_layer
-    while low <= high:  # memory grows with -ngl on the GPU: binary search the largest that fits
-        middle = (low + high) // 2
-        candidate = estimate_run(spec, replace(request, ngl=middle), machine)
-        if _gpu_fits(candidate, machine):
-            best, low = candidate, middle + 1
-        else:
-            high = middle - 1
-    return best
-
-
-def max_context(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate | None:
-    """The largest context (a multiple of 256, up to the trained one per slot) that fits: keeping every
-    layer on the GPU when the smallest context allows that, else with -ngl re-planned for
-    each context (layers then run from RAM). None if even 256 tokens do not fit."""
-    floor = plan_run(spec, replace(request, ctx=_CTX_STEP), machine)
-    if not floor.fits:
-        return None
-    keep_full_offload = machine.gpu_name is not None and floor.layers_offloaded == floor.layers_total
-
-    def acceptable(candidate: RunEstimate) -> bool:
-        return candidate.fits and (not keep_full_offload or candidate.layers_offloaded == candidate.layers_total)
-
-    best = floor
-    low, high = 2, spec.n_ctx_train * (request.parallel or 1) // _CTX_STEP  # each slot up to the trained context
-    while low <= high:
-        middle = (low + high) // 2
-        candidate = plan_run(spec, replace(request, ctx=middle * _CTX_STEP), machine)
-        if acceptable(candidate):
-            best, low = candidate, middle + 1
-        else:
-            high = middle - 1
-    return best
-
-
-def max_parallel(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunEstimate | None:
-    """The most slots, each with ``request.ctx`` tokens of its own, that fit (None if one does not)."""
-    per_slot = request.ctx or spec.n_ctx_train
-
-    def with_slots(slots: int) -> RunEstimate:
-        return plan_run(spec, replace(request, ctx=per_slot * slots, parallel=slots), machine)
-
-    best = with_slots(1)
-    if not best.fits:
-        return None
-    low, high = 2, _MAX_SLOTS
-    while low <= high:
-        middle = (low + high) // 2
-        candidate = with_slots(middle)
-        full_offload = candidate.layers_offloaded == best.layers_offloaded
-        if candidate.fits and full_offload:
-            best, low = candidate, middle + 1
-        else:
-            high = middle - 1
-    return best

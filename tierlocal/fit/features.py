@@ -156,7 +156,9 @@ def _attention(spec: ModelSpec, il: int, depth: int, prompt: int, cache_type_k: 
         return 0.0, 0.0
     window = spec.n_swa if spec.is_swa[il] and spec.n_swa else None
     keys_decode = min(depth, window) if window else depth
-    cell = cache_type_bytes(cache_type_k, spec.n_embd_k_gqa(il)) + (cache_type_bytes(cache_type_v, spec.n_embd_v_gqa(il)) if spec.n_embd_v_gqa(il) else 0)
+    cell = cache_type_bytes(cache_type_k, spec.n_embd_k_gqa(il)) + (
+        cache_type_bytes(cache_type_v, spec.n_embd_v_gqa(il)) if spec.n_embd_v_gqa(il) else 0
+    )
     # mean keys attended over the prompt's positions 1..prompt (capped by the window)
     # (Σ_{p=1..P} min(p, w) = w(w+1)/2 + (P − w)·w for w < P, an exact integer)
     keys = (window * (window + 1) // 2 + (prompt - window) * window) / prompt if window and window < prompt else (prompt + 1) / 2

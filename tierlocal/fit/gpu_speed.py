@@ -97,7 +97,9 @@ def fit_cards(rows: Sequence[PublishedRow], cards: Mapping[str, CardInfo]) -> tu
             # Faster than its bandwidth allows after the backend's overhead (a newer build with
             # less of it): the datasheet rate, and the overhead its own rows leave.
             efficiency = 1.0
-            overhead = max(statistics.median(1.0 / row.tokens_per_s - row.read_bytes * (kappa if row.half else 1.0) / bandwidth for row in card_rows), 0.0)
+            overhead = max(
+                statistics.median(1.0 / row.tokens_per_s - row.read_bytes * (kappa if row.half else 1.0) / bandwidth for row in card_rows), 0.0
+            )
             note = f"fitted to {shown}: its datasheet bandwidth and the per-token overhead its rows leave, {overhead * 1e3:.2f} ms"
         fits[gpu] = CardFit(gpu, efficiency, overhead, statistics.median(rates) if rates else None, "published", note)
     return fits, kappa
@@ -111,7 +113,10 @@ def card_fit(name: str, fits: Mapping[str, CardFit], cards: Mapping[str, CardInf
     card = cards.get(name)
     if card is None or not fits:
         return None
-    for label, same in (("architecture", lambda other: other.architecture == card.architecture), ("backend", lambda other: other.backend == card.backend)):
+    for label, same in (
+        ("architecture", lambda other: other.architecture == card.architecture),
+        ("backend", lambda other: other.backend == card.backend),
+    ):
         group = [fit for fit in fits.values() if fit.gpu in cards and same(cards[fit.gpu]) and cards[fit.gpu].architecture]
         if group:
             return _derived(card, group, cards, f"the {getattr(card, label)} cards' median ({', '.join(sorted(fit.gpu for fit in group))})")
@@ -138,6 +143,11 @@ def card_device_speed(fit: CardFit, card: CardInfo, kappa: float) -> DeviceSpeed
     decode = {"*": rate, **dict.fromkeys(HALF_TYPES, rate / kappa)}
     prefill = {"*": fit.prefill_flops_per_s} if fit.prefill_flops_per_s else {}
     return DeviceSpeed(
-        device=card.name, source=fit.basis, note=fit.note, decode_bytes_per_s=decode, prefill_flops_per_s=prefill,
-        attention_flops_per_s=fit.prefill_flops_per_s or 0.0, token_overhead_s=fit.token_overhead_s,
-    )  # fmt: skip
+        device=card.name,
+        source=fit.basis,
+        note=fit.note,
+        decode_bytes_per_s=decode,
+        prefill_flops_per_s=prefill,
+        attention_flops_per_s=fit.prefill_flops_per_s or 0.0,
+        token_overhead_s=fit.token_overhead_s,
+    )

@@ -67,9 +67,14 @@ PROMPT_CACHE_DEFAULT_BYTES = 8 * 2**30
 # (CPU feature that enables the kernel, rows per interleave) per type, from repack.cpp.
 _X86_RULES = {"Q4_0": ("avx2", 8), "Q4_K": ("avx2", 8), "IQ4_NL": ("avx2", 8), "MXFP4": ("avx2", 8), "Q2_K": ("avx512f", 8)}
 _ARM_RULES = {
-    "Q4_0": ("asimddp", 4), "Q4_K": ("asimddp", 8), "Q5_K": ("asimddp", 8), "Q6_K": ("asimddp", 8),
-    "IQ4_NL": ("asimddp", 4), "MXFP4": ("asimddp", 4), "Q8_0": ("asimddp", 4),
-}  # fmt: skip
+    "Q4_0": ("asimddp", 4),
+    "Q4_K": ("asimddp", 8),
+    "Q5_K": ("asimddp", 8),
+    "Q6_K": ("asimddp", 8),
+    "IQ4_NL": ("asimddp", 4),
+    "MXFP4": ("asimddp", 4),
+    "Q8_0": ("asimddp", 4),
+}
 
 
 def repack_rules(cpu_arch: str, cpu_features: Iterable[str]) -> dict[str, int]:

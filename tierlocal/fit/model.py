@@ -20,7 +20,7 @@ from ..gguf.summary import merge_split
 from .recurrent import HYBRID_ARCHS, RECURRENT_ARCHS, recurrent_facts
 from .sliding_window import sliding_window, swa_layers
 
-__all__ = ["ModelSpec", "PlacedTensor", "TENSORS_NOT_KEPT", "model_spec", "VERIFIED_ARCHS"]
+__all__ = ["ModelSpec", "PlacedTensor", "model_spec", "VERIFIED_ARCHS"]
 
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 #: Tensors outside the blocks that llama.cpp loads as input (LLM_TENSOR_LAYER_INPUT: kept in
@@ -30,7 +30,21 @@ _INPUT_LAYER = ("token_embd.", "per_layer_token_embd.")
 _FIRST_BLOCK = ("per_layer_model_proj.", "per_layer_proj_norm.", "rope_factors_")
 #: Architectures whose estimate was checked against the buffers the real llama.cpp allocates
 #: (tests/ and bench/estimate_accuracy.py); any other gets the generic rules, labelled.
-_VERIFIED_DENSE = ("llama", "qwen2", "qwen3", "qwen3moe", "deepseek2", "gemma3", "gemma4", "gpt-oss", "phi3", "olmo2", "smollm3", "seed_oss", "exaone4")
+_VERIFIED_DENSE = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "deepseek2",
+    "gemma3",
+    "gemma4",
+    "gpt-oss",
+    "phi3",
+    "olmo2",
+    "smollm3",
+    "seed_oss",
+    "exaone4",
+)
 _VERIFIED_RECURRENT = (
     "lfm2",
     "granitehybrid",
@@ -66,20 +80,6 @@ class PlacedTensor:
     #: (``ne[0]`` first: the row length, then the rows).
     ggml_type: str = ""
     shape: tuple[int, ...] = ()
-
-
-class _TensorsNotKept(tuple):
-    """The ``tensors`` of a spec restored from its planning digest (:mod:`.digest`): the
-    per-tensor work is already done, and reading a tensor is a bug, not an empty model."""
-
-    def _refuse(self, *_args: object) -> Any:
-        raise RuntimeError("this ModelSpec was restored from its planning digest and keeps no tensors: plan it from its header")
-
-    __iter__ = __len__ = __getitem__ = __contains__ = _refuse
-
-
-#: The ``tensors`` of every spec restored from a digest.
-TENSORS_NOT_KEPT: tuple[PlacedTensor, ...] = _TensorsNotKept()
 
 
 @dataclass(frozen=True)
@@ -246,7 +246,10 @@ def _check_consistent(n_head: Sequence[int], n_head_kv: Sequence[int], source: s
     for il, (heads, kv_heads) in enumerate(zip(n_head, n_head_kv, strict=False)):
         if kv_heads > heads or (kv_heads and heads % kv_heads):
             raise HeaderError(
-                source, 0, f"layer {il} has {kv_heads} KV heads for {heads} attention heads", hint="the header contradicts itself; re-convert the model"
+                source,
+                0,
+                f"layer {il} has {kv_heads} KV heads for {heads} attention heads",
+                hint="the header contradicts itself; re-convert the model",
             )
 
 
@@ -295,7 +298,9 @@ def _layers_with_own_kv(metadata: Mapping[str, object], arch: str, n_layer: int,
         return n_layer
     shared = _number(metadata, f"{arch}.attention.shared_kv_layers")
     if not 0 <= shared < n_layer:
-        raise HeaderError(source, 0, f"{arch}.attention.shared_kv_layers is {shared} of {n_layer} blocks", hint="the file is corrupt or not a Gemma 4 model")
+        raise HeaderError(
+            source, 0, f"{arch}.attention.shared_kv_layers is {shared} of {n_layer} blocks", hint="the file is corrupt or not a Gemma 4 model"
+        )
     return n_layer - shared
 
 
@@ -310,7 +315,9 @@ def _trunk_layers(metadata: Mapping[str, object], arch: str, n_layer: int, sourc
     value = metadata.get(f"{arch}.nextn_predict_layers", 0)
     n_nextn = value if isinstance(value, int) and not isinstance(value, bool) else 0
     if n_nextn < 0 or n_nextn > n_layer:
-        raise HeaderError(source, 0, f"{n_nextn} multi-token-prediction blocks in {n_layer} blocks", hint="the header contradicts itself; re-convert the model")
+        raise HeaderError(
+            source, 0, f"{n_nextn} multi-token-prediction blocks in {n_layer} blocks", hint="the header contradicts itself; re-convert the model"
+        )
     return n_layer if n_nextn in (0, n_layer) else n_layer - n_nextn
 
 

@@ -156,7 +156,8 @@ def projector_spec(headers: Sequence[GGUFHeader]) -> ProjectorSpec:
     )
     if has_vision and (spec.patch_size == 0 or spec.image_size < spec.patch_size or spec.n_head == 0 or spec.n_embd % spec.n_head):
         raise ValueError(
-            f"{header.source}: image {spec.image_size} px, patch {spec.patch_size} px, {spec.n_head} heads of a {spec.n_embd}-wide encoder do not make an encoder"
+            f"{header.source}: image {spec.image_size} px, patch {spec.patch_size} px, {spec.n_head} heads of a {spec.n_embd}-wide encoder do not "
+            "make an encoder"
         )
     return spec
 

@@ -24,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RecurrentFacts", "recurrent_facts", "kda_state_floats", "frontier_per_user_memory", "rwkv7_compute_bytes", "RECURRENT_ARCHS", "HYBRID_ARCHS"]
+__all__ = [
+    "RecurrentFacts",
+    "recurrent_facts",
+    "kda_state_floats",
+    "frontier_per_user_memory",
+    "rwkv7_compute_bytes",
+    "RECURRENT_ARCHS",
+    "HYBRID_ARCHS",
+]
 
 #: Every layer recurrent, no attention (llm_arch_is_recurrent).
 RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
@@ -95,7 +103,11 @@ def _state_sizes(metadata: Mapping[str, object], arch: str, n_embd: int, n_head:
     kda = _int(metadata, f"{arch}.kda.head_dim")
     if kda:
         return *kda_state_floats(n_head[0] if n_head else 0, kda, d_conv), "kimi delta attention"
-    d_inner, d_state, groups = _int(metadata, f"{arch}.ssm.inner_size"), _int(metadata, f"{arch}.ssm.state_size"), _int(metadata, f"{arch}.ssm.group_count")
+    d_inner, d_state, groups = (
+        _int(metadata, f"{arch}.ssm.inner_size"),
+        _int(metadata, f"{arch}.ssm.state_size"),
+        _int(metadata, f"{arch}.ssm.group_count"),
+    )
     n_conv = (d_conv - 1 if d_conv > 0 else 0) * (d_inner + 2 * groups * d_state)
     family = "gated delta net" if arch in _BY_INTERVAL else ("mamba-2" if groups else "mamba")
     return n_conv, d_state * d_inner, family

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from .device_speed import DeviceSpeed
 from .estimate import Machine, RunEstimate
@@ -152,7 +153,12 @@ def bound_speed(device: str, bandwidth_bytes_per_s: int, note: str) -> DeviceSpe
     """A device known by its memory bandwidth only: every byte at that rate, no fixed costs and
     no prefill figure (``bound``)."""
     return DeviceSpeed(
-        device=device, source="bound", note=note, decode_bytes_per_s={"*": float(bandwidth_bytes_per_s)}, prefill_flops_per_s={}, attention_flops_per_s=0.0
+        device=device,
+        source="bound",
+        note=note,
+        decode_bytes_per_s={"*": float(bandwidth_bytes_per_s)},
+        prefill_flops_per_s={},
+        attention_flops_per_s=0.0,
     )
 
 
@@ -183,18 +189,23 @@ def estimate_speed(
     sources = {"host": f"{host.source}: {host.note}"}
     if estimate.layers_offloaded:
         if gpu is None:
-            return SpeedEstimate(None, None, (), {}, depth, sources, reason="no speed figures for this GPU (name it with --gpu, or see recipes/gpu_speed.toml)")
+            return SpeedEstimate(
+                None, None, (), {}, depth, sources, reason="no speed figures for this GPU (name it with --gpu, or see recipes/gpu_speed.toml)"
+            )
         sources["gpu"] = f"{gpu.source}: {gpu.note}"
     devices: dict[str, DeviceSpeed | None] = {"host": host, "gpu": gpu}
     uncalibrated: set[str] = set()
 
-    def features(prompt: int, at_depth: int) -> RunFeatures:
-        return run_features(
-            spec, ngl=ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes, depth=at_depth, prompt=prompt,
-            cache_type_k=request.cache_type_k, cache_type_v=request.cache_type_v,
-        )  # fmt: skip
-
-    at_depth = features(prefill_prompt, depth)
+    features = partial(
+        run_features,
+        spec,
+        ngl=ngl,
+        n_cpu_moe=n_cpu_moe,
+        max_tensor_bytes=max_tensor_bytes,
+        cache_type_k=request.cache_type_k,
+        cache_type_v=request.cache_type_v,
+    )
+    at_depth = features(prompt=prefill_prompt, depth=depth)
     step = _decode_step(at_depth, devices, uncalibrated)
     decode_seconds = sum(step.values())
     busiest = max(step, key=lambda name: step[name]) if step else "host"
@@ -205,10 +216,8 @@ def estimate_speed(
         reason = f"prefill and first token not estimated: no prefill figure for the {unpriced.device} ({how})"
         return SpeedEstimate(1 / decode_seconds, None, (), step, depth, sources, tuple(sorted(uncalibrated)), reason, basis)
     prefill_seconds = _prefill_time(at_depth, devices, uncalibrated)
-    ttft = []
-    for prompt in (p for p in prompts if p + 1 <= estimate.params.n_ctx_seq):
-        run = features(prompt, prompt)
-        ttft.append((prompt, _prefill_time(run, devices, uncalibrated) + sum(_decode_step(run, devices, uncalibrated).values())))
+    fitting = [prompt for prompt in prompts if prompt + 1 <= estimate.params.n_ctx_seq]
+    ttft = [(prompt, _first_token_s(features(prompt=prompt, depth=prompt), devices, uncalibrated)) for prompt in fitting]
     return SpeedEstimate(
         decode_tokens_per_s=1 / decode_seconds if decode_seconds > 0 else None,
         prefill_tokens_per_s=prefill_prompt / prefill_seconds if prefill_seconds > 0 else None,
@@ -219,6 +228,11 @@ def estimate_speed(
         uncalibrated_types=tuple(sorted(uncalibrated)),
         basis=basis,
     )
+
+
+def _first_token_s(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], uncalibrated: set[str]) -> float:
+    """Seconds to the first token of ``run``'s prompt: its prefill, then one decode step."""
+    return _prefill_time(run, devices, uncalibrated) + sum(_decode_step(run, devices, uncalibrated).values())
 
 
 # -- the bandwidth-only figure (what check showed before calibration) ---------------------------

@@ -31,10 +31,14 @@ def layer_devices(spec: ModelSpec, ngl: int, split: Sequence[float]) -> tuple[in
     start, offloaded = max(n_layers - max(ngl, 0), 0), min(max(ngl, 0), n_layers)
     total = sum(split)
     bounds = list(itertools.accumulate(share / total for share in split)) if total > 0 else [1.0]
-    return tuple(-1 if il < start or offloaded == 0 else min(bisect.bisect_right(bounds, (il - start) / offloaded), len(bounds) - 1) for il in range(n_layers))
+    return tuple(
+        -1 if il < start or offloaded == 0 else min(bisect.bisect_right(bounds, (il - start) / offloaded), len(bounds) - 1) for il in range(n_layers)
+    )
 
 
-def weights_by_device(spec: ModelSpec, devices: Sequence[int], n_devices: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> list[int]:
+def weights_by_device(
+    spec: ModelSpec, devices: Sequence[int], n_devices: int, *, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None
+) -> list[int]:
     """Bytes of weights on each GPU for a layer split (``devices`` from :func:`layer_devices`),
     by the rules of :func:`weights_split` (whose ``gpu_bytes`` is their sum): experts of the
     first ``n_cpu_moe`` blocks and tensors the devices cannot bind stay on the CPU, a tied
@@ -70,7 +74,9 @@ def pipeline_inputs_bytes(spec: ModelSpec, params: ContextParams, *, flash_attn:
     return (PIPELINE_COPIES - 1) * (n_tokens * spec.n_embd * 4 + masks)
 
 
-def boundary_copies_bytes(spec: ModelSpec, params: ContextParams, placement: Sequence[int], n_devices: int, *, copies: int, compute: int = 0) -> list[int]:
+def boundary_copies_bytes(
+    spec: ModelSpec, params: ContextParams, placement: Sequence[int], n_devices: int, *, copies: int, compute: int = 0
+) -> list[int]:
     """What each device's compute buffer adds where a recurrent block ends at a device boundary
     (bytes; ``copies``: PIPELINE_COPIES with pipeline parallelism, else 1; ``compute``: a
     device's own compute buffer, for the margin).

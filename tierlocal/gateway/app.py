@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-from .backends import DOWN, UP, TargetState, now, poll_target, resolve_key
+from .backends import UP, TargetState, now, poll_target, resolve_key
 from .config import GatewayConfig, Route, Target, User
 from .ledger import Ledger
 from .limiter import limiter_for
@@ -30,6 +29,7 @@ from .relay import Relay
 from .request_body import OutputLimits, output_limits, parse_json_object
 from .store import Store
 from .store_worker import StoreWorker
+from .targets import MAX_ATTEMPTS, UNFIXABLE_BY_RETRY, next_target, no_answer, passed_over_reasons
 from .ui import Dashboard
 from .wire import AttemptFailed, Exchange, Reject
 
@@ -39,15 +39,6 @@ log = logging.getLogger("tierlocal.gateway")
 
 #: Client path → upstream path below the target's base URL.
 ENDPOINTS = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions", "/v1/embeddings": "/embeddings"}
-#: Backoff before trying a target again: base · 2^n seconds, jittered, capped; a target that
-#: asks for a longer wait than the cap is not retried within the request (the client is told
-#: when to come back). At most MAX_ATTEMPTS attempts per request, over all targets.
-BACKOFF_BASE_S = 0.25
-BACKOFF_CAP_S = 8.0
-MAX_ATTEMPTS = 6
-#: Failures that trying the same target again within one request cannot mend: the target is not
-#: tried again for it, and when nothing else answered the 503 says not to retry.
-UNFIXABLE_BY_RETRY = frozenset({"dns_error", "no_key"})
 #: Seconds between health polls of local targets; seconds an authenticated key is cached.
 POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
@@ -86,14 +77,21 @@ class Gateway:
     # --- application --------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.server.max_body_bytes, middlewares=[self._errors, self._auth], handler_args={"max_field_size": 16384})
+        app = web.Application(
+            client_max_size=self.config.server.max_body_bytes, middlewares=[self._errors, self._auth], handler_args={"max_field_size": 16384}
+        )
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         for path in ENDPOINTS:
             app.router.add_post(path, self._proxy)
         dashboard = Dashboard(
-            self.config, self.store, authenticate=self.user_for_key, store_call=self.worker.call, health=self._health_report, metrics=self.metrics.render
+            self.config,
+            self.store,
+            authenticate=self.user_for_key,
+            store_call=self.worker.call,
+            health=self._health_report,
+            metrics=self.metrics.render,
         )
         dashboard.add_routes(app)
         app.on_startup.append(self._start)
@@ -136,7 +134,11 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.server.max_body_bytes
             return Reject(
-                413, f"request body is larger than the gateway's limit of {limit} bytes", "invalid_request_error", "request_too_large", should_retry=False
+                413,
+                f"request body is larger than the gateway's limit of {limit} bytes",
+                "invalid_request_error",
+                "request_too_large",
+                should_retry=False,
             ).response()
         except web.HTTPException as exc:
             if exc.status >= 400:
@@ -203,15 +205,20 @@ class Gateway:
             return web.Response(status=400)
         except TimeoutError:
             raise Reject(
-                408, f"the request body took longer than {self.config.server.body_timeout_s:g} s to arrive", "invalid_request_error", "request_timeout",
+                408,
+                f"the request body took longer than {self.config.server.body_timeout_s:g} s to arrive",
+                "invalid_request_error",
+                "request_timeout",
                 should_retry=True,
-            ) from None  # fmt: skip
+            ) from None
         body, route = self._parse(raw)
         user = request[USER]
         endpoint = ENDPOINTS[request.path]
         stream = body.get("stream") is True and endpoint != "/embeddings"
         options = body.get("stream_options")
-        exchange = Exchange(user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw)))
+        exchange = Exchange(
+            user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw))
+        )
         if route.store_bodies:
             exchange.request_body = self.ledger.redact(raw, route)
         limits = (
@@ -245,7 +252,11 @@ class Gateway:
         if route is None:
             known = ", ".join(r.model for r in self.config.routes[:20]) or "none"
             raise Reject(
-                404, f"the gateway has no route for model {model[:100]!r} (it serves: {known})", "invalid_request_error", "model_not_found", should_retry=False
+                404,
+                f"the gateway has no route for model {model[:100]!r} (it serves: {known})",
+                "invalid_request_error",
+                "model_not_found",
+                should_retry=False,
             )
         return body, route
 
@@ -268,30 +279,9 @@ class Gateway:
             )
         return ticket
 
-    def _retry_waits(self, route: Route, excluded: set[Target]) -> list[tuple[float, TargetState]]:
-        """(seconds until usable, target) for the targets this request may try again."""
-        moment = now()
-        return [
-            (max(state.cooldown_until - moment, 0.0), state)
-            for target in route.targets
-            if target not in excluded and not (state := self.states[target]).missing_key
-        ]
-
-    def _candidates(self, route: Route, excluded: set[Target]) -> list[TargetState]:
-        """Targets to try, best first: free and healthy, then full (spill over rather than
-        queue), then ones that looked down at the last poll. Cooling and keyless ones are out."""
-        moment = now()
-        ready: list[TargetState] = []
-        full: list[TargetState] = []
-        down: list[TargetState] = []
-        for target in route.targets:
-            state = self.states[target]
-            if target in excluded or state.missing_key or state.cooling(moment):
-                continue
-            (down if state.health == DOWN else full if state.full() else ready).append(state)
-        return ready + full + down
-
-    async def _serve(self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, reservation: int | None) -> web.StreamResponse:
+    async def _serve(
+        self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, reservation: int | None
+    ) -> web.StreamResponse:
         """The one retry loop: targets in order, each failed one tried again only after the
         others, after its cooldown or a jittered backoff; no attempt after the deadline."""
         route = exchange.route
@@ -302,10 +292,12 @@ class Gateway:
         last_failure: AttemptFailed | None = None
         try:
             while time.monotonic() < deadline and exchange.attempts < MAX_ATTEMPTS:
-                state = await self._next_target(route, excluded, failed, exchange, deadline)
+                state = await next_target(route, self.states, excluded, failed, exchange.attempts, deadline)
                 if state is None:
                     break
-                self._count_passed_over(route, state, excluded, failed, passed_over, exchange)
+                for reason in passed_over_reasons(route, self.states, state, excluded, failed, passed_over):
+                    exchange.reasons.append(reason)
+                    self.metrics.fallbacks.labels(route.model, reason).inc()
                 exchange.attempts += 1
                 try:
                     assert self.relay is not None  # the app has started
@@ -323,9 +315,13 @@ class Gateway:
                     state.cool_down(failure.verdict.cooldown_s, failure.verdict.reason, now())
                     log.warning(
                         "attempt %d for %s on %s failed (%s): %s",
-                        exchange.attempts, printable(route.model), printable(state.label), failure.verdict.reason, printable(failure.detail, 2000),
-                    )  # fmt: skip
-            raise self._no_answer(exchange, excluded, last_failure)
+                        exchange.attempts,
+                        printable(route.model),
+                        printable(state.label),
+                        failure.verdict.reason,
+                        printable(failure.detail, 2000),
+                    )
+            raise no_answer(exchange, self.states, excluded, last_failure)
         except Reject as reject:  # its status is the exchange's: 503 when nothing answered
             exchange.status = reject.status
             await self.ledger.settle(exchange, reservation)
@@ -334,64 +330,3 @@ class Gateway:
             if exchange.status == 0:  # ended by an exception we did not expect: still settle
                 exchange.status = 500
                 await self.ledger.settle(exchange, reservation)
-
-    def _count_passed_over(
-        self, route: Route, chosen: TargetState, excluded: set[Target], failed: set[Target], passed_over: set[Target], exchange: Exchange
-    ) -> None:
-        """Every target ahead of ``chosen`` in the route that this request skips without trying
-        it is a fallback too (the local engine down or busy, a target cooling down): logged,
-        counted in ``tierlocal_gateway_fallbacks_total`` and kept in the usage row, with why."""
-        moment = now()
-        for target in route.targets:
-            if target == chosen.target:
-                return
-            if target in failed or target in passed_over:
-                continue  # its failed attempt was counted with its own reason
-            passed_over.add(target)
-            reason = self.states[target].passed_over_reason(target in excluded, moment)
-            exchange.reasons.append(reason)
-            self.metrics.fallbacks.labels(route.model, reason).inc()
-
-    async def _next_target(self, route: Route, excluded: set[Target], failed: set[Target], exchange: Exchange, deadline: float) -> TargetState | None:
-        """The next target to try: the best one not yet failed; once every target has failed
-        this request, the first usable again after its cooldown or a jittered, growing backoff
-        (waited here). None when no wait fits the cap and the deadline."""
-        fresh = [state for state in self._candidates(route, excluded) if state.target not in failed]
-        if fresh:
-            return fresh[0]
-        waits = self._retry_waits(route, excluded)
-        if not waits:
-            return None
-        wait_s, state = min(waits, key=lambda pair: pair[0])
-        backoff = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(exchange.attempts - 1, 0)) * random.uniform(0.5, 1.0)
-        delay = max(wait_s, backoff)
-        if delay > BACKOFF_CAP_S or time.monotonic() + delay >= deadline:
-            return None
-        await asyncio.sleep(delay)
-        return state
-
-    def _no_answer(self, exchange: Exchange, excluded: set[Target], last_failure: AttemptFailed | None) -> Reject:
-        """Why nothing answered: the request fits no target's context (400), or 503 with
-        Retry-After (the shortest cooldown), naming a missing upstream key when that is why."""
-        route = exchange.route
-        if last_failure is not None and last_failure.verdict.reason == "context_exceeded" and not self._candidates(route, excluded):
-            return Reject(
-                400,
-                f"the request does not fit the context of any target for {route.model!r}: {last_failure.detail}",
-                "invalid_request_error",
-                "context_length_exceeded",
-                should_retry=False,
-            )
-        moment = now()
-        waits = [self.states[t].cooldown_until - moment for t in route.targets if self.states[t].cooling(moment)]
-        missing = [t.api_key_env or t.api_key_credential for t in route.targets if self.states[t].missing_key]
-        detail = f"; last failure: {last_failure.verdict.reason} ({last_failure.detail})" if last_failure else ""
-        if missing and len(missing) == len(route.targets):
-            detail = f"; the upstream key is not set (set {missing[0]} in the gateway's environment)"
-        # A configuration the operator must fix (no key, a host name that does not resolve) is
-        # not worth the client's retries: the SDKs honour x-should-retry: false.
-        unfixable = (bool(missing) and len(missing) == len(route.targets)) or (bool(exchange.reasons) and set(exchange.reasons) <= UNFIXABLE_BY_RETRY)
-        return Reject(
-            503, f"no upstream for {route.model!r} answered after {exchange.attempts} attempt(s){detail}", "service_unavailable_error", "no_upstream",
-            retry_after_s=None if unfixable else (min(waits) if waits else 1.0), should_retry=not unfixable,
-        )  # fmt: skip

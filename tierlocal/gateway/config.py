@@ -222,7 +222,9 @@ def _target(raw: object, source: str, where: str) -> Target:
         if value is not None and (not isinstance(value, str) or not value):
             raise config_error(source, f"{where}.{name}", "must be a non-empty name", "e.g. MOONSHOT_API_KEY")
     tier, usd_per_hour = _tier(table, source, where)
-    keyless_remote = urlsplit(url).scheme == "https" and urlsplit(url).hostname not in ("localhost", "127.0.0.1") and key_env is None and credential is None
+    keyless_remote = (
+        urlsplit(url).scheme == "https" and urlsplit(url).hostname not in ("localhost", "127.0.0.1") and key_env is None and credential is None
+    )
     if keyless_remote and tier != 1:
         raise config_error(source, where, f"the hosted target {url} has no key", 'add api_key_env = "…" naming the variable that holds it')
     return Target(url.rstrip("/"), model, key_env, credential, tier, usd_per_hour)  # type: ignore[arg-type]
@@ -232,7 +234,9 @@ def _tier(table: dict[str, object], source: str, where: str) -> tuple[int | None
     """A target's ``tier`` (1, 2 or 3; None when not given) and ``usd_per_hour`` (tier 1 only)."""
     tier = table.get("tier")
     if tier is not None and (isinstance(tier, bool) or tier not in TIER_NAMES):
-        raise config_error(source, f"{where}.tier", f"{tier!r} is not a tier", "1 your own cluster, 2 a local engine, 3 a hosted API priced per token")
+        raise config_error(
+            source, f"{where}.tier", f"{tier!r} is not a tier", "1 your own cluster, 2 a local engine, 3 a hosted API priced per token"
+        )
     if tier == 3 and table.get("api_key_env") is None and table.get("api_key_credential") is None:
         raise config_error(source, f"{where}.tier", "a hosted API (tier 3) needs a key", 'add api_key_env = "…" naming the variable that holds it')
     usd_per_hour = positive_number(table.get("usd_per_hour"), source, f"{where}.usd_per_hour")
@@ -361,7 +365,10 @@ def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
     unknown = set(table) - ROUTE_KEYS
     if unknown:
         raise config_error(
-            source, f"{where}.{sorted(unknown)[0]}", "unknown key", "a route has model, targets, and optionally store_bodies and max_stored_body_bytes"
+            source,
+            f"{where}.{sorted(unknown)[0]}",
+            "unknown key",
+            "a route has model, targets, and optionally store_bodies and max_stored_body_bytes",
         )
     store_bodies = table.get("store_bodies", False)
     if not isinstance(store_bodies, bool):

@@ -90,9 +90,13 @@ class Ledger:
             prices = self.price(route, target)
             if prices is None:
                 raise Reject(
-                    403, f"no price for {target.model!r}, so a request by a user with a budget cannot be costed: add [prices.\"{target.model}\"] to the gateway's config",
-                    "permission_error", "price_unknown", should_retry=False,
-                )  # fmt: skip
+                    403,
+                    f'no price for {target.model!r}, so a request by a user with a budget cannot be costed: add [prices."{target.model}"] to the '
+                    "gateway's config",
+                    "permission_error",
+                    "price_unknown",
+                    should_retry=False,
+                )
             worst = max(worst, cost_usd(prices, Usage(input_bound, 0, output_bound)))
         assert user.budget_usd is not None
         reservation = await self.book(Reserve(user.name, worst, user.budget_usd, user.budget_period))
@@ -100,9 +104,13 @@ class Ledger:
             spent = await self.worker.call(self.store.spent, user.name, user.budget_period)
             self.metrics.requests.labels(route.model, "429").inc()
             raise Reject(
-                429, f"budget reached for user {user.name!r}: {format_usd(spent)} of {format_usd(user.budget_usd)} this {user.budget_period} is spent or held, and this request may cost up to {format_usd(worst)}",
-                "insufficient_quota", "budget_exceeded", should_retry=False,
-            )  # fmt: skip
+                429,
+                f"budget reached for user {user.name!r}: {format_usd(spent)} of {format_usd(user.budget_usd)} this {user.budget_period} is spent "
+                f"or held, and this request may cost up to {format_usd(worst)}",
+                "insufficient_quota",
+                "budget_exceeded",
+                should_retry=False,
+            )
         return int(reservation)
 
     async def settle(self, exchange: Exchange, reservation: int | None) -> None:
@@ -118,11 +126,22 @@ class Ledger:
         latency_ms = (time.monotonic() - exchange.started) * 1000
         model = state.target.model if state is not None and priced else route.model
         record = UsageRecord(
-            exchange.user.name, model, route.model, "" if state is None else state.label, exchange.status,
-            usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms, reason, exchange.request_id,
-            exchange.request_body, self.redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
+            exchange.user.name,
+            model,
+            route.model,
+            "" if state is None else state.label,
+            exchange.status,
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            cost,
+            latency_ms,
+            reason,
+            exchange.request_id,
+            exchange.request_body,
+            self.redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
             None if state is None else state.target.tier,
-        )  # fmt: skip
+        )
         budgeted = exchange.user.budget_usd is not None
         spent = await self.book(Settle(reservation, record, exchange.user.budget_period if budgeted else None))
         if exchange.user.budget_usd is not None and spent is not None:
@@ -140,7 +159,16 @@ class Ledger:
             self.metrics.spend.labels(route.model).inc(cost)
         log.info(
             "user=%s model=%s target=%s status=%d attempts=%d fallback=%s prompt=%d cached=%d completion=%d cost_usd=%.6f latency_ms=%.0f%s",
-            printable(exchange.user.name), printable(route.model), "-" if state is None else printable(state.label), exchange.status, exchange.attempts,
-            reason or "-", usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, cost, latency_ms,
+            printable(exchange.user.name),
+            printable(route.model),
+            "-" if state is None else printable(state.label),
+            exchange.status,
+            exchange.attempts,
+            reason or "-",
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            cost,
+            latency_ms,
             "".join(f" adjusted={printable(note)!r}" for note in exchange.adjusted),
-        )  # fmt: skip
+        )

@@ -22,18 +22,32 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._multiprocess_dir = multiprocess_dir
         self.requests = Counter("tierlocal_gateway_requests", "Client requests by route and status", ["model", "status"], registry=self.registry)
-        self.upstream = Counter("tierlocal_gateway_upstream_requests", "Upstream attempts by target and outcome", ["target", "outcome"], registry=self.registry)
+        self.upstream = Counter(
+            "tierlocal_gateway_upstream_requests", "Upstream attempts by target and outcome", ["target", "outcome"], registry=self.registry
+        )
         self.fallbacks = Counter(
             "tierlocal_gateway_fallbacks", "Attempts that moved on to another target, by reason", ["model", "reason"], registry=self.registry
         )
-        self.latency = Histogram("tierlocal_gateway_request_seconds", "Client request duration", ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.first_byte = Histogram(
-            "tierlocal_gateway_upstream_first_byte_seconds", "Upstream time to response headers", ["target"], buckets=_LATENCY_BUCKETS, registry=self.registry
+        self.latency = Histogram(
+            "tierlocal_gateway_request_seconds", "Client request duration", ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry
         )
-        self.tokens = Counter("tierlocal_gateway_tokens", "Tokens by route and kind (prompt, cached, completion)", ["model", "kind"], registry=self.registry)
+        self.first_byte = Histogram(
+            "tierlocal_gateway_upstream_first_byte_seconds",
+            "Upstream time to response headers",
+            ["target"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "tierlocal_gateway_tokens", "Tokens by route and kind (prompt, cached, completion)", ["model", "kind"], registry=self.registry
+        )
         self.spend = Counter("tierlocal_gateway_spend_usd", "Spend in USD by route", ["model"], registry=self.registry)
         self.budget_remaining = Gauge(
-            "tierlocal_gateway_budget_remaining_usd", "Budget left this period, by user", ["user"], registry=self.registry, multiprocess_mode="mostrecent"
+            "tierlocal_gateway_budget_remaining_usd",
+            "Budget left this period, by user",
+            ["user"],
+            registry=self.registry,
+            multiprocess_mode="mostrecent",
         )
         self.in_flight = Gauge(
             "tierlocal_gateway_in_flight", "Requests being served, by target", ["target"], registry=self.registry, multiprocess_mode="livesum"

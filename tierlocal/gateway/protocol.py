@@ -88,7 +88,9 @@ def retry_after_s(headers: dict[str, str], message: str) -> float | None:
     return min(float(match.group(1)), MAX_COOLDOWN_S) if match else None
 
 
-def classify(status: int, type_: str, message: str, code: str | None, headers: dict[str, str], error_cooldown_s: float = DEFAULT_COOLDOWN_S) -> Verdict:
+def classify(
+    status: int, type_: str, message: str, code: str | None, headers: dict[str, str], error_cooldown_s: float = DEFAULT_COOLDOWN_S
+) -> Verdict:
     """Whether an upstream's error response falls back (and cools the target down:
     ``error_cooldown_s`` after a 5xx without a hint)."""
     kind = (type_ or code or "").lower()

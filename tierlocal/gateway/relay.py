@@ -102,7 +102,9 @@ class Relay:
     def _clean(self, text: str) -> str:
         return protocol.sanitise(text, self.secrets)
 
-    async def _upstream_error(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.StreamResponse:
+    async def _upstream_error(
+        self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None
+    ) -> web.StreamResponse:
         try:
             error_bytes, _more = await read_bounded(upstream.content, MAX_ERROR_BYTES)
         except (TimeoutError, aiohttp.ClientError):
@@ -116,9 +118,13 @@ class Relay:
         if verdict.fall_back:
             raise AttemptFailed(verdict, f"HTTP {upstream.status} {type_ or code or ''}: {message}".strip())
         if upstream.status in (401, 403):
-            message = f"the upstream for {exchange.route.model!r} refused the gateway's own key ({message or upstream.status}); tell the gateway's operator"
+            message = (
+                f"the upstream for {exchange.route.model!r} refused the gateway's own key ({message or upstream.status}); tell the gateway's operator"
+            )
         exchange.target = state
-        raise Reject(upstream.status, message or f"upstream answered HTTP {upstream.status}", type_ or "invalid_request_error", code, should_retry=False)
+        raise Reject(
+            upstream.status, message or f"upstream answered HTTP {upstream.status}", type_ or "invalid_request_error", code, should_retry=False
+        )
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.Response:
         try:
@@ -127,9 +133,13 @@ class Relay:
                 raise AttemptFailed(protocol.Verdict(True, 0.0, "response_too_large"), f"more than {MAX_RESPONSE_BYTES} bytes")
             document = json.loads(data)
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)) from None
+            raise AttemptFailed(
+                protocol.Verdict(True, self.config.server.error_cooldown_s, "dropped"), self._clean(str(exc) or type(exc).__name__)
+            ) from None
         except (ValueError, UnicodeDecodeError):
-            raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON") from None
+            raise AttemptFailed(
+                protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON"
+            ) from None
         exchange.answered_by(state)
         exchange.usage = usage_from(document)
         exchange.request_id = response_id(document)
@@ -144,7 +154,9 @@ class Relay:
         batch = await self._first_batch(batches)  # until the first event reaches the client, a failure still falls back
         exchange.answered_by(state)
         exchange.request_id = response_id(json_or_none(event_data(batch[0]) or b""))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url})
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url}
+        )
         await response.prepare(request)
         try:
             failure = await self._forward(response, batches, batch, exchange)
@@ -197,7 +209,9 @@ class Relay:
             raise AttemptFailed(protocol.Verdict(True, cooldown, "stream_error"), self._clean(in_band))
         return batch
 
-    async def _forward(self, response: web.StreamResponse, batches: AsyncIterator[list[bytes]], batch: list[bytes] | None, exchange: Exchange) -> str | None:
+    async def _forward(
+        self, response: web.StreamResponse, batches: AsyncIterator[list[bytes]], batch: list[bytes] | None, exchange: Exchange
+    ) -> str | None:
         """Relay batches until ``[DONE]``; the events that arrived together leave together.
         Returns why the upstream stream broke, or None when it ended properly."""
         while batch is not None:

@@ -102,8 +102,11 @@ def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -
         kept = tuple(target for target in route.targets if target.tier != 2)  # a cluster of your own or a hosted API
         log.warning(
             "%s needs at least %.0f GiB to serve and this machine has %.0f GiB (GPU + RAM): its local targets are skipped%s",
-            route.model, frontier.serving_floor_bytes / 2**30, memory_bytes / 2**30, "" if kept else ", and with no cluster or hosted target the route is dropped",
-        )  # fmt: skip
+            route.model,
+            frontier.serving_floor_bytes / 2**30,
+            memory_bytes / 2**30,
+            "" if kept else ", and with no cluster or hosted target the route is dropped",
+        )
         if kept:
             routes.append(Route(route.model, kept))
     return replace(config, routes=tuple(routes))

@@ -44,7 +44,8 @@ SESSION_S = 12 * 3600
 #: Largest sign-in or sign-out form accepted (bytes).
 MAX_FORM_BYTES = 4096
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
 )
 _HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,

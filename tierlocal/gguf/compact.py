@@ -80,7 +80,9 @@ def _header(entry: object, source: str, limits: HeaderLimits) -> GGUFHeader:
         raise CompactError(f"{source}: metadata must be an object of at most {limits.max_kv_pairs} keys")
     if not isinstance(tensors, list) or len(tensors) > limits.max_tensors:
         raise CompactError(f"{source}: tensors must be a list of at most {limits.max_tensors}")
-    sizes = {name: _count(entry.get(name), f"{source}: {name}") for name in ("gguf_version", "header_bytes", "data_offset", "file_bytes", "alignment")}
+    sizes = {
+        name: _count(entry.get(name), f"{source}: {name}") for name in ("gguf_version", "header_bytes", "data_offset", "file_bytes", "alignment")
+    }
     return GGUFHeader(
         source=source,
         version=sizes["gguf_version"],

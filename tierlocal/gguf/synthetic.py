@@ -136,7 +136,9 @@ def write_probe_gguf(path: Path, shape: ProbeShape) -> Path:
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
     add_placeholder_vocab(writer, shape.n_vocab)
-    tensors = [(name, dims, qtype if len(dims) >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32) for name, dims in _matrices(shape)]
+    tensors = [
+        (name, dims, qtype if len(dims) >= 2 and ".ffn_gate_inp." not in name else GGMLQuantizationType.F32) for name, dims in _matrices(shape)
+    ]
     return finish_with_tensors(writer, path, tensors)
 
 

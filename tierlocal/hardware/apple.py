@@ -44,7 +44,9 @@ def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.strip().isdigit() else None
 
 
-def probe_apple(ram_total_bytes: int, *, system: str | None = None, machine: str | None = None, sysctl: Sysctl = _sysctl) -> tuple[list[Device], Probe]:
+def probe_apple(
+    ram_total_bytes: int, *, system: str | None = None, machine: str | None = None, sysctl: Sysctl = _sysctl
+) -> tuple[list[Device], Probe]:
     """The Mac's GPU as one device over its unified memory (``unified_pool_bytes``), or absent
     when this is not Apple silicon. ``ram_total_bytes`` stands in where ``hw.memsize`` is not read."""
     system = platform.system() if system is None else system

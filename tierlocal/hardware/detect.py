@@ -24,9 +24,17 @@ from .apple import probe_apple
 from .types import Device, Hardware, Probe
 
 __all__ = [
-    "detect", "probe_nvml", "probe_amd_sysfs", "probe_intel_sysfs", "probe_apple", "probe_llama_server", "probe_cpu", "cpu_features",
-    "merge_engine_devices", "one_pool",
-]  # fmt: skip
+    "detect",
+    "probe_nvml",
+    "probe_amd_sysfs",
+    "probe_intel_sysfs",
+    "probe_apple",
+    "probe_llama_server",
+    "probe_cpu",
+    "cpu_features",
+    "merge_engine_devices",
+    "one_pool",
+]
 
 _GIB = 1024**3
 
@@ -134,10 +142,14 @@ def probe_amd_sysfs(sysfs_root: Path = Path("/sys"), ram_total_bytes: int | None
             pool = ram_total_bytes or int(psutil.virtual_memory().total)
             cap = int(pool * spec.gpu_share(pool))
             usable = min(gtt, cap)
-            device = Device(spec.name, "rocm", usable, max(usable - gtt_used, 0), spec.bandwidth_bytes_per_s, f"amd-sysfs:{card}", unified_pool_bytes=pool)
+            device = Device(
+                spec.name, "rocm", usable, max(usable - gtt_used, 0), spec.bandwidth_bytes_per_s, f"amd-sysfs:{card}", unified_pool_bytes=pool
+            )
             devices.append(device)
             note = f"{spec.name} maps {gtt / _GIB:.1f} GiB of system RAM as GTT (ttm.pages_limit sets it) beside {total / _GIB:.1f} GiB of VRAM"
-            notes.append(note + (f", planned at {spec.gpu_share(pool):.0%} of RAM ({cap / _GIB:.1f} GiB) to leave the host its share" if gtt > cap else ""))
+            notes.append(
+                note + (f", planned at {spec.gpu_share(pool):.0%} of RAM ({cap / _GIB:.1f} GiB) to leave the host its share" if gtt > cap else "")
+            )
             continue
         bandwidth = spec.bandwidth_bytes_per_s if spec else _bandwidth_for(name)
         free = total - used if used is not None else total

@@ -119,9 +119,14 @@ def with_gpu_override(hardware: Hardware, values: Sequence[str]) -> Hardware:
     # One pool: what the GPU may use is not the host's as well.
     host = device.unified_pool_bytes - device.total_bytes
     return replace(
-        hardware, gpus=(device,), ram_total_bytes=device.unified_pool_bytes, ram_available_bytes=host,
-        ram_bandwidth_bytes_per_s=device.bandwidth_bytes_per_s, ram_overridden=True, overridden=True,
-    )  # fmt: skip
+        hardware,
+        gpus=(device,),
+        ram_total_bytes=device.unified_pool_bytes,
+        ram_available_bytes=host,
+        ram_bandwidth_bytes_per_s=device.bandwidth_bytes_per_s,
+        ram_overridden=True,
+        overridden=True,
+    )
 
 
 def with_ram_override(hardware: Hardware, ram: str | None, bandwidth: str | None) -> Hardware:

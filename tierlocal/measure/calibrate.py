@@ -134,7 +134,9 @@ def time_probe(binary: Path, model: Path, prompt: int, *, log_dir: Path, repeats
         readiness = child.wait_ready(f"http://127.0.0.1:{port}/health", LOAD_TIMEOUT_S)
         if not readiness.ready:
             tail = " | ".join(child.lines()[-3:])
-            raise EngineFailed(f"llama-server did not load the probe {model.name}: {tail[:300]}", hint="check the engine with `tierlocal engine status`")
+            raise EngineFailed(
+                f"llama-server did not load the probe {model.name}: {tail[:300]}", hint="check the engine with `tierlocal engine status`"
+            )
         url = f"http://127.0.0.1:{port}"
         import httpx2  # the HTTP client loads when probes run, not with every command
 
@@ -236,7 +238,13 @@ def calibrate_cpu(
 
 
 def _time_probes(
-    binary: Path, probes: tuple[Probe, ...], repeats: int, runs: list[TimedRun], raw: list[dict[str, object]], say: Callable[[str], None], deadline: float
+    binary: Path,
+    probes: tuple[Probe, ...],
+    repeats: int,
+    runs: list[TimedRun],
+    raw: list[dict[str, object]],
+    say: Callable[[str], None],
+    deadline: float,
 ) -> None:
     """Time every probe, appending to ``runs`` and ``raw``, in a scratch directory removed on
     every way out (a SIGTERM is turned into an exit here; a kill -9 leaves it to the next run's
@@ -260,10 +268,15 @@ def _time_probes(
             spec = model_spec(read_headers(str(path)))
             prefill_s, decode_s = time_probe(binary, path, probe.prompt, log_dir=directory, repeats=repeats)
             features = run_features(spec, depth=probe.prompt + DECODE_TOKENS // 2, prompt=probe.prompt)
-            runs.append(TimedRun(probe.shape.name, features.decode["host"], features.prefill["host"], features.once["host"], probe.prompt, decode_s, prefill_s))
+            runs.append(
+                TimedRun(
+                    probe.shape.name, features.decode["host"], features.prefill["host"], features.once["host"], probe.prompt, decode_s, prefill_s
+                )
+            )
             raw.append({"probe": probe.shape.name, "prompt": probe.prompt, "prefill_s_per_token": prefill_s, "decode_s_per_token": decode_s})
             say(
-                f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s ({time.monotonic() - started:.0f} s)"
+                f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s "
+                f"({time.monotonic() - started:.0f} s)"
             )
             path.unlink()
 
@@ -293,5 +306,7 @@ def require_engine(binary: Path | None) -> Path:
         UsageError: none was found.
     """
     if binary is None:
-        raise UsageError("calibration times the engine, and no llama-server was found", hint="run `tierlocal engine build`, or set TIERLOCAL_LLAMA_SERVER")
+        raise UsageError(
+            "calibration times the engine, and no llama-server was found", hint="run `tierlocal engine build`, or set TIERLOCAL_LLAMA_SERVER"
+        )
     return binary

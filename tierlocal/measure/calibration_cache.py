@@ -51,7 +51,13 @@ def save_calibration(key: dict[str, object], speed: DeviceSpeed, raw: list[dict[
     path = _cache_path()
     entries = [entry for entry in _entries(path) if entry.get("key") != key]
     entries.append(
-        {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "speed": speed.to_json(), "memory_read_bytes_per_s": memory_bytes_per_s, "probes": raw}
+        {
+            "key": key,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "speed": speed.to_json(),
+            "memory_read_bytes_per_s": memory_bytes_per_s,
+            "probes": raw,
+        }
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")

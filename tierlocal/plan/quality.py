@@ -147,7 +147,9 @@ def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, f
     return found, strength
 
 
-def _one_factor(matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, float] | None) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
+def _one_factor(
+    matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, float] | None
+) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """Fit figure ≈ a_c + b_c × q_m by alternating least squares: without ``prior``, q is
     standardised each round and shrunk towards 0 by :data:`RIDGE`; with it, q starts at and is
     shrunk towards ``prior`` (which also fixes its scale). Returns ({column: (a, b)}, {model: q})."""
@@ -174,7 +176,8 @@ def _one_factor(matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, f
         weight = RIDGE * statistics.fmean(b * b for _, b in lines.values())  # one typical column's evidence × RIDGE
         towards = prior or {}
         strength = {
-            m: (sum(lines[c][1] * (s - lines[c][0]) for c, s in row.items()) + weight * towards.get(m, 0.0)) / (sum(lines[c][1] ** 2 for c in row) + weight)
+            m: (sum(lines[c][1] * (s - lines[c][0]) for c, s in row.items()) + weight * towards.get(m, 0.0))
+            / (sum(lines[c][1] ** 2 for c in row) + weight)
             for m, row in matrix.items()
         }
         if max(abs(strength[m] - before[m]) for m in strength) < _TOLERANCE:

@@ -183,7 +183,10 @@ def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose:
     bits = check.file_bytes * 8 / max(check.params, 1)
     status, reason = _status(entry, estimate is not None and estimate.fits, speed, min_speed, purpose)
     if status == "fits" and limiting is not None and free - limiting.total_needed_bytes < tight_fraction * free:
-        status, reason = "tight", f"tight: leaves {format_bytes(max(free - limiting.total_needed_bytes, 0))} of {format_bytes(free)} on {limiting.name}"
+        status, reason = (
+            "tight",
+            f"tight: leaves {format_bytes(max(free - limiting.total_needed_bytes, 0))} of {format_bytes(free)} on {limiting.name}",
+        )
     if status == "no room" and limiting is not None:
         reason = f"no room: needs {format_bytes(limiting.total_needed_bytes)} on {limiting.name}, {format_bytes(free)} free"
     elif status == "no room":
@@ -198,9 +201,19 @@ def _from_rule(entry: ModelEntry, fit: CatalogFit, min_speed: float, purpose: st
     reason = f"{reason} (rule of thumb: no header for this entry)"
     basis = "bound" if fit.est_decode_tokens_per_s else "unknown"
     return Candidate(
-        entry, None, fit, status, reason, fit.est_decode_tokens_per_s, basis, fit.total_needed_bytes, fit.budget.memory_bytes, fit.budget.device,
-        entry.params, entry.bits_per_weight,
-    )  # fmt: skip
+        entry,
+        None,
+        fit,
+        status,
+        reason,
+        fit.est_decode_tokens_per_s,
+        basis,
+        fit.total_needed_bytes,
+        fit.budget.memory_bytes,
+        fit.budget.device,
+        entry.params,
+        entry.bits_per_weight,
+    )
 
 
 def _status(entry: ModelEntry, fits: bool, speed: float | None, min_speed: float, purpose: str) -> tuple[str, str]:

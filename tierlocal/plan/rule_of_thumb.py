@@ -132,7 +132,9 @@ class Recommendation:
             "budget": self.budget.to_json(),
             "min_tokens_per_s": self.min_tokens_per_s,
             "recommendation": self.best.to_json() if self.best else None,
-            "alternatives": [{"role": role, **fit.to_json()} for role, fit in (("smaller", self.smaller), ("larger", self.larger)) if fit is not None],
+            "alternatives": [
+                {"role": role, **fit.to_json()} for role, fit in (("smaller", self.smaller), ("larger", self.larger)) if fit is not None
+            ],
             "frontier": [verdict.to_json() for verdict in self.frontier],
         }
 

@@ -8,22 +8,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..catalog import HostDefaults
 from ..engines.flags import planned_command
 from ..engines.ollama import OllamaSettings, ollama_settings
 from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
 from ..fit.device_speed import DeviceSpeed
-from ..fit.estimate import GpuDevice, Machine, RunEstimate, RunRequest, max_context, max_parallel, plan_run
+from ..fit.estimate import Machine, RunEstimate, RunRequest
 from ..fit.headline import HeadlineSpeed, headline_speed
 from ..fit.host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
 from ..fit.model import ModelSpec, model_spec
+from ..fit.search import max_context, max_parallel, plan_run
 from ..fit.speed import TTFT_PROMPTS, DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
-from ..fit.split import split_ratio
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
-from ..hardware.types import Hardware
+from .machine import without_gpu
 
-__all__ = ["SourceCheck", "CacheSuggestion", "check_model", "check_source", "default_template", "machine_for", "parse_ctx", "parse_parallel"]
+__all__ = ["SourceCheck", "CacheSuggestion", "check_model", "check_source", "default_template", "parse_ctx", "parse_parallel"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,8 @@ class SourceCheck:
         factor = per_slot / self.n_ctx_train
         return (
             f"{per_slot:,} tokens per slot is more than the {self.n_ctx_train:,} the model was trained for: past that its answers degrade "
-            f"unless the engine stretches RoPE (YaRN, ×{factor:.3g}: add -- --rope-scaling yarn --rope-scale {factor:.3g} --yarn-orig-ctx {self.n_ctx_train}); "
+            f"unless the engine stretches RoPE (YaRN, ×{factor:.3g}: add -- --rope-scaling yarn --rope-scale {factor:.3g} --yarn-orig-ctx "
+            f"{self.n_ctx_train}); "
             "the memory is planned either way"
         )
 
@@ -184,54 +184,6 @@ def parse_parallel(text: str) -> int | str | None:
     return int(text)
 
 
-def machine_for(hardware: Hardware, host: HostDefaults) -> Machine:
-    """The GPUs (or none) and the host, with the planning assumptions. Several GPUs are split
-    by layer in proportion to their free memory, as llama.cpp does by default."""
-    if len(hardware.gpus) > 1:
-        return _split_machine(hardware, host)
-    gpu = max(hardware.gpus, key=lambda device: device.free_bytes) if hardware.gpus else None
-    return Machine(
-        gpu_name=gpu.name if gpu else None,
-        gpu_backend=gpu.backend if gpu else None,
-        gpu_total_bytes=gpu.total_bytes if gpu else 0,
-        gpu_free_bytes=gpu.free_bytes if gpu else 0,
-        gpu_bandwidth=gpu.bandwidth_bytes_per_s if gpu else None,
-        host_total_bytes=hardware.ram_total_bytes,
-        host_free_bytes=hardware.ram_available_bytes,
-        host_bandwidth=hardware.ram_bandwidth_bytes_per_s or host.assumed_ram_bandwidth_bytes_per_s,
-        gpu_overhead_bytes=host.gpu_runtime_overhead_bytes if gpu else 0,
-        margin_bytes=host.fit_margin_bytes,
-        max_tensor_bytes=gpu.max_tensor_bytes if gpu else None,
-        cpu_arch=hardware.cpu_arch,
-        cpu_features=hardware.cpu_features,
-    )
-
-
-def _split_machine(hardware: Hardware, host: HostDefaults) -> Machine:
-    gpus = hardware.gpus
-    first = gpus[0]
-    bandwidths = [gpu.bandwidth_bytes_per_s for gpu in gpus]
-    limits = [gpu.max_tensor_bytes for gpu in gpus if gpu.max_tensor_bytes]
-    return Machine(
-        gpu_name=first.name,
-        gpu_backend=first.backend,
-        gpu_total_bytes=sum(gpu.total_bytes for gpu in gpus),
-        gpu_free_bytes=sum(gpu.free_bytes for gpu in gpus),
-        # A token passes through every device in turn: the slowest bounds the read rate.
-        gpu_bandwidth=None if None in bandwidths else min(b for b in bandwidths if b is not None),
-        host_total_bytes=hardware.ram_total_bytes,
-        host_free_bytes=hardware.ram_available_bytes,
-        host_bandwidth=hardware.ram_bandwidth_bytes_per_s or host.assumed_ram_bandwidth_bytes_per_s,
-        gpu_overhead_bytes=host.gpu_runtime_overhead_bytes,
-        margin_bytes=host.fit_margin_bytes,
-        max_tensor_bytes=min(limits) if limits else None,
-        cpu_arch=hardware.cpu_arch,
-        cpu_features=hardware.cpu_features,
-        gpu_devices=tuple(GpuDevice(gpu.name, gpu.backend, gpu.total_bytes, gpu.free_bytes, gpu.max_tensor_bytes) for gpu in gpus),
-        tensor_split=split_ratio([gpu.free_bytes for gpu in gpus]),
-    )
-
-
 def _cache_suggestion(estimate: RunEstimate, plan: Callable[[RunRequest], RunEstimate | None]) -> CacheSuggestion | None:
     """q8_0 K and V (which need flash attention) when they change the answer: more layers on
     the GPU, a fit where f16 does not, or a longer context."""
@@ -249,13 +201,6 @@ def _cache_suggestion(estimate: RunEstimate, plan: Callable[[RunRequest], RunEst
     if not better:
         return None
     return CacheSuggestion(quantised.params.n_ctx_padded, quantised.layers_offloaded, quantised.fits)
-
-
-def _without_gpu(machine: Machine) -> Machine:
-    return replace(
-        machine, gpu_name=None, gpu_backend=None, gpu_total_bytes=0, gpu_free_bytes=0, gpu_bandwidth=None, gpu_overhead_bytes=0, max_tensor_bytes=None,
-        gpu_devices=(), tensor_split=(),
-    )  # fmt: skip
 
 
 def _base_request(request: RunRequest, ctx: int | None, parallel: int | str | None) -> tuple[RunRequest, str]:
@@ -314,7 +259,9 @@ def check_model(
     memory = _host_memory(spec, estimate, machine)
     cache_ram = prompt_cache_cap(memory[0].in_use_bytes, machine.host_free_bytes, machine.margin_bytes) if memory else None
     memory = tuple(replace(mode, grows_by_bytes=cache_ram) for mode in memory if cache_ram is not None)
-    command = planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args, cache_ram_bytes=cache_ram) if estimate else []
+    command = (
+        planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args, cache_ram_bytes=cache_ram) if estimate else []
+    )
     return SourceCheck(
         source=source,
         architecture=spec.architecture,
@@ -354,7 +301,7 @@ def _plan_here(
 
     estimate = planner(machine)(base)
     if (estimate is None or not estimate.fits) and machine.gpu_name is not None and not keep_gpu:
-        cpu_machine = _without_gpu(machine)
+        cpu_machine = without_gpu(machine)
         fallback = planner(cpu_machine)(base)
         if fallback is not None and fallback.fits:
             return fallback, planner(cpu_machine), cpu_machine, True

@@ -59,7 +59,8 @@ def page(name: str, body: str, *, user: str, csrf: str, data_url: str, updated: 
         f"<title>tierlocal · {_text(PAGES[name])}</title>"
         '<link rel="stylesheet" href="/ui/static/ui.css"><link rel="icon" href="/ui/static/icon.svg"></head><body>'
         f'<header><strong>tierlocal</strong><nav>{nav}</nav><span class="who">signed in as <b id="user">{_text(user)}</b></span>'
-        f'<form method="post" action="/ui/logout"><input type="hidden" name="csrf" value="{_text(csrf)}"><button type="submit">Sign out</button></form>'
+        f'<form method="post" action="/ui/logout"><input type="hidden" name="csrf" value="{_text(csrf)}"><button type="submit">Sign '
+        "out</button></form>"
         "</header>"
         f'<main id="content" data-refresh="{_text(data_url)}">{body}</main>'
         f'<footer>updated <span id="updated">{_text(updated)}</span> · refreshed every 5 s with JavaScript, or reload</footer>'
@@ -138,7 +139,9 @@ def _server_plan(server: Mapping[str, Any]) -> str:
 # --- live ----------------------------------------------------------------------------------
 
 
-def live_section(engines: Sequence[Mapping[str, Any]], routes: Mapping[str, Sequence[Mapping[str, Any]]] | None, fallbacks: Mapping[str, float]) -> str:
+def live_section(
+    engines: Sequence[Mapping[str, Any]], routes: Mapping[str, Sequence[Mapping[str, Any]]] | None, fallbacks: Mapping[str, float]
+) -> str:
     """Per engine (``status --live --json``): slots busy/idle, requests waiting, tokens/s over
     the window; per gateway route and target (``/health``): state, in flight, cooldown; the
     fallbacks taken (``/metrics``). ``routes`` None: no gateway serves this page."""
@@ -150,7 +153,11 @@ def live_section(engines: Sequence[Mapping[str, Any]], routes: Mapping[str, Sequ
             rows.append([_text(engine.get("url")), "ollama", _text(loaded or "no model loaded"), "–", "–", "–", _text(engine.get("error") or "")])
             continue
         busy, total = engine.get("slots_busy"), engine.get("slots_total")
-        slots = "–" if total is None else f'<span data-field="slots_busy">{_text(busy)}</span> busy / <span data-field="slots_total">{_text(total)}</span>'
+        slots = (
+            "–"
+            if total is None
+            else f'<span data-field="slots_busy">{_text(busy)}</span> busy / <span data-field="slots_total">{_text(total)}</span>'
+        )
         rows.append(
             [
                 _text(engine.get("url")),
@@ -187,7 +194,9 @@ def live_section(engines: Sequence[Mapping[str, Any]], routes: Mapping[str, Sequ
         parts.append(_table(["route", "target", "upstream model", "state", "in flight", "slots", "cooldown s"], target_rows, css="targets"))
         fallback_rows = [[_text(label), _number(count, 0)] for label, count in sorted(fallbacks.items())]
         parts.append("<h2>Fallbacks taken</h2>")
-        parts.append(_table(["route · reason", "count"], fallback_rows, css="fallbacks") if fallback_rows else "<p>None since the gateway started.</p>")
+        parts.append(
+            _table(["route · reason", "count"], fallback_rows, css="fallbacks") if fallback_rows else "<p>None since the gateway started.</p>"
+        )
     return "".join(parts)
 
 
@@ -204,7 +213,11 @@ def spend_section(report: Mapping[str, Any], *, user: str, everyone: bool) -> st
     rows = _user_rows(report)
     parts.append(
         "<h2>Users</h2>"
-        + (_table(["user", "requests", "prompt tokens", "completion tokens", "spend", "budget"], rows, css="users") if rows else "<p>No requests yet.</p>")
+        + (
+            _table(["user", "requests", "prompt tokens", "completion tokens", "spend", "budget"], rows, css="users")
+            if rows
+            else "<p>No requests yet.</p>"
+        )
     )
     if everyone:
         model_rows = [
@@ -272,7 +285,8 @@ def _budget_bar(budget: Mapping[str, Any]) -> str:
     return (
         f'<span class="budget" data-spent="{spent}" data-budget="{limit}">'
         f'<svg xmlns="http://www.w3.org/2000/svg" width="120" height="10" viewBox="0 0 120 10" role="img"><title>{share:.0%} of the budget</title>'
-        f'<rect width="120" height="10" fill="#e5e5e5"/><rect class="spent" data-value="{spent}" width="{120 * share:.2f}" height="10" fill="{"#e15759" if share >= 0.9 else "#4e79a7"}"/></svg>'
+        f'<rect width="120" height="10" fill="#e5e5e5"/><rect class="spent" data-value="{spent}" width="{120 * share:.2f}" height="10" '
+        f'fill="{"#e15759" if share >= 0.9 else "#4e79a7"}"/></svg>'
         f" {format_usd(spent)} of {format_usd(limit)} this {_text(budget.get('budget_period'))}</span>"
     )
 

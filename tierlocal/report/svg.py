@@ -52,12 +52,14 @@ def _stack(parts: dict[str, int], total: int, y: float, kind: str) -> list[str]:
         value = max(int(parts.get(name, 0)), 0)
         width = value * scale
         marks.append(
-            f'<rect class="{kind}" data-part="{name}" data-value="{value}" x="{x:.3f}" y="{y:.1f}" width="{width:.3f}" height="{_BAR_HEIGHT}" fill="{colour}"/>'
+            f'<rect class="{kind}" data-part="{name}" data-value="{value}" x="{x:.3f}" y="{y:.1f}" width="{width:.3f}" height="{_BAR_HEIGHT}" '
+            f'fill="{colour}"/>'
         )
         x += width
     free = max(total - sum(max(int(parts.get(name, 0)), 0) for name, _ in PARTS), 0)
     marks.append(
-        f'<rect class="{kind}" data-part="free" data-value="{free}" x="{x:.3f}" y="{y:.1f}" width="{free * scale:.3f}" height="{_BAR_HEIGHT}" fill="{_FREE}"/>'
+        f'<rect class="{kind}" data-part="free" data-value="{free}" x="{x:.3f}" y="{y:.1f}" width="{free * scale:.3f}" height="{_BAR_HEIGHT}" '
+        f'fill="{_FREE}"/>'
     )
     return marks
 
@@ -125,7 +127,9 @@ def break_even_chart(
         f'<circle class="today" data-x="{measured_tokens_per_month:.0f}" data-y="{today_usd:.2f}" cx="{px(measured_tokens_per_month):.3f}" '
         f'cy="{py(today_usd):.3f}" r="5" fill="#222"/>'
     )
-    body.append(_text(px(measured_tokens_per_month) + 8, py(today_usd) + 4, f"today: {_tokens(measured_tokens_per_month)}/month, ${today_usd:,.2f}", size=10))
+    body.append(
+        _text(px(measured_tokens_per_month) + 8, py(today_usd) + 4, f"today: {_tokens(measured_tokens_per_month)}/month, ${today_usd:,.2f}", size=10)
+    )
     return _svg(height, body, title)
 
 

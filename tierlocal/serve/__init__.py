@@ -33,7 +33,9 @@ def serve(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     if options.engine_args and options.engine != "llama-server":
         from ..errors import UsageError
 
-        raise UsageError(f"options after -- ({' '.join(options.engine_args)}) go to llama-server only", hint="drop them, or use --engine llama-server")
+        raise UsageError(
+            f"options after -- ({' '.join(options.engine_args)}) go to llama-server only", hint="drop them, or use --engine llama-server"
+        )
     if options.engine == "ollama":
         from .ollama import serve_ollama
 

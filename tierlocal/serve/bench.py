@@ -105,7 +105,9 @@ def _one(client: httpx2.Client, url: str, tokens: int) -> PromptRun:
     body = {"prompt": _prompt(tokens), "n_predict": DECODE_TOKENS, "cache_prompt": False, "temperature": 0, "ignore_eos": True}
     response = client.post(f"{url}/completion", json=body)
     if response.status_code != 200:
-        raise EngineFailed(f"the engine answered {response.status_code} to a {tokens}-token prompt: {response.text[:200]}", hint="see `tierlocal status`")
+        raise EngineFailed(
+            f"the engine answered {response.status_code} to a {tokens}-token prompt: {response.text[:200]}", hint="see `tierlocal status`"
+        )
     timings = response.json().get("timings") or {}
     try:
         prompt_n, prompt_ms = int(timings["prompt_n"]), float(timings["prompt_ms"])
@@ -137,7 +139,9 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
         EngineFailed: it does not answer as llama-server does.
     """
     if state.get("engine") != "llama-server":
-        raise UsageError(f"tierlocal bench measures llama-server; this server runs {state.get('engine')}", hint="serve the model with --engine llama-server")
+        raise UsageError(
+            f"tierlocal bench measures llama-server; this server runs {state.get('engine')}", hint="serve the model with --engine llama-server"
+        )
     plan = state.get("plan") if isinstance(state.get("plan"), dict) else {}
     assert isinstance(plan, dict)
     request = plan.get("request") if isinstance(plan.get("request"), dict) else {}
@@ -154,7 +158,8 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
             started = time.monotonic()
             runs.append(_one(client, url, length))
             say(
-                f"{runs[-1].prompt_tokens} prompt tokens: prefill {runs[-1].prefill_tokens_per_s:.1f} tok/s, decode {runs[-1].decode_tokens_per_s:.1f} tok/s ({time.monotonic() - started:.1f} s)"
+                f"{runs[-1].prompt_tokens} prompt tokens: prefill {runs[-1].prefill_tokens_per_s:.1f} tok/s, decode "
+                f"{runs[-1].decode_tokens_per_s:.1f} tok/s ({time.monotonic() - started:.1f} s)"
             )
     actual = state.get("actual") if isinstance(state.get("actual"), dict) else {}
     assert isinstance(actual, dict)
@@ -164,10 +169,16 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
         if isinstance(d, dict)
     }
     return BenchRun(
-        url, _model_of(state), str(state.get("engine_version") or "unknown"), bench_device(plan), tuple(runs),
+        url,
+        _model_of(state),
+        str(state.get("engine_version") or "unknown"),
+        bench_device(plan),
+        tuple(runs),
         plan.get("bound_decode_tokens_per_s") if isinstance(plan.get("bound_decode_tokens_per_s"), int | float) else None,
-        _peak_bytes(state.get("engine_pid")), devices, _calibrated(plan),
-    )  # fmt: skip
+        _peak_bytes(state.get("engine_pid")),
+        devices,
+        _calibrated(plan),
+    )
 
 
 def _calibrated(plan: dict[str, object]) -> dict[str, object] | None:

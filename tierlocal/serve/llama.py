@@ -13,12 +13,22 @@ from ..engines.flags import EngineFlags, check_engine_args, launch_argv
 from ..engines.llama_server import find_llama_server, llama_server_missing, read_engine_flags
 from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
-from ..fetch.sources import read_headers
-from ..gguf import summarize
 from ..measure.calibration_cache import calibration_key, load_calibration
 from .exposure import check_exposure
 from .history import gpu_correction
-from .run import Launched, OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
+from .run import (
+    Launched,
+    OnReady,
+    Say,
+    ServeOptions,
+    ServeSession,
+    detected_machine,
+    launch,
+    plan_for,
+    read_model,
+    stop_on_signals,
+    supervise_verified,
+)
 from .state import clear_state
 from .template import rendered_prompt, resolve_template
 
@@ -59,13 +69,14 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
             f"correcting the GPU estimate by {correction.bytes / 2**20:+.1f} MiB: the median miss of {correction.loads} "
             "recorded load(s) of this model with this engine"
         )
-    template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), flags.chat_templates or None)
-    check = plan_for(options, machine, template=template, host_speed=load_calibration(calibration_key(flags.version)))
+    model = read_model(options.model)
+    template = resolve_template(options.chat_template, model.summary, flags.chat_templates or None)
+    check = plan_for(options, machine, template=template, host_speed=load_calibration(calibration_key(flags.version)), model=model)
     say(f"chat template: {template.note}")
     if template.warning:
         say(f"warning: {template.warning}")
     with stop_on_signals() as stop:
-        session = ServeSession(options, machine, check, stop, say, on_ready, history_key)
+        session = ServeSession(options, model, machine, check, stop, say, on_ready, history_key)
         try:
             return _serve_attempts(session, binary, flags, key_file)
         finally:
@@ -148,7 +159,7 @@ def _replan_for_free_memory(session: ServeSession, failed: AllocationFailed) -> 
         return None
     smaller = replace(machine, gpu_free_bytes=free)
     try:
-        check = plan_for(session.options, smaller)
+        check = plan_for(session.options, smaller, model=session.model)
     except TierlocalError:
         return None
     assert check.estimate is not None

@@ -26,12 +26,10 @@ from ..engines.loadlog import LoadLogParser
 from ..engines.process import EngineChild, start_child
 from ..engines.prompt_formats import PROBE_MESSAGE, TemplateChoice
 from ..errors import EngineFailed, UsageError
-from ..fetch.sources import read_headers
-from ..gguf import summarize
 from ..plan.source import SourceCheck
 from .exposure import check_ollama_exposure
 from .probe import crash_hint
-from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, stop_on_signals
+from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, read_model, stop_on_signals
 from .state import clear_state, log_path, write_starting, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT, resolve_template
@@ -80,15 +78,16 @@ def serve_ollama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     if not options.model.is_file():
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     machine = detected_machine(options)
+    model = read_model(options.model)
     template = None
     if options.ollama_tag is None:
-        template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), None, engine="ollama")
+        template = resolve_template(options.chat_template, model.summary, None, engine="ollama")
         say(f"chat template: {_ollama_note(template)}")
         if template.warning:
             say(f"warning: {template.warning}")
-    check = plan_for(options, machine, template=template)
+    check = plan_for(options, machine, template=template, model=model)
     with stop_on_signals() as stop:
-        session = ServeSession(options, machine, check, stop, say, on_ready)
+        session = ServeSession(options, model, machine, check, stop, say, on_ready)
         server = _server(session)
         client = ollama.Client(host=server.url)
         try:
@@ -137,7 +136,14 @@ def _server(session: ServeSession) -> _Server:
     session.say(f"started ollama serve (pid {child.pid}) on {url} with " + " ".join(f"{key}={value}" for key, value in env_plan.items()))
     write_starting(
         options.port,
-        {"url": url, "pid": os.getpid(), "engine": "ollama", "engine_pid": child.pid, "log": str(log), "phase": "starting Ollama and loading the model"},
+        {
+            "url": url,
+            "pid": os.getpid(),
+            "engine": "ollama",
+            "engine_pid": child.pid,
+            "log": str(log),
+            "phase": "starting Ollama and loading the model",
+        },
     )
     readiness = child.wait_ready(f"{url}/api/version", constants.OLLAMA_START_TIMEOUT_S, stop=session.stop)
     if not readiness.ready:
@@ -148,7 +154,11 @@ def _server(session: ServeSession) -> _Server:
 
 def _ollama_note(template: TemplateChoice) -> str:
     if template.prompt_format is not None and template.source != "header":
-        return template.note.replace("llama-server's built-in", "a Go TEMPLATE for") + "; its stop strings: " + ", ".join(template.prompt_format.ollama_stop)
+        return (
+            template.note.replace("llama-server's built-in", "a Go TEMPLATE for")
+            + "; its stop strings: "
+            + ", ".join(template.prompt_format.ollama_stop)
+        )
     return template.note.replace("llama-server", "Ollama")
 
 
@@ -172,7 +182,11 @@ def _create_and_load(session: ServeSession, server: _Server, client: ollama.Clie
             session.say(f"loading the tag {name} as it is (num_ctx {num_ctx}, num_gpu {num_gpu} as load options)")
         client.generate(model=name, prompt="", keep_alive=-1, options={"num_ctx": num_ctx, "num_gpu": num_gpu})
         loaded = next(
-            (entry for entry in client.ps().models if entry.model in (name, f"{name}:latest") or (":" not in name and str(entry.model).startswith(f"{name}:"))),
+            (
+                entry
+                for entry in client.ps().models
+                if entry.model in (name, f"{name}:latest") or (":" not in name and str(entry.model).startswith(f"{name}:"))
+            ),
             None,
         )
     except ollama.ResponseError as exc:
@@ -225,7 +239,13 @@ def _payload(check: SourceCheck, server: _Server, name: str, loaded: ollama.Proc
         "log": str(server.log) if server.child else None,
         "plan": check.to_json(),
         "actual": actual,
-        "delta": {"planned_gpu_bytes": planned_gpu, "size_vram_bytes": loaded.size_vram, "verified": not problems, "problems": problems, "warnings": warnings},
+        "delta": {
+            "planned_gpu_bytes": planned_gpu,
+            "size_vram_bytes": loaded.size_vram,
+            "verified": not problems,
+            "problems": problems,
+            "warnings": warnings,
+        },
     }
 
 

@@ -24,12 +24,10 @@ import gguf
 
 from .. import constants
 from ..errors import AllocationFailed, UsageError
-from ..fetch.sources import read_headers
 from ..fit.estimate import RunRequest
-from ..gguf import summarize
 from ..plan.source import SourceCheck
 from .exposure import check_exposure
-from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, stop_on_signals, supervise_verified
+from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, launch, plan_for, read_model, stop_on_signals, supervise_verified
 from .state import clear_state
 from .template import resolve_template
 
@@ -45,7 +43,8 @@ def _require_python_engine() -> str:
     missing = [name for name in _NEEDED_MODULES if importlib.util.find_spec(name) is None]
     if missing:
         raise UsageError(
-            f"llama-cpp-python's server is not installed in this Python (missing: {', '.join(missing)})", hint="pip install 'tierlocal[python-engine]'"
+            f"llama-cpp-python's server is not installed in this Python (missing: {', '.join(missing)})",
+            hint="pip install 'tierlocal[python-engine]'",
         )
     return importlib.metadata.version("llama-cpp-python")
 
@@ -60,17 +59,28 @@ def python_engine_argv(python: str, model: Path, check: SourceCheck, *, host: st
     assert check.estimate is not None
     request, params = check.estimate.request, check.estimate.params
     argv = [
-        python, "-m", "llama_cpp.server",
-        "--model", str(model),
-        "--model_alias", model.stem,
-        "--n_ctx", str(params.n_ctx_padded),
-        "--n_gpu_layers", str(check.estimate.layers_offloaded),
-        "--flash_attn", "true" if request.flash_attn else "false",
-        "--logits_all", "false",
-        "--verbose", "true",
-        "--host", host,
-        "--port", str(port),
-    ]  # fmt: skip
+        python,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--model_alias",
+        model.stem,
+        "--n_ctx",
+        str(params.n_ctx_padded),
+        "--n_gpu_layers",
+        str(check.estimate.layers_offloaded),
+        "--flash_attn",
+        "true" if request.flash_attn else "false",
+        "--logits_all",
+        "false",
+        "--verbose",
+        "true",
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     if request.cache_type_k != "f16":
         argv += ["--type_k", str(_ggml_type(request.cache_type_k))]
     if request.cache_type_v != "f16":
@@ -101,16 +111,18 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         raise UsageError(f"{options.model}: no such model file", hint="give a GGUF path, or a catalog name / hf:// source with --pull")
     key_file = check_exposure(options.host, options.api_key_file)
     machine = detected_machine(options)
-    template = resolve_template(options.chat_template, summarize(read_headers(str(options.model))), None, engine="python")
+    model = read_model(options.model)
+    template = resolve_template(options.chat_template, model.summary, None, engine="python")
     note = template.note.replace("llama-server's built-in", "llama-cpp-python's chat format")
     say("chat template: " + note.replace("llama-server will fall back to ChatML", "llama-cpp-python will fall back to its llama-2 format"))
     if template.warning:
         say("warning: " + template.warning.replace("ChatML", "its llama-2 format"))
-    check = plan_for(options, machine, RunRequest(swa_full=True, all_outputs=True), template=template)
+    check = plan_for(options, machine, RunRequest(swa_full=True, all_outputs=True), template=template, model=model)
     assert check.estimate is not None
     if check.estimate.request.n_cpu_moe:
         raise UsageError(
-            f"the plan keeps the experts of {check.estimate.request.n_cpu_moe} layers on the CPU (--n-cpu-moe), which llama-cpp-python's server cannot do",
+            f"the plan keeps the experts of {check.estimate.request.n_cpu_moe} layers on the CPU (--n-cpu-moe), which llama-cpp-python's server "
+            "cannot do",
             hint="use --engine llama-server for this model",
         )
     argv = python_engine_argv(sys.executable, options.model, check, host=options.host, port=options.port, threads=options.threads)
@@ -130,7 +142,7 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         "gpus": list(options.gpus),
     }
     with stop_on_signals() as stop:
-        session = ServeSession(options, machine, check, stop, say, on_ready, history_key)
+        session = ServeSession(options, model, machine, check, stop, say, on_ready, history_key)
         try:
             launched = launch(session, PYTHON_ENGINE, version, argv, env, "/v1/models", headers)
             if isinstance(launched, int):

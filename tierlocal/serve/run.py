@@ -24,12 +24,14 @@ from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
 from ..fetch.sources import read_headers
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunRequest, estimate_run
-from ..fit.model import model_spec
+from ..fit.model import ModelSpec, model_spec
 from ..fit.projector import ProjectorSpec, projector_spec
+from ..gguf import ModelSummary, summarize
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
-from ..plan.source import SourceCheck, check_source, machine_for, parse_ctx, parse_parallel
+from ..plan.machine import machine_for
+from ..plan.source import SourceCheck, check_model, parse_ctx, parse_parallel
 from ..plan.verify import verify_load
 from .history import record_load
 from .probe import first_answer
@@ -108,12 +110,31 @@ class ServeOptions:
 
 
 @dataclass(frozen=True)
+class ServedModel:
+    """The model file as the planner takes it: the spec and summary of its header, read once per serve."""
+
+    spec: ModelSpec
+    summary: ModelSummary
+
+
+def read_model(path: Path) -> ServedModel:
+    """``path``'s header, read once: its spec and its summary.
+
+    Raises:
+        HeaderError: not a GGUF file the parser takes.
+    """
+    headers = read_headers(str(path))
+    return ServedModel(model_spec(headers), summarize(headers))
+
+
+@dataclass(frozen=True)
 class ServeSession:
-    """One serve run: what was asked, the machine and the plan for it, where to report, and the
-    event SIGTERM/SIGINT set. ``history_key`` names this model × engine × request in the load
-    history (None: the load is not recorded)."""
+    """One serve run: what was asked, the model file's header, the machine and the plan for it,
+    where to report, and the event SIGTERM/SIGINT set. ``history_key`` names this model × engine
+    × request in the load history (None: the load is not recorded)."""
 
     options: ServeOptions
+    model: ServedModel
     machine: Machine
     check: SourceCheck
     stop: threading.Event
@@ -151,18 +172,25 @@ def read_projector(source: str) -> ProjectorSpec:
 
 
 def plan_for(
-    options: ServeOptions, machine: Machine, request: RunRequest | None = None, template: TemplateChoice | None = None, host_speed: DeviceSpeed | None = None
+    options: ServeOptions,
+    machine: Machine,
+    request: RunRequest | None = None,
+    template: TemplateChoice | None = None,
+    host_speed: DeviceSpeed | None = None,
+    model: ServedModel | None = None,
 ) -> SourceCheck:
     """The plan for ``options`` on ``machine`` (``request``: engine-specific defaults;
     ``template``: the chat template chosen, None: the model's default; ``host_speed``: this
-    CPU's calibration, for the speed estimate).
+    CPU's calibration, for the speed estimate; ``model``: its header as read, None: read it).
 
     Raises:
         TierlocalError: it does not fit.
     """
-    check = check_source(
+    model = model or read_model(options.model)
+    check = check_model(
         str(options.model),
-        read_headers(str(options.model)),
+        model.spec,
+        model.summary,
         machine,
         ctx=parse_ctx(options.ctx) if options.ctx is not None else constants.DEFAULT_CTX,
         up_to_training=options.ctx is None,
@@ -195,7 +223,8 @@ def detected_machine(options: ServeOptions, *, llama_server: Path | None = None)
         seen = f"{present} GPU(s)" if present else "no GPU"
         raise UsageError(
             f"--gpu {' '.join(options.gpus)} plans {len(overridden.gpus)} GPU(s), and the engine here sees {seen}: nothing was started",
-            hint="drop --gpu to plan for this machine (`tierlocal check --gpu …` plans another one), or build an engine for the GPU: tierlocal engine build",
+            hint="drop --gpu to plan for this machine (`tierlocal check --gpu …` plans another one), or build an engine for the GPU: tierlocal "
+            "engine build",
         )
     return machine_for(overridden, load_host_defaults())
 
@@ -259,7 +288,9 @@ def launch(
         if session.stop.is_set():
             session.say("stopped while loading")
             return 130
-        raise EngineFailed(f"{engine} did not become ready within {timeout:.0f} s; stopped it", hint=f"see {log}; raise --load-timeout for a slow disk")
+        raise EngineFailed(
+            f"{engine} did not become ready within {timeout:.0f} s; stopped it", hint=f"see {log}; raise --load-timeout for a slow disk"
+        )
     details = last_log_lines(child, report)
     if report.failure("chat_template"):
         raise EngineFailed(f"{engine} could not use the chat template: {details}", hint=f"{TEMPLATE_HINT}; see {log}")
@@ -276,7 +307,7 @@ def supervise_verified(session: ServeSession, launched: Launched, extra: dict[st
     assert check.estimate is not None
     planned = check.estimate
     report = launched.parser.report()
-    spec = model_spec(read_headers(str(options.model)))
+    spec = session.model.spec
 
     def speed_for_ngl(ngl: int) -> float | None:
         return estimate_run(spec, replace(planned.request, ngl=ngl), machine).est_decode_tokens_per_s
@@ -303,7 +334,9 @@ def supervise_verified(session: ServeSession, launched: Launched, extra: dict[st
     gpu_delta = next((delta for delta in verification.devices if delta.name != "host"), None)
     if session.history_key is not None and gpu_delta is not None and verification.layers_actual == verification.layers_planned:
         record_load(session.history_key, payload, gpu_delta.planned_bytes, gpu_delta.actual_bytes, machine.gpu_compute_correction_bytes)
-    notify("READY=1", f"STATUS=serving {options.model.name} on {launched.url}" + ("" if verification.ok else " (plan not held: see tierlocal status)"))
+    notify(
+        "READY=1", f"STATUS=serving {options.model.name} on {launched.url}" + ("" if verification.ok else " (plan not held: see tierlocal status)")
+    )
     session.on_ready(payload)
     return supervise(session, launched)
 

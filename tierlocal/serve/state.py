@@ -10,7 +10,17 @@ from pathlib import Path
 
 from .. import constants
 
-__all__ = ["state_path", "log_path", "write_state", "write_starting", "clear_state", "running_servers", "starting_servers", "MAX_STATE_BYTES", "MAX_SERVERS"]
+__all__ = [
+    "state_path",
+    "log_path",
+    "write_state",
+    "write_starting",
+    "clear_state",
+    "running_servers",
+    "starting_servers",
+    "MAX_STATE_BYTES",
+    "MAX_SERVERS",
+]
 
 #: Longest state file read, in bytes.
 MAX_STATE_BYTES = 1 << 20

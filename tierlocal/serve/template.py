@@ -21,14 +21,18 @@ TEMPLATE_HINT = "pass --chat-template NAME (one of llama-server's built-ins, e.g
 
 def _read_template_file(path: Path) -> str:
     if path.stat().st_size > MAX_TEMPLATE_CHARS * 4:
-        raise UsageError(f"{path}: {path.stat().st_size:,} bytes is not a chat template", hint="give a Jinja template file (real ones are under 100 KB)")
+        raise UsageError(
+            f"{path}: {path.stat().st_size:,} bytes is not a chat template", hint="give a Jinja template file (real ones are under 100 KB)"
+        )
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{path}: not UTF-8 text", hint="give a Jinja chat template file") from None
 
 
-def resolve_template(requested: str | None, summary: ModelSummary, builtins: frozenset[str] | None, *, engine: str = "llama-server") -> TemplateChoice:
+def resolve_template(
+    requested: str | None, summary: ModelSummary, builtins: frozenset[str] | None, *, engine: str = "llama-server"
+) -> TemplateChoice:
     """The template to serve ``summary``'s model with. ``requested``: ``--chat-template`` as typed
     (a file path, or a built-in name); ``builtins``: the names the engine lists (None: unknown).
     For Ollama (and llama-cpp-python), a name must be one tierlocal has a Go template (a
@@ -43,10 +47,14 @@ def resolve_template(requested: str | None, summary: ModelSummary, builtins: fro
         builtins = frozenset(name for name, form in PROMPT_FORMATS.items() if form.python_chat_format)
     if requested is not None and Path(requested).is_file():
         if engine != "llama-server":
-            raise UsageError(f"--chat-template {requested}: a Jinja file works with llama-server only", hint=f"give one of {', '.join(sorted(builtins or ()))}")
+            raise UsageError(
+                f"--chat-template {requested}: a Jinja file works with llama-server only", hint=f"give one of {', '.join(sorted(builtins or ()))}"
+            )
         info = describe_template(_read_template_file(Path(requested)))
         if not info.usable:
-            raise UsageError(f"{requested}: the chat template does not parse ({info.error or info.status})", hint="fix the template, or give a built-in name")
+            raise UsageError(
+                f"{requested}: the chat template does not parse ({info.error or info.status})", hint="fix the template, or give a built-in name"
+            )
         return choose_template(
             summary.chat_template,
             summary.architecture,

@@ -34,11 +34,14 @@ def break_even_verdicts(
         per_month = tokens * (30 * 86400) / measured_s
         rental = load_rental_defaults()
         options = PlanOptions(
-            gpus=gpu_options(())[0], rate_usd_per_gpu_hour=rental.default,
+            gpus=gpu_options(())[0],
+            rate_usd_per_gpu_hour=rental.default,
             input_share=int(row["prompt_tokens"]) / tokens,
             cache_hit=int(row["cached_tokens"]) / int(row["prompt_tokens"]) if row["prompt_tokens"] else 0.0,
-            bandwidths_bytes_per_s=(), tokens_per_month=per_month, api_prices=prices,
-        )  # fmt: skip
+            bandwidths_bytes_per_s=(),
+            tokens_per_month=per_month,
+            api_prices=prices,
+        )
         plan = build_plan(resolve_model_facts(model), options, load_precisions())
         if plan.volume_verdict is None or plan.chosen is None or plan.break_even is None:
             continue

@@ -76,7 +76,8 @@ def _gguf_facts(source: str, summary: ModelSummary, metadata: Mapping[str, objec
     kv_heads = summary.head_count_kv
     if special or isinstance(kv_heads, list):
         reason = (
-            f"{arch} has sliding-window, latent (MLA) or recurrent layers ({', '.join(special) or 'per-layer KV heads'}); the classic formula does not apply"
+            f"{arch} has sliding-window, latent (MLA) or recurrent layers ({', '.join(special) or 'per-layer KV heads'}); the classic "
+            "formula does not apply"
         )
     elif summary.layers and isinstance(kv_heads, int) and isinstance(summary.head_count, int) and summary.embedding_length:
         key_length = metadata.get(f"{arch}.attention.key_length") or summary.embedding_length // summary.head_count

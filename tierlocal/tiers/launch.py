@@ -99,7 +99,9 @@ def _engine_from(engine: str, raw: Mapping[str, object]) -> EngineRecipe:
         image=raw.get("image"),  # type: ignore[arg-type]
         image_amd=raw.get("image_amd"),  # type: ignore[arg-type]
         flags=strings("flags"),
-        families=tuple(EngineFamily(name, tuple(table["gpus"]), tuple(table.get("flags", ())), env(table.get("env"))) for name, table in families.items()),
+        families=tuple(
+            EngineFamily(name, tuple(table["gpus"]), tuple(table.get("flags", ())), env(table.get("env"))) for name, table in families.items()
+        ),
         multi_node_flags=strings("multi_node_flags"),
         multi_node_env=env(raw.get("multi_node_env")),
         all2all_rdma=raw.get("all2all_rdma"),  # type: ignore[arg-type]
@@ -226,7 +228,9 @@ def plan_topology(
     tensor, pipeline, data, expert, attention = _sizes(engine, layout, nodes, gpus_per_node)
     assert tensor * pipeline * data == gpus
     if problem := _indivisible(recipe, attention, expert):
-        larger = next((n for n in range(nodes + 1, 4 * nodes + 9) if not _indivisible(recipe, *_sizes(engine, layout, n, gpus_per_node)[4:2:-1])), None)
+        larger = next(
+            (n for n in range(nodes + 1, 4 * nodes + 9) if not _indivisible(recipe, *_sizes(engine, layout, n, gpus_per_node)[4:2:-1])), None
+        )
         hint = f"{larger} nodes of {gpus_per_node} ({larger * gpus_per_node} GPUs) divide evenly" if larger else "use 8 GPUs per node"
         raise UsageError(f"on {nodes} × {gpus_per_node} {gpu}, {problem}", hint=hint)
     nvlink = nodes == 1 or gpu in engine_recipe.nvlink_domain_gpus
@@ -266,7 +270,14 @@ def _parallel_flags(top: Topology, recipe: EngineRecipe, role: str, rank: str, h
         if top.layout == "expert":
             flags += ["--enable-dp-attention", "--dp-size", str(top.tensor // top.attention_tensor), "--enable-dp-lm-head"]
         if multi:
-            flags += ["--nnodes", str(top.nodes), "--node-rank", "0" if role == "head" else rank, "--dist-init-addr", f"{head}:{recipe.dist_init_port}"]
+            flags += [
+                "--nnodes",
+                str(top.nodes),
+                "--node-rank",
+                "0" if role == "head" else rank,
+                "--dist-init-addr",
+                f"{head}:{recipe.dist_init_port}",
+            ]
         return flags
     if top.layout == "expert":
         flags = ["--enable-expert-parallel", "--data-parallel-size", str(top.data), "--data-parallel-size-local", str(top.gpus_per_node)]
@@ -318,7 +329,15 @@ def _merged(*groups: Sequence[str]) -> list[str]:
 
 
 def node_command(
-    top: Topology, recipe: LaunchRecipe, role: str, *, model_path: str, port: int, rank: str = "${RANK}", head: str = "${HEAD}", served_name: str | None = None
+    top: Topology,
+    recipe: LaunchRecipe,
+    role: str,
+    *,
+    model_path: str,
+    port: int,
+    rank: str = "${RANK}",
+    head: str = "${HEAD}",
+    served_name: str | None = None,
 ) -> NodeCommand:
     """The engine command for the head node (``role="head"``) or any other (``"worker"``);
     ``served_name``: the model id clients (and the gateway) send, where it is not ``model_path``."""

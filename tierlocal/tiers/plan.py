@@ -130,8 +130,31 @@ class TierPlan:
     def to_json(self) -> dict[str, object]:
         """The plan as one JSON object (sizes in bytes, money in USD, time in seconds)."""
         facts, options = self.facts, self.options
-        payload: dict[str, object] = {
+        return {
             "headline": headline(self),
+            **self._weights_json(),
+            **self._clusters_json(),
+            "guidance": facts.guidance,
+            "rental": [
+                {"label": r.label, "gpus": r.gpus, "hours_per_month": r.hours_per_month, "usd_per_month": r.usd_per_month} for r in self.rental
+            ],
+            "rate_usd_per_gpu_hour": options.rate_usd_per_gpu_hour,
+            "rate_range_usd_per_gpu_hour": list(options.rate_range_usd_per_gpu_hour) if options.rate_range_usd_per_gpu_hour else None,
+            "break_even": self._break_even_json(),
+            "volume": self.volume_verdict,
+            "download": [{"bandwidth_bytes_per_s": bandwidth, "seconds": seconds} for bandwidth, seconds in self.download],
+            "disk_bytes": self.disk_bytes,
+            "launch": self.launch,
+            "launch_refused": self.launch_refused,
+            "health": self.health,
+            "sources": [*facts.sources, *options.sources],
+            **self._kv_json(),
+        }
+
+    def _weights_json(self) -> dict[str, object]:
+        """The model, and its weights at each precision."""
+        facts = self.facts
+        return {
             "model": {
                 "name": facts.name,
                 "params": facts.params,
@@ -153,37 +176,40 @@ class TierPlan:
                 }
                 for line in self.weights_by_precision
             ],
+        }
+
+    def _clusters_json(self) -> dict[str, object]:
+        """GPUs to hold the weights, the serving floor, and the clusters and racks that clear it."""
+        floor = self.serving_floor_bytes
+        return {
             "gpus_for_weights": [asdict(count) for count in self.gpus_for_weights],
-            "serving_floor_bytes": self.serving_floor_bytes,
+            "serving_floor_bytes": floor,
             "serving_floor_published": self.serving_floor_published,
             "serving_configs": [{"gpu": c.gpu, "count": c.count, "memory_bytes": c.total_bytes} for c in self.serving_configs],
-            "published_configs": [{"label": c.label, "gpu": c.gpu, "count": c.count, "memory_bytes": c.memory_bytes} for c in facts.published_configs],
-            "racks": [
-                {"name": r.label, "gpu": r.gpu, "count": r.count, "memory_bytes": r.memory_bytes, "clears_floor": r.memory_bytes >= self.serving_floor_bytes}
-                for r in options.racks
+            "published_configs": [
+                {"label": c.label, "gpu": c.gpu, "count": c.count, "memory_bytes": c.memory_bytes} for c in self.facts.published_configs
             ],
-            "guidance": facts.guidance,
-            "rental": [{"label": r.label, "gpus": r.gpus, "hours_per_month": r.hours_per_month, "usd_per_month": r.usd_per_month} for r in self.rental],
-            "rate_usd_per_gpu_hour": options.rate_usd_per_gpu_hour,
-            "rate_range_usd_per_gpu_hour": list(options.rate_range_usd_per_gpu_hour) if options.rate_range_usd_per_gpu_hour else None,
-            "break_even": self._break_even_json(),
-            "volume": self.volume_verdict,
-            "download": [{"bandwidth_bytes_per_s": bandwidth, "seconds": seconds} for bandwidth, seconds in self.download],
-            "disk_bytes": self.disk_bytes,
-            "launch": self.launch,
-            "launch_refused": self.launch_refused,
-            "health": self.health,
-            "sources": [*facts.sources, *options.sources],
+            "racks": [
+                {"name": r.label, "gpu": r.gpu, "count": r.count, "memory_bytes": r.memory_bytes, "clears_floor": r.memory_bytes >= floor}
+                for r in self.options.racks
+            ],
         }
+
+    def _kv_json(self) -> dict[str, object]:
+        """The cache per user where the attention design is known; else why not, and how to measure it."""
+        facts = self.facts
         if self.kv_per_user is not None:
-            payload["kv_per_user"] = [{"ctx": ctx, "bytes": n} for ctx, n in self.kv_per_user]
-            payload["kv_bytes_per_token"] = facts.kv_bytes_per_token
-            payload["fixed_state_bytes_per_user"] = facts.fixed_state_bytes
-        else:
-            payload["kv_unknown_reason"] = facts.kv_unknown_reason or "the attention design is not known"
-            payload["kv_measure_procedure"] = KV_MEASURE_PROCEDURE
-            if self.kv_classic_example is not None:
-                payload["kv_classic_example"] = [{"ctx": ctx, "bytes": n} for ctx, n in self.kv_classic_example]
+            return {
+                "kv_per_user": [{"ctx": ctx, "bytes": n} for ctx, n in self.kv_per_user],
+                "kv_bytes_per_token": facts.kv_bytes_per_token,
+                "fixed_state_bytes_per_user": facts.fixed_state_bytes,
+            }
+        payload: dict[str, object] = {
+            "kv_unknown_reason": facts.kv_unknown_reason or "the attention design is not known",
+            "kv_measure_procedure": KV_MEASURE_PROCEDURE,
+        }
+        if self.kv_classic_example is not None:
+            payload["kv_classic_example"] = [{"ctx": ctx, "bytes": n} for ctx, n in self.kv_classic_example]
         return payload
 
     def _break_even_json(self) -> dict[str, object] | None:
@@ -254,7 +280,12 @@ def _volume_verdict(options: PlanOptions, even: BreakEven | None) -> dict[str, f
         return None
     api_usd = options.tokens_per_month * even.blended_usd_per_million / 1e6
     cheaper = "api" if api_usd < even.monthly_cost_usd else "rent"
-    return {"tokens_per_month": options.tokens_per_month, "api_usd_per_month": api_usd, "rent_usd_per_month": even.monthly_cost_usd, "cheaper": cheaper}
+    return {
+        "tokens_per_month": options.tokens_per_month,
+        "api_usd_per_month": api_usd,
+        "rent_usd_per_month": even.monthly_cost_usd,
+        "cheaper": cheaper,
+    }
 
 
 def build_plan(facts: ModelFacts, options: PlanOptions, precisions: Sequence[Precision]) -> TierPlan:

@@ -116,5 +116,6 @@ def serve_selection(screen: FitsScreen, row: FitsRow) -> None:
     with log.open("ab") as output:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     screen.say(
-        f"tierlocal serve {entry.family} {entry.quant} on port {port} started (pid {process.pid}, log {log}); Live (2) shows it once its load is checked"
+        f"tierlocal serve {entry.family} {entry.quant} on port {port} started (pid {process.pid}, log {log}); Live (2) shows it once its load is "
+        "checked"
     )

@@ -47,9 +47,13 @@ def engine_text(engine: dict[str, Any]) -> Text:
             + "\n"
         )
     if engine.get("engine") == "ollama":
-        text.append(f"  Ollama: {delta.get('size_vram_bytes', 0) / _MIB:.0f} MiB in VRAM, planned {delta.get('planned_gpu_bytes', 0) / _MIB:.0f} MiB\n")
+        text.append(
+            f"  Ollama: {delta.get('size_vram_bytes', 0) / _MIB:.0f} MiB in VRAM, planned {delta.get('planned_gpu_bytes', 0) / _MIB:.0f} MiB\n"
+        )
     held = delta.get("verified")
-    text.append("  plan held" if held else "  PLAN NOT HELD: " + "; ".join(str(p) for p in delta.get("problems", [])), style="green" if held else "bold red")
+    text.append(
+        "  plan held" if held else "  PLAN NOT HELD: " + "; ".join(str(p) for p in delta.get("problems", [])), style="green" if held else "bold red"
+    )
     text.append("\n")
     if live.get("error"):
         text.append(f"  now: {live['error']}", style="yellow")
@@ -160,7 +164,11 @@ class LiveScreen(Screen[None]):
         starting = "".join(f"; starting {s.get('url')} ({s.get('phase')})" for s in sample.starting)
         count = len(sample.engines)
         self.query_one("#live-summary", Static).update(
-            Text(f"{count} tierlocal serve{'' if count == 1 else 's'} running{starting}" if count or starting else "no tierlocal serve running" + starting)
+            Text(
+                f"{count} tierlocal serve{'' if count == 1 else 's'} running{starting}"
+                if count or starting
+                else "no tierlocal serve running" + starting
+            )
         )
         box = self.query_one("#live-engines", Vertical)
         wanted = {f"engine-{index}" for index in range(count)}

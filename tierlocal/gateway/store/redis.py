@@ -134,8 +134,17 @@ class RedisRateLimiter:
         ticket_id = secrets.token_hex(8)
         result = self._admit(
             keys=self._keys(user.name),
-            args=[now, WINDOW_S, ticket_id, user.requests_per_minute or 0, user.tokens_per_minute or 0, user.concurrent_requests or 0, tokens, RESERVATION_TTL_S],
-        )  # fmt: skip
+            args=[
+                now,
+                WINDOW_S,
+                ticket_id,
+                user.requests_per_minute or 0,
+                user.tokens_per_minute or 0,
+                user.concurrent_requests or 0,
+                tokens,
+                RESERVATION_TTL_S,
+            ],
+        )
         return SharedTicket(user.name, ticket_id, tokens) if result == "ok" else float(result)
 
     def release(self, ticket: SharedTicket, tokens_used: int | None) -> None:
@@ -181,7 +190,10 @@ class RedisStore:
 
     def list_keys(self) -> list[KeyInfo]:
         entries = sorted(self._entries().values(), key=lambda entry: float(entry["created"]))  # type: ignore[arg-type]
-        return [KeyInfo(str(e["user"]), str(e["shown_prefix"]), float(e["created"]), None if e["revoked"] is None else float(e["revoked"])) for e in entries]  # type: ignore[arg-type]
+        return [
+            KeyInfo(str(e["user"]), str(e["shown_prefix"]), float(e["created"]), None if e["revoked"] is None else float(e["revoked"]))  # type: ignore[arg-type]
+            for e in entries
+        ]
 
     def revoke(self, user_or_prefix: str) -> int:
         count = 0
@@ -254,7 +266,9 @@ class RedisStore:
             for _entry_id, fields in batch:
                 names = (("users", fields["user"]), ("models", fields["model"]), ("targets", fields["target"]), ("tiers", fields.get("tier", "")))
                 for label, name in names:
-                    row = result[label].setdefault(name, {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0})
+                    row = result[label].setdefault(
+                        name, {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+                    )
                     row["requests"] += 1
                     for column in ("prompt_tokens", "cached_tokens", "completion_tokens"):
                         row[column] += int(fields[column])

@@ -44,10 +44,12 @@ __all__ = ["SqliteStore", "MIGRATIONS", "migrate"]
 def _create_tables(db: sqlite3.Connection) -> None:
     """1: keys (hashed), reservations, usage rows, and usage by user and time."""
     db.execute(
-        "CREATE TABLE IF NOT EXISTS keys (key_hash TEXT PRIMARY KEY, shown_prefix TEXT NOT NULL, user TEXT NOT NULL, created REAL NOT NULL, revoked REAL)"
+        "CREATE TABLE IF NOT EXISTS keys (key_hash TEXT PRIMARY KEY, shown_prefix TEXT NOT NULL, user TEXT NOT NULL, created REAL NOT NULL, "
+        "revoked REAL)"
     )
     db.execute(
-        "CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL, amount_usd REAL NOT NULL, created REAL NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS reservations (id INTEGER PRIMARY KEY AUTOINCREMENT, user TEXT NOT NULL, amount_usd REAL NOT NULL, created "
+        "REAL NOT NULL)"
     )
     db.execute(
         "CREATE TABLE IF NOT EXISTS usage (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, user TEXT NOT NULL, model TEXT NOT NULL,"
@@ -82,7 +84,8 @@ def _spend_by_day(db: sqlite3.Connection) -> None:
     db.execute("CREATE TABLE IF NOT EXISTS spend_by_day (user TEXT NOT NULL, day REAL NOT NULL, cost_usd REAL NOT NULL, PRIMARY KEY (user, day))")
     db.execute("DELETE FROM spend_by_day")
     db.execute(
-        f"INSERT INTO spend_by_day (user, day, cost_usd) SELECT user, CAST(time / {_DAY_S} AS INTEGER) * {_DAY_S}.0, SUM(cost_usd) FROM usage GROUP BY 1, 2"
+        f"INSERT INTO spend_by_day (user, day, cost_usd) SELECT user, CAST(time / {_DAY_S} AS INTEGER) * {_DAY_S}.0, SUM(cost_usd) FROM usage "
+        "GROUP BY 1, 2"
     )
     db.execute("CREATE INDEX IF NOT EXISTS reservations_user_created ON reservations (user, created)")
 
@@ -91,7 +94,8 @@ def _rate_limits(db: sqlite3.Connection) -> None:
     """4: the admissions of the last minute, for rate limits that several gateway workers on
     one machine share (one row per admitted request: when, its tokens, whether in flight)."""
     db.execute(
-        "CREATE TABLE IF NOT EXISTS admissions (id TEXT PRIMARY KEY, user TEXT NOT NULL, time REAL NOT NULL, tokens REAL NOT NULL, in_flight INTEGER NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS admissions (id TEXT PRIMARY KEY, user TEXT NOT NULL, time REAL NOT NULL, tokens REAL NOT NULL, in_flight "
+        "INTEGER NOT NULL)"
     )
     db.execute("CREATE INDEX IF NOT EXISTS admissions_user_time ON admissions (user, time)")
 
@@ -263,9 +267,9 @@ class SqliteStore:
     def _committed(self, db: sqlite3.Connection, user: str, since: float, now: float) -> float:
         """USD spent since ``since`` (a UTC midnight) plus held by live reservations."""
         spent = db.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM spend_by_day WHERE user = ? AND day >= ?", (user, since)).fetchone()[0]
-        held = db.execute("SELECT COALESCE(SUM(amount_usd), 0) FROM reservations WHERE user = ? AND created >= ?", (user, now - RESERVATION_TTL_S)).fetchone()[
-            0
-        ]
+        held = db.execute(
+            "SELECT COALESCE(SUM(amount_usd), 0) FROM reservations WHERE user = ? AND created >= ?", (user, now - RESERVATION_TTL_S)
+        ).fetchone()[0]
         return float(spent) + float(held)
 
     def reserve(self, user: str, amount_usd: float, budget_usd: float, period: str) -> int | None:
@@ -312,18 +316,32 @@ class SqliteStore:
         if reservation_id is not None:
             db.execute("DELETE FROM reservations WHERE id = ?", (reservation_id,))
         db.execute(
-            "INSERT INTO spend_by_day (user, day, cost_usd) VALUES (?, ?, ?) ON CONFLICT (user, day) DO UPDATE SET cost_usd = cost_usd + excluded.cost_usd",
+            "INSERT INTO spend_by_day (user, day, cost_usd) VALUES (?, ?, ?) ON CONFLICT (user, day) DO UPDATE SET cost_usd = cost_usd + "
+            "excluded.cost_usd",
             (record.user, float(int(now // _DAY_S) * _DAY_S), record.cost_usd),
         )
         db.execute(
             "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms,"
             " fallback_reason, request_id, request_body, response_body, tier) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                now, record.user, record.model, record.route, record.target, record.status, record.prompt_tokens,
-                record.cached_tokens, record.completion_tokens, record.cost_usd, record.latency_ms, record.fallback_reason, record.request_id,
-                record.request_body, record.response_body, record.tier,
+                now,
+                record.user,
+                record.model,
+                record.route,
+                record.target,
+                record.status,
+                record.prompt_tokens,
+                record.cached_tokens,
+                record.completion_tokens,
+                record.cost_usd,
+                record.latency_ms,
+                record.fallback_reason,
+                record.request_id,
+                record.request_body,
+                record.response_body,
+                record.tier,
             ),
-        )  # fmt: skip
+        )
 
     # --- reports ------------------------------------------------------------------------------
 
@@ -343,7 +361,13 @@ class SqliteStore:
                 (since,),
             ).fetchall()
             result[label] = {
-                str(name): {"requests": count, "prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": completion, "cost_usd": round(cost, 6)}
+                str(name): {
+                    "requests": count,
+                    "prompt_tokens": prompt,
+                    "cached_tokens": cached,
+                    "completion_tokens": completion,
+                    "cost_usd": round(cost, 6),
+                }
                 for name, count, prompt, cached, completion, cost in rows
             }
         return result

@@ -37,7 +37,8 @@ class SqliteRateLimiter:
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(
-                "DELETE FROM admissions WHERE user = ? AND time <= ? AND (in_flight = 0 OR time <= ?)", (user.name, now - WINDOW_S, now - RESERVATION_TTL_S)
+                "DELETE FROM admissions WHERE user = ? AND time <= ? AND (in_flight = 0 OR time <= ?)",
+                (user.name, now - WINDOW_S, now - RESERVATION_TTL_S),
             )
             rows = db.execute("SELECT time, tokens, in_flight FROM admissions WHERE user = ? ORDER BY time", (user.name,)).fetchall()
             wait = _limit_wait(user, tokens, now, rows)
