@@ -34,7 +34,6 @@ _API = {
     "max_parallel": "tierlocal.fit.search",
     "check_source": "tierlocal.plan.source",
     "machine_for": "tierlocal.plan.machine",
-    "recommend": "tierlocal.plan.rule_of_thumb",
     "verify_load": "tierlocal.plan.verify",
     "detect": "tierlocal.hardware.detect",
     "with_gpu_override": "tierlocal.hardware.override",
@@ -59,7 +58,6 @@ __all__ = [
     "max_parallel",
     "check_source",
     "machine_for",
-    "recommend",
     "verify_load",
     "detect",
     "with_gpu_override",
@@ -82,7 +80,6 @@ if TYPE_CHECKING:
     from .hardware.detect import detect
     from .hardware.override import with_gpu_override
     from .plan.machine import machine_for
-    from .plan.rule_of_thumb import recommend
     from .plan.source import check_source
     from .plan.verify import verify_load
     from .tiers.facts import resolve_model_facts

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from .. import constants
 from ..errors import UsageError
 from ..gateway.config import GatewayConfig, default_config, load_config, name_problem
 from ..gateway.protocol import printable
@@ -17,11 +19,37 @@ from ..gateway.usage_report import PERIODS, usage_report
 from ..units import format_usd
 from .common import print_json
 
-__all__ = ["gateway", "usage"]
+__all__ = ["gateway", "server_options", "usage"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 _config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration)."
 )
+
+
+def server_options(workers_default: str) -> Callable[[_F], _F]:
+    """``--config``, ``--host``, ``--port`` and ``--workers``: one definition for `gateway` and
+    `service install gateway` (``workers_default``: what each does without --workers)."""
+    options = [
+        _config_option,
+        click.option("--host", help="Listen address (default: the config's, else 127.0.0.1); anything but loopback needs a gateway key."),
+        click.option("--port", type=click.IntRange(1, 65535), help=f"Listen port (default: the config's, else {constants.GATEWAY_PORT})."),
+        click.option(
+            "--workers",
+            type=click.IntRange(1, 256),
+            default=None,
+            help="Processes serving the port (SO_REUSEPORT), sharing keys, budgets, rate limits and usage through the store; "
+            f"each keeps its own view of target health (default: {workers_default}).",
+        ),
+    ]
+
+    def apply(command: _F) -> _F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
 
 
 def _config(path: Path | None) -> GatewayConfig:
@@ -29,16 +57,7 @@ def _config(path: Path | None) -> GatewayConfig:
 
 
 @click.group(invoke_without_command=True)
-@_config_option
-@click.option("--host", help="Listen address (default: the config's, else 127.0.0.1). Any non-loopback address needs a gateway key.")
-@click.option("--port", type=click.IntRange(1, 65535), help="Listen port (default: the config's, else 8088).")
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 256),
-    default=None,
-    help="Processes serving the port (SO_REUSEPORT), sharing keys, budgets, rate limits and usage through the store; "
-    "each keeps its own view of target health (default: 1; `service install gateway`: the CPU cores).",
-)
+@server_options("1; `service install gateway`: the CPU cores")
 @click.pass_context
 def gateway(context: click.Context, config_path: Path | None, host: str | None, port: int | None, workers: int | None) -> None:
     """The OpenAI-compatible fallback gateway. Without a subcommand: serve in the foreground.

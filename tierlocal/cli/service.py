@@ -35,6 +35,7 @@ from ..serve.systemd import (
 )
 from ..serve.unit_access import Needed, Sandbox, ServiceAccount, blocked_paths
 from .common import ollama_port, print_json, serve_argv, serve_options, serve_options_from
+from .gateway import server_options
 
 __all__ = ["service"]
 
@@ -197,17 +198,7 @@ def _install_ollama_dropin(options: ServeOptions, directory: Path, dry_run: bool
 
 
 @install.command("gateway")
-@click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="The gateway's TOML file (default: the built-in configuration)."
-)
-@click.option("--host", help="Listen address (any non-loopback address needs a gateway key).")
-@click.option("--port", type=click.IntRange(1, 65535), help="Listen port.")
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 256),
-    default=None,
-    help="Gateway processes on the port (default: this machine's CPU cores; see `tierlocal gateway --workers`).",
-)
+@server_options("this machine's CPU cores")
 @click.option(
     "--credential",
     "credentials",

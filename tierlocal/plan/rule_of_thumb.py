@@ -4,9 +4,10 @@
     fits   = needed + margin ≤ memory of the device that holds the model
 
 The device is the largest GPU, or system RAM on a machine without one. Decode speed is
-bounded by memory bandwidth ÷ bytes of active weights read per token. This is what the
-catalog recommendation (``tierlocal check`` without SOURCE) runs today; the header-exact
-estimator (estimate.py) runs for one model (``check SOURCE``).
+bounded by memory bandwidth ÷ bytes of active weights read per token. The catalog
+recommendation plans every entry with a compact header by the header-exact estimator
+(:mod:`.recommend`); this rule, labelled so, is for an entry without one. The memory budget
+and the frontier models' never-fits verdicts are this module's too.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..catalog import GpuSpec, HostDefaults, ModelEntry
 from ..hardware.types import Hardware
 from .single_machine import SingleMachinePlan
 
-__all__ = ["Budget", "CatalogFit", "FrontierVerdict", "Recommendation", "memory_budget", "fit_entry", "frontier_verdict", "recommend"]
+__all__ = ["Budget", "CatalogFit", "FrontierVerdict", "memory_budget", "fit_entry", "frontier_verdict"]
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,6 @@ class FrontierVerdict:
         }
 
 
-@dataclass(frozen=True)
 class Recommendation:
     """The best fit, a smaller/faster and a larger/slower alternative, and frontier verdicts,
     for ``hardware``."""
@@ -198,38 +198,3 @@ def frontier_verdict(entry: ModelEntry, gpus: Sequence[GpuSpec]) -> FrontierVerd
         largest_gpu_bytes=marketed,
         gpus_for_floor=math.ceil(entry.floor_bytes / marketed),
     )
-
-
-def _size_order(fit: CatalogFit) -> tuple[int, float]:
-    return fit.entry.params, fit.entry.bits_per_weight
-
-
-def recommend(
-    entries: Sequence[ModelEntry],
-    hardware: Hardware,
-    host: HostDefaults,
-    gpus: Sequence[GpuSpec],
-    *,
-    ctx: int,
-    parallel: int,
-    min_tokens_per_s: float,
-) -> Recommendation:
-    """The largest model (then the highest-precision quantisation) that fits with the margin
-    and decodes at least ``min_tokens_per_s`` (not checked when the bandwidth is unknown);
-    the next smaller and next larger model as alternatives.
-    """
-    budget = memory_budget(hardware, host)
-    fits = sorted(
-        (fit_entry(entry, budget, host, ctx=ctx, parallel=parallel) for entry in entries if not entry.frontier),
-        key=_size_order,
-    )
-    usable = [fit for fit in fits if fit.fits and (fit.est_decode_tokens_per_s is None or fit.est_decode_tokens_per_s >= min_tokens_per_s)]
-    best = usable[-1] if usable else None
-    smaller = larger = None
-    if best is not None:
-        smaller = next((fit for fit in reversed(usable) if fit.entry.params < best.entry.params), None)
-        larger = next((fit for fit in fits if _size_order(fit) > _size_order(best) and fit.entry.params > best.entry.params), None)
-    else:
-        larger = fits[0] if fits else None
-    frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
-    return Recommendation(budget, best, smaller, larger, frontier, min_tokens_per_s, hardware)

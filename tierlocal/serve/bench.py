@@ -7,7 +7,6 @@ estimates for the same three show it beside theirs. I/O: HTTP to the engine, /pr
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .. import constants
 from ..errors import EngineFailed, UsageError
+from .records import append_record, read_records
 
 if TYPE_CHECKING:
     import httpx2
@@ -27,9 +27,6 @@ __all__ = ["BenchRun", "PromptRun", "bench_server", "bench_device", "bench_key",
 PROMPT_LENGTHS = (128, 512, 2048)
 #: Tokens generated per measurement.
 DECODE_TOKENS = 32
-#: Most records read back; longest line read (bytes).
-MAX_RECORDS = 1000
-MAX_LINE_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -215,26 +212,12 @@ def bench_key(model: str, engine_version: str, device: str) -> dict[str, object]
 
 
 def record_bench(run: BenchRun) -> None:
-    path = bench_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key": bench_key(run.model, run.engine_version, run.device), **run.to_json()}
-    with path.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    append_record(bench_path(), {"key": bench_key(run.model, run.engine_version, run.device), **run.to_json()})
 
 
 def measured_speed(key: dict[str, object], path: Path | None = None) -> dict[str, object] | None:
     """The latest recorded measurement filed under ``key`` (None: none)."""
-    try:
-        lines = (path or bench_path()).read_bytes().splitlines()[-MAX_RECORDS:]
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if len(line) > MAX_LINE_BYTES:
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("key") == key:
+    for record in reversed(read_records(path or bench_path())):
+        if record.get("key") == key:
             return {name: record.get(name) for name in ("time", "decode_tokens_per_s", "prefill_tokens_per_s", "runs")}
     return None

@@ -4,20 +4,14 @@ model with the same engine build."""
 
 from __future__ import annotations
 
-import json
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import constants
+from .records import append_record, read_records
 
-__all__ = ["GpuCorrection", "history_path", "gpu_correction", "record_load", "MAX_RECORDS"]
-
-#: Most recent records read (the file only grows; older lines are ignored).
-MAX_RECORDS = 1000
-#: Longest line read (bytes); a longer one is skipped as damaged.
-MAX_LINE_BYTES = 1 << 20
+__all__ = ["GpuCorrection", "history_path", "gpu_correction", "record_load"]
 
 
 @dataclass(frozen=True)
@@ -32,29 +26,11 @@ def history_path() -> Path:
     return constants.home_dir() / "loads.jsonl"
 
 
-def _records(path: Path) -> list[dict[str, object]]:
-    try:
-        lines = path.read_bytes().splitlines()[-MAX_RECORDS:]
-    except OSError:
-        return []
-    records = []
-    for line in lines:
-        if len(line) > MAX_LINE_BYTES:
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
 def gpu_correction(match: dict[str, object], path: Path | None = None) -> GpuCorrection | None:
     """The median of (actual − uncorrected planned) GPU bytes over the records whose ``key``
     equals ``match`` (model file and size, engine build, the request as typed)."""
     misses = []
-    for record in _records(path or history_path()):
+    for record in read_records(path or history_path()):
         key = record.get("key")
         gpu = record.get("gpu")
         if key != match or not isinstance(gpu, dict):
@@ -71,13 +47,9 @@ def gpu_correction(match: dict[str, object], path: Path | None = None) -> GpuCor
 def record_load(key: dict[str, object], payload: dict[str, object], planned_gpu: int, actual_gpu: int, correction: int) -> None:
     """Append a verified load (``key``: what :func:`gpu_correction` matches on; ``payload``:
     the state file's contents; GPU bytes planned, allocated, and the correction applied)."""
-    path = history_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "key": key,
         "gpu": {"planned_bytes": planned_gpu, "actual_bytes": actual_gpu, "correction_bytes": correction},
         **{name: payload[name] for name in ("engine", "engine_version", "plan", "actual", "delta")},
     }
-    with path.open("a") as handle:
-        handle.write(json.dumps(record) + "\n")
+    append_record(history_path(), record)
