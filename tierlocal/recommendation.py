@@ -141,6 +141,7 @@ def catalog_recommendation(
     # The cached digests serve devices that bind every tensor; a binding limit plans from the headers.
     models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
+    scores, losses = _quality()
     recommendation = recommend_catalog(
         entries,
         models,
@@ -155,8 +156,8 @@ def catalog_recommendation(
         request=replace(request, parallel=parallel),
         host_speed=host_speed,
         gpu_speed=machine_gpu_speed(machine),
-        quality=_quality()[0],
-        quant_losses=_quality()[1],
+        quality=scores,
+        quant_losses=losses,
         prefer=prefer,
         ctx_up_to_training=ctx_up_to_training,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Required, TypedDict, Unpack
 
 from ..engines.flags import planned_command
 from ..engines.ollama import OllamaSettings, ollama_settings
@@ -220,7 +220,22 @@ def default_template(summary: ModelSummary) -> TemplateChoice:
     return choose_template(summary.chat_template, summary.architecture, tokenizer_model=summary.tokenizer_model, tokenizer_pre=summary.tokenizer_pre)
 
 
-def check_source(source: str, headers: list[GGUFHeader], machine: Machine, **options: Any) -> SourceCheck:
+class PlanOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`check_model` (and so of :func:`check_source`)."""
+
+    ctx: Required[int | None]
+    parallel: Required[int | str | None]
+    request: Required[RunRequest]
+    template: TemplateChoice | None
+    host_speed: DeviceSpeed | None
+    gpu_speed: DeviceSpeed | None
+    model_path: str | None
+    host_is_here: bool
+    detail: bool
+    up_to_training: bool
+
+
+def check_source(source: str, headers: list[GGUFHeader], machine: Machine, **options: Unpack[PlanOptions]) -> SourceCheck:
     """Plan ``source`` from its header(s) on ``machine`` (:func:`check_model`, whose keyword
     arguments ``options`` are)."""
     return check_model(source, model_spec(headers), summarize(headers), machine, **options)
