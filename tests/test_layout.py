@@ -379,6 +379,28 @@ def test_the_checker_would_catch_an_impure_import(module: str, tmp_path: Path) -
     assert set(found) == {"indirect_probe"} and "psutil" in found["indirect_probe"]
 
 
+#: Libraries that cost a tenth of a second or more to import, loaded only by the code that uses
+#: them (a request to the hub or a URL, a download, the gateway's server, the probe writer).
+HEAVY_IMPORTS = ("huggingface_hub.hf_api", "huggingface_hub.file_download", "httpx2", "aiohttp", "numpy", "gguf")
+
+
+def test_no_command_imports_a_client_it_has_not_used_yet() -> None:
+    """Every command's module together, imported in a fresh interpreter, loads none of the heavy
+    libraries: `status` took 0.6 s of CPU, 0.45 s of it importing huggingface_hub, httpx2 and
+    aiohttp it never called (the test suite runs the CLI hundreds of times; users, at every start)."""
+    from tierlocal.cli import _LazyGroup
+
+    modules = sorted({target.partition(":")[0] for target in _LazyGroup.lazy.values()})
+    script = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(json.dumps([name for name in {HEAVY_IMPORTS!r} if name in sys.modules]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert len(modules) >= 12 and json.loads(done.stdout) == []
+
+
 def test_the_library_api_names_resolve_lazily() -> None:
     """``tierlocal.__all__`` is what ``tierlocal.NAME`` gives, each from its own module, and
     importing the package alone loads none of them."""

@@ -11,7 +11,6 @@ from ..fetch.sources import read_headers
 from ..fit.device_speed import DeviceSpeed
 from ..gguf import ModelSummary, summarize
 from ..hardware.types import Hardware
-from ..measure.calibrate import calibrate_cpu, memory_read_bytes_per_s, remove_stale_scratch, require_engine
 from ..measure.calibration_cache import calibration_key, load_calibration, save_calibration
 from ..units import format_bytes, format_count
 from .common import console, gpu_option, json_option, machine, print_json
@@ -88,6 +87,9 @@ def _render_calibration_status() -> None:
 
 
 def _calibrate(as_json: bool, *, repeats: int) -> None:
+    # the probe writer needs the gguf package (and numpy): imported when probes run, not with `hw`
+    from ..measure.calibrate import calibrate_cpu, memory_read_bytes_per_s, remove_stale_scratch, require_engine
+
     binary = require_engine(find_llama_server())
     version = read_engine_flags(binary).version
     key = calibration_key(version)

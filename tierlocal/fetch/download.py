@@ -20,11 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx2
+from typing import TYPE_CHECKING
 
 from .. import constants
 from ..errors import PartialDownload, SourceError, TierlocalError
+
+if TYPE_CHECKING:  # httpx2 loads when a download starts, not with every command that imports this
+    import httpx2
 
 __all__ = ["DownloadedFile", "download_file", "partial_paths", "partial_bytes"]
 
@@ -121,6 +123,8 @@ def download_file(
         data.unlink(missing_ok=True)
         sidecar.write_text(json.dumps({"size": size, "sha256": sha256}))
     digest = _sha256_of(data, have) if have else hashlib.sha256()
+    import httpx2
+
     own_client = client is None
     http = client or httpx2.Client(timeout=constants.DEFAULT_HTTP_TIMEOUT_S, follow_redirects=False)
     try:
@@ -154,6 +158,8 @@ def _transfer(
         PartialDownload: the connection kept failing (the bytes so far stay in ``data``).
         SourceError: the server refused, or sent nothing.
     """
+    import httpx2
+
     fetched = 0
     attempt = 0
     while have < size:

@@ -8,16 +8,12 @@ signed URL).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
-
-import httpx2
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
-from huggingface_hub import errors as hf_errors
-from huggingface_hub.utils import build_hf_headers
 
 from ..errors import SourceError, UsageError
 
@@ -62,6 +58,9 @@ class FileLocation:
 @contextmanager
 def hub_errors(name: str, revision: str | None = None) -> Iterator[None]:
     """Turn huggingface_hub's errors into one-line SourceErrors about ``name``."""
+    import httpx2  # here, not at the top: huggingface_hub and httpx2 cost a quarter second of CPU to import
+    from huggingface_hub import errors as hf_errors
+
     try:
         yield
     except hf_errors.GatedRepoError:
@@ -94,6 +93,8 @@ def hub_errors(name: str, revision: str | None = None) -> Iterator[None]:
 def list_gguf_files(repo_id: str, revision: str | None = None) -> RepoListing:
     """The ``.gguf`` files of ``repo_id`` at ``revision`` (default: main), with sizes and
     LFS checksums from the hub's file metadata."""
+    from huggingface_hub import HfApi
+
     name = f"hf://{repo_id}" + (f"@{revision}" if revision else "")
     with hub_errors(name, revision):
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
@@ -191,6 +192,9 @@ def _describe(listing: RepoListing) -> str:
 def locate_file(repo_id: str, path: str, revision: str | None) -> FileLocation:
     """Where to fetch ``path`` of ``repo_id`` at ``revision`` (default main): follows the
     hub's redirect."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
     name = f"hf://{repo_id}/{path}" + (f"@{revision}" if revision else "")
     url = hf_hub_url(repo_id, path, revision=revision)
     with hub_errors(name, revision):
@@ -199,3 +203,34 @@ def locate_file(repo_id: str, path: str, revision: str | None) -> FileLocation:
     same_host = urlsplit(metadata.location).netloc == urlsplit(url).netloc
     headers = build_hf_headers(token=None) if same_host else {}
     return FileLocation(metadata.location, headers, metadata.size, metadata.commit_hash)
+
+
+def read_safetensors_model(source: str, repo_id: str, revision: str | None) -> tuple[dict[str, int], dict[str, object]]:
+    """A safetensors repo's parameter count per dtype (from its safetensors headers) and its
+    ``config.json``, through huggingface_hub (``source``: how errors name it).
+
+    Raises:
+        SourceError: the repo is missing, private, not safetensors, or unreachable, or its
+            config.json is not JSON.
+    """
+    import httpx2
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+
+    try:
+        metadata = get_safetensors_metadata(repo_id, revision=revision)
+        config_path = hf_hub_download(repo_id, "config.json", revision=revision)
+    except hf_errors.RepositoryNotFoundError:
+        raise SourceError(source, "repository not found, or private", hint="check OWNER/REPO; for a private repo set HF_TOKEN") from None
+    except hf_errors.NotASafetensorsRepoError:
+        raise SourceError(source, "not a safetensors repo", hint="for a GGUF repo name the file: hf://OWNER/REPO/FILE.gguf") from None
+    except (hf_errors.EntryNotFoundError, hf_errors.RevisionNotFoundError) as exc:
+        raise SourceError(source, f"not found: {type(exc).__name__}", hint="check the repo and @REVISION") from None
+    except (hf_errors.HfHubHTTPError, httpx2.HTTPError) as exc:
+        raise SourceError(source, f"cannot read the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
+    with open(config_path, encoding="utf-8") as handle:
+        try:
+            config = json.load(handle)
+        except json.JSONDecodeError:
+            raise SourceError(source, "config.json is not valid JSON") from None
+    return {str(dtype): int(count) for dtype, count in metadata.parameter_count.items()}, config

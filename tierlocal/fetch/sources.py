@@ -13,15 +13,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
-
-import httpx2
-from huggingface_hub import get_session
 
 from .. import constants
 from ..errors import SourceError, UsageError
 from ..gguf.parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
 from .hub import SHARD_NAME, locate_file
+
+if TYPE_CHECKING:  # httpx2 loads when a URL is read (a local file needs no HTTP client)
+    import httpx2
 
 __all__ = ["SourceSpec", "parse_source", "shard_names", "read_headers", "LocalFileReader", "HttpRangeReader"]
 
@@ -136,6 +137,8 @@ class HttpRangeReader:
         return data
 
     def _fetch(self, offset: int, length: int, *, learn_size: bool) -> tuple[bytes, int]:
+        import httpx2
+
         headers = {**self._headers, "Range": f"bytes={offset}-{offset + length - 1}", "Accept-Encoding": "identity"}
         try:
             with self._client.stream("GET", self.url, headers=headers) as response:
@@ -198,11 +201,15 @@ def _open_readers(spec: SourceSpec, client: httpx2.Client | None) -> Iterator[li
             for path in shard_names(spec.location):
                 readers.append(LocalFileReader(Path(path)))
         elif spec.kind == "http":
+            import httpx2
+
             if client is None:
                 own_client = client = httpx2.Client(follow_redirects=True, timeout=constants.DEFAULT_HTTP_TIMEOUT_S)
             for url in shard_names(spec.location):
                 readers.append(HttpRangeReader(url, client))
         else:
+            from huggingface_hub import get_session
+
             hub_client = client or get_session()
             for filename in shard_names(spec.location):
                 readers.append(_hf_reader(spec, filename, hub_client))

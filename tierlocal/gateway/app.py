@@ -18,8 +18,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from .backends import UP, TargetState, now, poll_target, resolve_key
+from .backends import UP, TargetState, now, resolve_key
 from .config import GatewayConfig, Route, Target, User
+from .health import poll_target
 from .ledger import Ledger
 from .limiter import limiter_for
 from .metrics import Metrics

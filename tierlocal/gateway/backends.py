@@ -2,9 +2,9 @@
 whether it answers, how many parallel slots it has, how many requests it is serving, and until
 when it is cooling down after a failure.
 
-Local targets (no key) are polled: llama-server's ``/health`` (503 while it loads) and
-``/props`` (``total_slots``), else Ollama's ``/api/version``. Hosted targets are not polled;
-they are taken out of rotation only by their own failures, for as long as they ask.
+Local targets (no key) are polled (:mod:`.health`); hosted targets are not polled: they are
+taken out of rotation only by their own failures, for as long as they ask. No HTTP client is
+imported here: `usage` and `service` read the store without aiohttp's import time.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import aiohttp
-
 from .. import constants
 from .config import Target
 
-__all__ = ["TargetState", "resolve_key", "credential", "poll_target", "engine_root"]
+__all__ = ["TargetState", "resolve_key", "credential", "now"]
 
 UP, LOADING, DOWN, UNKNOWN = "up", "loading", "down", "unknown"
 #: Longest credential file read, in bytes.
@@ -43,11 +41,6 @@ def resolve_key(target: Target) -> str | None:
     if target.api_key_credential is not None:
         return credential(target.api_key_credential)
     return None
-
-
-def engine_root(url: str) -> str:
-    """A local engine's root URL (its health and props routes) from its OpenAI base URL."""
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 @dataclass
@@ -107,34 +100,6 @@ class TargetState:
             "slots": self.slots,
             "cooldown_s": round(max(self.cooldown_until - now, 0.0), 1),
         }
-
-
-async def poll_target(session: aiohttp.ClientSession, state: TargetState, timeout_s: float = 2.0) -> None:
-    """Refresh a local target's health and slot count."""
-    root = engine_root(state.target.url)
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    try:
-        async with session.get(f"{root}/health", timeout=timeout) as response:
-            if response.status == 200:
-                state.health = UP
-            elif response.status == 503:
-                state.health = LOADING
-            elif response.status == 404:  # not llama-server: Ollama answers /api/version
-                async with session.get(f"{root}/api/version", timeout=timeout) as ollama:
-                    state.health = UP if ollama.status == 200 else DOWN
-                return
-            else:
-                state.health = DOWN
-                return
-        if state.health == UP and state.slots is None:
-            async with session.get(f"{root}/props", timeout=timeout) as props:
-                if props.status == 200:
-                    slots = (await props.json(content_type=None)).get("total_slots")
-                    if isinstance(slots, int) and 0 < slots < 4096:
-                        state.slots = slots
-    except (TimeoutError, aiohttp.ClientError, ValueError):
-        state.health = DOWN
-        state.slots = None
 
 
 def now() -> float:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import subprocess
 
-import httpx2
-
 from .. import constants
 from ..engines.process import EngineChild
 from ..engines.prompt_formats import PROBE_MESSAGE
@@ -50,6 +48,8 @@ def first_answer(engine: str, url: str, child: EngineChild, planned: RunEstimate
     """
     notify(f"EXTEND_TIMEOUT_USEC={int(constants.FIRST_ANSWER_TIMEOUT_S * 1_000_000)}", "STATUS=sending a first short chat")
     request = {"messages": [{"role": "user", "content": PROBE_MESSAGE}], "max_tokens": constants.FIRST_ANSWER_TOKENS, "temperature": 0}
+    import httpx2  # loads when a server is asked, not with every command that imports this
+
     try:
         response = httpx2.post(f"{url}/v1/chat/completions", json=request, headers=headers, timeout=constants.FIRST_ANSWER_TIMEOUT_S)
         problem = None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:200]}"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx2
-
 from ..engines.prompt_formats import PROBE_MESSAGE, PROMPT_FORMATS, TemplateChoice, choose_template, render_problem
 from ..errors import EngineFailed, UsageError
 from ..gguf import ModelSummary
@@ -84,6 +82,8 @@ def rendered_prompt(url: str, choice: TemplateChoice, headers: dict[str, str] | 
     Raises:
         EngineFailed: the prompt is not in the expected format (the hint names the flag).
     """
+    import httpx2  # loads when a server is asked, not with every command that imports this
+
     try:
         response = httpx2.post(f"{url}/apply-template", json={"messages": [{"role": "user", "content": PROBE_MESSAGE}]}, headers=headers, timeout=30)
     except httpx2.HTTPError as exc:

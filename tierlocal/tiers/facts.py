@@ -4,15 +4,11 @@ from the safetensors headers, attention design from config.json)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-
-import httpx2
-from huggingface_hub import errors as hf_errors
-from huggingface_hub import get_safetensors_metadata, hf_hub_download
 
 from ..catalog import FrontierModel, GpuSpec, find_frontier, find_gpu, find_model, load_gpus
 from ..errors import CatalogError, SourceError
+from ..fetch.hub import read_safetensors_model
 from ..fetch.sources import read_headers
 from ..fit.recurrent import frontier_per_user_memory
 from ..gguf import summarize
@@ -142,25 +138,9 @@ def _hub_facts(source: str) -> ModelFacts:
     repo_id, _, revision = spec.partition("@")
     if repo_id.count("/") != 1:
         raise SourceError(source, "expected hf://OWNER/REPO of a safetensors repo", hint="for a GGUF file write hf://OWNER/REPO/FILE.gguf")
-    try:
-        metadata = get_safetensors_metadata(repo_id, revision=revision or None)
-        config_path = hf_hub_download(repo_id, "config.json", revision=revision or None)
-    except hf_errors.RepositoryNotFoundError:
-        raise SourceError(source, "repository not found, or private", hint="check OWNER/REPO; for a private repo set HF_TOKEN") from None
-    except hf_errors.NotASafetensorsRepoError:
-        raise SourceError(source, "not a safetensors repo", hint="for a GGUF repo name the file: hf://OWNER/REPO/FILE.gguf") from None
-    except (hf_errors.EntryNotFoundError, hf_errors.RevisionNotFoundError) as exc:
-        raise SourceError(source, f"not found: {type(exc).__name__}", hint="check the repo and @REVISION") from None
-    except (hf_errors.HfHubHTTPError, httpx2.HTTPError) as exc:
-        raise SourceError(source, f"cannot read the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
-    counts = metadata.parameter_count
+    counts, config = read_safetensors_model(source, repo_id, revision or None)
     params = sum(counts.values())
     dominant = max(counts, key=lambda dtype: counts[dtype]) if counts else "BF16"
-    with open(config_path, encoding="utf-8") as handle:
-        try:
-            config = json.load(handle)
-        except json.JSONDecodeError:
-            raise SourceError(source, "config.json is not valid JSON") from None
     return facts_from_config(repo_id, params, _SAFETENSORS_PRECISION.get(dominant, "bf16"), config)
 
 
