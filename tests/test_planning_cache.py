@@ -8,8 +8,10 @@ import dataclasses
 import datetime
 import json
 import marshal
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,14 +110,22 @@ def test_the_cache_file_is_written_read_back_and_mended(fresh_cache: Path, monke
         patched.setattr(planning_cache, "load_entry_headers", _no_header)
         again = planning_cache.catalog_models(entries)
     assert {key: model[1] for key, model in again.items()} == {key: model[1] for key, model in first.items()}
-    # A damaged file is read as empty and written anew; a file of another fingerprint is removed.
+    # A damaged file is read as empty and written anew; this install's file of another
+    # fingerprint is removed, and another install's only once unused for 30 days (two installs
+    # sharing the directory removed each other's at every run: the test suite's venvs did).
     path.write_bytes(b"\x00not marshal")
-    (fresh_cache / "stale.marshal").write_bytes(b"old")
+    install = path.name.split("-")[0]
+    (fresh_cache / f"{install}-stale.marshal").write_bytes(b"old")
+    (fresh_cache / "0another-inuse.marshal").write_bytes(b"another install's")
+    unused = fresh_cache / "0another-unused.marshal"
+    unused.write_bytes(b"another install's, long unused")
+    month_ago = time.time() - 31 * 86400
+    os.utime(unused, (month_ago, month_ago))
     monkeypatch.setattr(cache_file, "_sections", None)
     monkeypatch.setattr(planning_cache, "_restored", {})
     assert set(planning_cache.catalog_models(entries)) == set(first)
     assert set(marshal.loads(path.read_bytes())[planning_cache._SECTION]) == {entry.header_file for entry in entries}
-    assert sorted(p.name for p in fresh_cache.iterdir()) == [path.name]
+    assert sorted(p.name for p in fresh_cache.iterdir()) == sorted([path.name, "0another-inuse.marshal"])
 
 
 def test_a_cache_that_cannot_be_written_costs_only_time(fresh_cache: Path) -> None:

@@ -2,14 +2,17 @@
 (the catalog's planning digests, fits of the published figures, the recipes parsed): named
 sections of plain data.
 
-The file is ``$XDG_CACHE_HOME/tierlocal/planning/FINGERPRINT.marshal`` (``~/.cache/…``). Its
-name is a fingerprint of what the contents follow from: tierlocal's version, the Python that
-wrote them (``marshal``'s format changes between versions), and the size and modification time
-of every file of the installed package (recipes/ is packed inside a wheel; a source tree's
-recipes/ beside it counts too). A section missing from it, or one that does not load, is
-computed and the file written again (whole, atomically: a reader sees the old file or the new);
-files of other fingerprints are removed then. A file that cannot be read or written costs only
-the time: everything is computed as if there were none.
+The file is ``$XDG_CACHE_HOME/tierlocal/planning/INSTALL-FINGERPRINT.marshal`` (``~/.cache/…``).
+INSTALL names where the package is installed; FINGERPRINT what the contents follow from:
+tierlocal's version, the Python that wrote them (``marshal``'s format changes between versions),
+and the size and modification time of every file of the installed package (recipes/ is packed
+inside a wheel; a source tree's recipes/ beside it counts too). A section missing from it, or
+one that does not load, is computed and the file written again (whole, atomically: a reader sees
+the old file or the new); the same install's files of other fingerprints are removed then, and
+any other install's file unused for :data:`_UNUSED_DAYS` days. Two installs sharing the
+directory (a virtual environment beside a user install) keep a file each instead of removing
+each other's at every run. A file that cannot be read or written costs only the time:
+everything is computed as if there were none.
 
 I/O: the cache file. Stores nothing it did not compute from the package; ``marshal`` is read
 only from this directory, as Python reads its own bytecode cache.
@@ -24,6 +27,7 @@ import marshal
 import os
 import struct
 import sys
+import time
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -37,6 +41,8 @@ T = TypeVar("T")
 #: The largest cache file read back (bytes): the whole catalog's digests are under 1 MiB.
 _MAX_CACHE_BYTES = 64 << 20
 _PACKAGE = Path(__file__).parent
+#: Another install's cache file unused (not read nor written) this many days is removed.
+_UNUSED_DAYS = 30
 #: The file's sections once read, for the life of this process, and whether some were added
 #: since it was last written.
 _sections: dict[str, Any] | None = None
@@ -98,7 +104,13 @@ def save() -> None:
 
 def cache_path() -> Path:
     """The cache file for this tierlocal, this Python and these recipes."""
-    return constants.cache_dir() / "planning" / f"{_fingerprint()}.marshal"
+    return constants.cache_dir() / "planning" / f"{_install()}-{_fingerprint()}.marshal"
+
+
+@cache
+def _install() -> str:
+    """Where this tierlocal is installed, hashed (the file name's first part)."""
+    return hashlib.sha256(str(_PACKAGE.resolve()).encode()).hexdigest()[:8]
 
 
 @cache
@@ -136,29 +148,43 @@ def _read_sections() -> dict[str, Any]:
         _sections = {}
         path = cache_path()
         try:
-            if path.stat().st_size <= _MAX_CACHE_BYTES:
+            stat = path.stat()
+            if stat.st_size <= _MAX_CACHE_BYTES:
                 data = marshal.loads(path.read_bytes())
                 _sections = data if isinstance(data, dict) else {}
+            if stat.st_mtime < time.time() - 86400:  # in use: marked for other installs' clean-up, once a day at most
+                os.utime(path)
         except (OSError, EOFError, ValueError, TypeError):
             pass
     return _sections
 
 
 def _write(sections: dict[str, Any]) -> None:
-    """Replace the cache file at once, and remove those of other fingerprints; a file that
-    cannot be written is left unwritten."""
+    """Replace the cache file at once, and remove this install's of other fingerprints and other
+    installs' unused for :data:`_UNUSED_DAYS` days; a file that cannot be written is left
+    unwritten."""
     path = cache_path()
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_bytes(marshal.dumps(_shared(sections, {})))
         temporary.replace(path)
+        unused_since = time.time() - _UNUSED_DAYS * 86400
         for stale in path.parent.glob("*.marshal"):
-            if stale != path:
+            if stale != path and (stale.name.startswith(f"{_install()}-") or _used_before(stale, unused_since)):
                 stale.unlink(missing_ok=True)
     except OSError:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
+
+
+def _used_before(path: Path, when: float) -> bool:
+    """Whether ``path`` was last read or written before ``when`` (seconds since the epoch)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    return max(stat.st_atime, stat.st_mtime) < when
 
 
 def _shared(value: Any, pool: dict[tuple[Any, ...], Any]) -> Any:
