@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.assets import Assets, load_assets, manifest_path
+from tests.support.engines import ENGINE_THREADS
 
 #: Fixtures that need tests/assets/prepare.py to have run.
 _ENGINE_FIXTURES = {"assets", "gemma"}
@@ -64,12 +65,21 @@ def isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """With tests in parallel (``-n``), a test marked ``serial`` — one that times the engine or
     waits on the clock, and so reads a busy machine as a slow one — runs with no other test
     running. A readers-writer lock over files every worker shares: the others hold ``room``
     shared; a serial test takes ``turnstile`` (so no new test starts) and then ``room``
-    exclusively (so the running ones finish first). Without xdist nothing ever waits."""
+    exclusively (so the running ones finish first). Without xdist nothing ever waits.
+
+    The others share the cores: an engine one of them starts without a thread count
+    (``tierlocal serve`` without ``--threads``, Ollama's runner) runs one CPU thread
+    (``LLAMA_ARG_THREADS``, which llama.cpp reads where no ``-t`` is given; the tests that pass
+    one pass :data:`tests.support.engines.ENGINE_THREADS`). llama.cpp's threads wait for each
+    other spinning, and on a machine with more engine threads than cores that waiting was most
+    of the suite's CPU. A serial test keeps the engine's own default, as users run it."""
+    if not request.node.get_closest_marker("serial"):
+        monkeypatch.setenv("LLAMA_ARG_THREADS", ENGINE_THREADS)
     shared = tmp_path_factory.getbasetemp()
     shared = shared.parent if shared.name.startswith("popen-gw") else shared  # one directory for all workers
     with (shared / "turnstile.lock").open("a") as turnstile, (shared / "room.lock").open("a") as room:

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
 from tests.support.doc_json import assert_documented
-from tests.support.engines import free_port
+from tests.support.engines import ENGINE_THREADS, free_port
 from tests.support.serving import serving
 
 
@@ -20,7 +20,7 @@ def _env(assets: Assets, home: Path) -> dict[str, str]:
 
 def test_bench_starts_a_server_measures_records_and_check_shows_it(assets: Assets, tmp_path: Path) -> None:
     env = _env(assets, tmp_path)
-    done = run_cli("bench", str(assets.gemma_gguf), "--ctx", "1024", "--threads", "2", "--json", env=env, timeout=600)
+    done = run_cli("bench", str(assets.gemma_gguf), "--ctx", "1024", "--threads", ENGINE_THREADS, "--json", env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert_documented("bench", result)

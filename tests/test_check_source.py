@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
-from tests.support.engines import free_port, running
+from tests.support.engines import ENGINE_THREADS, free_port, running
 
 _MIB = 1024 * 1024
 _KV_LINE = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB")
@@ -34,7 +34,19 @@ def test_the_printed_command_loads_as_planned(assets: Assets, tmp_path: Path, ar
     command = plan["command"]
     assert command[:3] == ["llama-server", "-m", str(assets.gemma_gguf)]
     port = free_port()
-    argv = [str(assets.llama_server_vulkan), *command[1:], "--host", "127.0.0.1", "--port", str(port), "-lv", "4", "-t", "2", "--no-warmup"]
+    argv = [
+        str(assets.llama_server_vulkan),
+        *command[1:],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-lv",
+        "4",
+        "-t",
+        ENGINE_THREADS,
+        "--no-warmup",
+    ]
     with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
         log = log_path.read_text()
     assert "failed to allocate" not in log
@@ -224,7 +236,19 @@ def test_a_gpu_too_small_for_anything_plans_the_cpu_alone(assets: Assets, tmp_pa
     assert command[command.index("-dev") + 1] == "none" and plan["layers_offloaded"] == 0
     assert [device["backend"] for device in plan["devices"]] == ["cpu"]
     port = free_port()
-    argv = [str(assets.llama_server_vulkan), *plan["command"][1:], "--host", "127.0.0.1", "--port", str(port), "-lv", "4", "-t", "2", "--no-warmup"]
+    argv = [
+        str(assets.llama_server_vulkan),
+        *plan["command"][1:],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-lv",
+        "4",
+        "-t",
+        ENGINE_THREADS,
+        "--no-warmup",
+    ]
     with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
         log = log_path.read_text()
     assert "Vulkan0 model buffer" not in log and "Vulkan0 compute buffer" not in log and "Vulkan0 KV buffer" not in log

@@ -15,7 +15,7 @@ import pytest
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.doc_json import assert_documented
-from tests.support.engines import first_json_document, free_port
+from tests.support.engines import ENGINE_THREADS, first_json_document, free_port
 
 
 @pytest.mark.parametrize(("tools", "backend"), [(["nvcc", "glslc"], "cuda"), (["hipcc"], "rocm"), (["glslc"], "vulkan"), ([], "cpu")])
@@ -68,7 +68,20 @@ def test_build_list_and_serve_with_the_built_engine(assets: Assets, tmp_path: Pa
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["selected"] == str(binary)
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--threads", "2", "--port", str(free_port()), "--json"],
+        [
+            sys.executable,
+            "-m",
+            "tierlocal",
+            "serve",
+            str(assets.gemma_gguf),
+            "--ctx",
+            "2048",
+            "--threads",
+            ENGINE_THREADS,
+            "--port",
+            str(free_port()),
+            "--json",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

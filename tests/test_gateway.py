@@ -26,7 +26,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import free_port, llama_server_argv, running
+from tests.support.engines import ENGINE_THREADS, free_port, llama_server_argv, running
 from tests.support.faultproxy import (
     LLAMA_CONTEXT,
     LLAMA_LOADING,
@@ -620,7 +620,7 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
             "--ctx",
             "1024",
             "--threads",
-            "2",
+            ENGINE_THREADS,
         ],
         stdout=serve_log,
         stderr=subprocess.STDOUT,

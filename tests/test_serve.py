@@ -18,7 +18,7 @@ import pytest
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.doc_json import assert_documented
-from tests.support.engines import free_port, process_gone
+from tests.support.engines import ENGINE_THREADS, free_port, process_gone
 from tests.support.serving import serving
 
 
@@ -220,7 +220,7 @@ def test_status_says_a_server_is_starting_until_it_serves(assets: Assets, tmp_pa
     late.chmod(0o755)
     env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(late)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--port", str(port), "--threads", "2"],
+        [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--ctx", "2048", "--port", str(port), "--threads", ENGINE_THREADS],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,

@@ -15,7 +15,7 @@ import ollama
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import first_json_document, free_port, process_gone, running
+from tests.support.engines import ENGINE_THREADS, first_json_document, free_port, process_gone, running
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -175,7 +175,7 @@ def test_an_ollama_tag_is_served_as_it_is_by_ollama_or_by_llama_server(assets: A
             "--ctx",
             "2048",
             "--threads",
-            "2",
+            ENGINE_THREADS,
             "--json",
         ],
         stdout=subprocess.PIPE,

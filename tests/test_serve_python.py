@@ -16,7 +16,7 @@ import openai
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import first_json_document, free_port
+from tests.support.engines import ENGINE_THREADS, first_json_document, free_port
 
 # Gemma 3 270M (its GGUF header): 18 layers, 1 KV head of 256 for K and for V, f16 cache.
 # llama-cpp-python keeps full-size sliding-window KV, so every layer holds the whole context.
@@ -40,7 +40,7 @@ def test_python_engine_serves_the_plan_and_keeps_the_key_off_its_command_line(as
             "--ctx",
             "2048",
             "--threads",
-            "2",
+            ENGINE_THREADS,
             "--host",
             "0.0.0.0",
             "--port",

@@ -20,7 +20,7 @@ import httpx2
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.doc_json import assert_documented
-from tests.support.engines import first_json_document, free_port, running
+from tests.support.engines import ENGINE_THREADS, first_json_document, free_port, running
 from tests.support.service_install import outside_private_tmp
 from tests.support.systemd_container import booted_systemd
 
@@ -99,7 +99,9 @@ def test_the_units_command_serves_with_the_credential_and_notifies(assets: Asset
         listener.bind(address)
         listener.settimeout(90)
         env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
-        process = subprocess.Popen([*argv, "--threads", "2"], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [*argv, "--threads", ENGINE_THREADS], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         try:
             while "READY=1" not in listener.recv(4096).decode():
                 pass
@@ -233,7 +235,7 @@ def test_gateway_unit_passes_systemd_analyze_and_its_command_serves_with_the_cre
             "-c",
             "1024",
             "-t",
-            "2",
+            ENGINE_THREADS,
             "--api-key",
             upstream_key,
         ]

@@ -65,11 +65,34 @@ def running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str]
         yield log_path
 
 
+#: CPU threads of an engine a test starts beside other tests (``-t`` / serve's ``--threads``;
+#: tests/conftest.py sets ``LLAMA_ARG_THREADS`` to the same for engines started without one).
+#: llama.cpp's threads wait for each other spinning: four 2-thread engines on 2 cores took 55 s
+#: of CPU and 28 s for what four 1-thread ones did in 13 s and 7 s.
+ENGINE_THREADS = "1"
+
+
 def llama_server_argv(binary: Path, model: Path, port: int, *extra: str, ctx: int = 1024, parallel: int | None = 1) -> list[str]:
     """llama-server on loopback with trace-level logs (-lv 4: offload and buffer lines);
     ``parallel=None`` leaves -np at llama-server's auto default."""
     slots = [] if parallel is None else ["-np", str(parallel)]
-    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx), *slots, "-t", "2", "-lv", "4", *extra]
+    return [
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(ctx),
+        *slots,
+        "-t",
+        ENGINE_THREADS,
+        "-lv",
+        "4",
+        *extra,
+    ]
 
 
 def process_gone(pid: int, timeout_s: float = 20) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT
-from tests.support.engines import first_json_document
+from tests.support.engines import ENGINE_THREADS, first_json_document
 
 __all__ = ["serving"]
 
@@ -30,7 +30,7 @@ def serving(
         args = (*args, "--flash-attn", "off")
     env = {**os.environ, "TIERLOCAL_HOME": str(home), "GGML_VK_VISIBLE_DEVICES": "0", "TIERLOCAL_LLAMA_SERVER": str(binary), **(extra_env or {})}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tierlocal", "serve", str(model or assets.gemma_gguf), "--threads", "2", "--json", *args],
+        [sys.executable, "-m", "tierlocal", "serve", str(model or assets.gemma_gguf), "--threads", ENGINE_THREADS, "--json", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
