@@ -7,6 +7,7 @@ which use the copies tests/assets/prepare.py installs apart from tierlocal."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -20,6 +21,8 @@ import yaml
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 
+pytestmark = pytest.mark.xdist_group("launch")  # one worker: the CLI runs and validator processes are shared (Verdicts)
+
 #: The topologies the issue names: (--gpu, --nodes or None for the plan's own, nodes, GPUs).
 TOPOLOGIES = [("H200", None, 2, 16), ("H100", "4", 4, 32), ("B300", None, 1, 8)]
 CASES = [(emit, engine, *topology) for emit in ("skypilot", "lws") for engine in ("vllm", "sglang") for topology in TOPOLOGIES]
@@ -27,6 +30,12 @@ IDS = [f"{emit}-{engine}-{gpu}" for emit, engine, gpu, *_ in CASES]
 
 
 def emit(*args: str) -> object:
+    """`plan kimi-k3 ARGS --json`, parsed (a copy: the same arguments run the CLI once per worker)."""
+    return copy.deepcopy(_emitted(args))
+
+
+@functools.cache
+def _emitted(args: tuple[str, ...]) -> object:
     result = run_cli("plan", "kimi-k3", *args, "--json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -231,10 +240,11 @@ def test_the_plan_report_shows_both_nodes_commands_and_points_to_emit() -> None:
 # --- the launchers' own validators ---------------------------------------------------------
 
 
-def _validate(assets: Assets, kind: str, spec: object) -> dict[str, object]:
+def _validate_all(assets: Assets, kind: str, specs: list[object]) -> list[dict[str, object]]:
+    """The launcher's verdict on each spec, from one validator process for them all."""
     result = subprocess.run(
         [sys.executable, "-S", str(REPO_ROOT / "tests" / "support" / "launch_validate.py"), kind],
-        input=json.dumps(spec),
+        input=json.dumps(specs),
         capture_output=True,
         text=True,
         timeout=300,
@@ -242,7 +252,45 @@ def _validate(assets: Assets, kind: str, spec: object) -> dict[str, object]:
         cwd=REPO_ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    verdicts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(verdicts) == len(specs)
+    return verdicts  # type: ignore[no-any-return]
+
+
+class Verdicts:
+    """Every spec the validator tests below hand the launchers, validated once per kind the
+    first time one is asked for (SkyPilot's import alone takes seconds: one process per spec
+    was 31 of them). The tests are one xdist group, so one worker validates them all."""
+
+    def __init__(self, assets: Assets) -> None:
+        self._assets = assets
+        self._cache: dict[str, dict[str, dict[str, object]]] = {}
+
+    def __call__(self, kind: str, spec: object) -> dict[str, object]:
+        if kind not in self._cache:
+            specs = _specs_to_validate(kind)
+            verdicts = _validate_all(self._assets, kind, specs)
+            self._cache[kind] = {_key(spec): verdict for spec, verdict in zip(specs, verdicts, strict=True)}
+        return self._cache[kind][_key(spec)]
+
+
+def _key(spec: object) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+def _specs_to_validate(kind: str) -> list[object]:
+    """What the tests below validate of ``kind``: every topology, the other families, and each
+    broken copy."""
+    specs: list[object] = [emit(*_args(kind, engine, gpu, nodes)) for k, engine, gpu, nodes, *_ in CASES if k == kind]
+    specs += [emit("--emit", kind, "--engine", engine, *args) for engine in ("vllm", "sglang") for args in MORE]
+    broken = _broken_skypilot if kind == "skypilot" else _broken_lws
+    specs += [spec for _, spec in broken(emit("--emit", kind, "--gpu", "H200"))]  # type: ignore[arg-type]
+    return specs
+
+
+@pytest.fixture(scope="session")  # not module: a worker's run of the module's tests is interleaved with others'
+def validated(assets: Assets) -> Verdicts:
+    return Verdicts(assets)
 
 
 #: Beyond the issue's three: the ROCm recipe, and GB300 trays of 4 with expert parallel over NVLink.
@@ -252,13 +300,13 @@ MORE = [["--gpu", "MI355X"], ["--gpu", "GB300", "--gpus-per-node", "4", "--nodes
 @pytest.mark.parametrize("args", MORE, ids=["mi355x", "gb300-expert"])
 @pytest.mark.parametrize("kind", ["skypilot", "lws"])
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_the_launchers_accept_the_other_families(assets: Assets, kind: str, engine: str, args: list[str]) -> None:
-    assert _validate(assets, kind, emit("--emit", kind, "--engine", engine, *args)) == {"ok": True, "errors": []}
+def test_the_launchers_accept_the_other_families(validated: Verdicts, kind: str, engine: str, args: list[str]) -> None:
+    assert validated(kind, emit("--emit", kind, "--engine", engine, *args)) == {"ok": True, "errors": []}
 
 
 @pytest.mark.parametrize(("kind", "engine", "gpu", "nodes_arg", "nodes", "gpus"), CASES, ids=IDS)
-def test_the_launchers_accept_every_spec(assets: Assets, kind: str, engine: str, gpu: str, nodes_arg: str | None, nodes: int, gpus: int) -> None:
-    verdict = _validate(assets, kind, emit(*_args(kind, engine, gpu, nodes_arg)))
+def test_the_launchers_accept_every_spec(validated: Verdicts, kind: str, engine: str, gpu: str, nodes_arg: str | None, nodes: int, gpus: int) -> None:
+    verdict = validated(kind, emit(*_args(kind, engine, gpu, nodes_arg)))
     assert verdict == {"ok": True, "errors": []}
 
 
@@ -301,17 +349,16 @@ def _broken_lws(spec: dict) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("index", range(5))
-def test_a_task_broken_on_purpose_is_refused_by_skypilot(assets: Assets, index: int) -> None:
-    """Each broken copy on its own (the validator's start-up dominates; the workers share them out)."""
+def test_a_task_broken_on_purpose_is_refused_by_skypilot(validated: Verdicts, index: int) -> None:
     expected, broken = _broken_skypilot(emit("--emit", "skypilot", "--gpu", "H200"))[index]  # type: ignore[arg-type]
-    verdict = _validate(assets, "skypilot", broken)
+    verdict = validated("skypilot", broken)
     assert verdict["ok"] is False and expected in " ".join(verdict["errors"]), (expected, verdict)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("index", range(6))
-def test_kubernetes_objects_broken_on_purpose_are_refused_by_the_crd_and_kubernetes_validate(assets: Assets, index: int) -> None:
+def test_kubernetes_objects_broken_on_purpose_are_refused_by_the_crd_and_kubernetes_validate(validated: Verdicts, index: int) -> None:
     expected, broken = _broken_lws(emit("--emit", "lws", "--gpu", "H200"))[index]  # type: ignore[arg-type]
-    verdict = _validate(assets, "lws", broken)
+    verdict = validated("lws", broken)
     assert verdict["ok"] is False and expected in " ".join(verdict["errors"]), (expected, verdict)  # type: ignore[arg-type]
 
 

@@ -1,7 +1,8 @@
 """Validate launch specs with the launchers' own code, apart from tierlocal: run as
-``python -S tests/support/launch_validate.py KIND < spec.json`` with PYTHONPATH naming the
-folder tests/assets/prepare.py installed SkyPilot and kubernetes-validate into. Prints one JSON
-object, ``{"ok": bool, "errors": [...]}``.
+``python -S tests/support/launch_validate.py KIND < specs.json`` with PYTHONPATH naming the
+folder tests/assets/prepare.py installed SkyPilot and kubernetes-validate into. Reads a JSON
+list of specs (one interpreter for them all: importing SkyPilot takes seconds) and prints a JSON
+list of verdicts in the same order, each ``{"ok": bool, "errors": [...]}``.
 
 - ``skypilot``: SkyPilot's task schema (``sky.utils.schemas.get_task_schema``), then
   ``sky.Task.from_yaml_config``, which validates resources, storage and the service block and
@@ -14,6 +15,8 @@ object, ``{"ok": bool, "errors": [...]}``.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import sys
 from pathlib import Path
@@ -55,12 +58,20 @@ def _unknown_fields(value: object, schema: dict, where: str) -> list[str]:  # ty
     return found
 
 
+@functools.cache
+def _crd() -> dict:  # type: ignore[type-arg]
+    """The LWS CRD, parsed once per process (with libyaml where PyYAML has it: the pure-Python
+    parser took a second for it, per spec)."""
+    import yaml
+
+    return yaml.load(CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # type: ignore[no-any-return]
+
+
 def validate_lws(documents: list[dict]) -> list[str]:  # type: ignore[type-arg]
     import jsonschema
     import kubernetes_validate
-    import yaml
 
-    crd = yaml.safe_load(CRD.read_text())
+    crd = _crd()
     version = crd["spec"]["versions"][0]
     schema = version["schema"]["openAPIV3Schema"]
     errors: list[str] = []
@@ -82,14 +93,17 @@ def validate_lws(documents: list[dict]) -> list[str]:  # type: ignore[type-arg]
     return errors
 
 
-def main() -> None:
-    kind = sys.argv[1]
-    spec = json.load(sys.stdin)
+def verdict(kind: str, spec: dict) -> dict[str, object]:  # type: ignore[type-arg]
     if kind == "skypilot":
-        errors = validate_skypilot(spec)
+        errors = validate_skypilot(copy.deepcopy(spec))  # sky may fill in what it reads
     else:
         errors = validate_lws(spec["items"] if spec.get("kind") == "List" else [spec])
-    print(json.dumps({"ok": not errors, "errors": errors}))
+    return {"ok": not errors, "errors": errors}
+
+
+def main() -> None:
+    kind = sys.argv[1]
+    print(json.dumps([verdict(kind, spec) for spec in json.load(sys.stdin)]))
 
 
 if __name__ == "__main__":
