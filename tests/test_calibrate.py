@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,9 @@ from tierlocal.errors import CalibrationFailed, EngineFailed
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
 from tierlocal.measure import calibrate
 from tierlocal.measure.calibrate import PROBE_TYPES, PROBES, calibrate_cpu, time_probe
+
+#: The probe of fewest weights (4 blocks of 256): for the tests that need a real probe, not the fit.
+_SMALLEST = next(probe for probe in PROBES if probe.shape.name == "narrow-4")
 
 
 @pytest.mark.serial  # it times the engine: other tests running beside it read as a slow CPU
@@ -96,7 +100,8 @@ def test_timings_that_do_not_fit_are_taken_again_then_a_clear_error(assets: Asse
     """A busy machine can skew the timings until the fit leaves a rate undetermined (CI saw
     "no rate for Q8_0" while other engines ran): the probes are timed once more and fitted
     with both rounds; a second failure is a one-line error, not a traceback. The fit is made to
-    fail here; the timings are the real engine's (one probe, one request: CI's seconds)."""
+    fail here; the timings are the real engine's (the smallest probe, one request: CI's seconds;
+    the widest took a minute of CPU)."""
     fitted: list[int] = []
 
     def never_fits(runs, **kwargs):  # type: ignore[no-untyped-def]
@@ -106,7 +111,7 @@ def test_timings_that_do_not_fit_are_taken_again_then_a_clear_error(assets: Asse
     said: list[str] = []
     monkeypatch.setattr(calibrate, "fit_device_speed", never_fits)
     with pytest.raises(CalibrationFailed, match="the timings do not fit: the probes do not determine a rate for Q8_0") as failed:
-        calibrate_cpu(assets.llama_server_cpu, "test", say=said.append, probes=PROBES[:1], repeats=1)
+        calibrate_cpu(assets.llama_server_cpu, "test", say=said.append, probes=(_SMALLEST,), repeats=1)
     assert fitted == [1, 2]  # the second fit sees both rounds
     assert any("timing the probes once more" in line for line in said) and sum(line.startswith("[1/1]") for line in said) == 2
     assert failed.value.hint and "idle" in failed.value.hint
@@ -136,7 +141,7 @@ def test_a_busy_machine_is_said_and_a_run_past_its_limit_stops_and_cleans_up(ass
     said: list[str] = []
     try:
         with pytest.raises(CalibrationFailed, match=r"calibration ran past its time limit at probe 2 of 2; nothing was filed") as failed:
-            calibrate_cpu(assets.llama_server_cpu, "test", say=said.append, probes=PROBES[-2:-1] * 2, repeats=1, time_limit_s=0.5)
+            calibrate_cpu(assets.llama_server_cpu, "test", say=said.append, probes=(_SMALLEST, _SMALLEST), repeats=1, time_limit_s=0.5)
     finally:
         for burner in burners:
             burner.kill()
@@ -163,10 +168,17 @@ def test_a_stopped_calibration_leaves_nothing_behind(assets: Assets, isolated_en
     lines = []
     for line in process.stderr:
         lines.append(line)
-        if line.startswith("[1/"):
+        if line.startswith("calibrating "):  # said once stale directories are removed, before the first probe
             break
     assert any(f"removed {stale}" in line for line in lines) and not stale.exists()
-    engines = [child for child in psutil.Process(process.pid).children(recursive=True) if child.name() == "llama-server"]
+    # SIGTERM while the first probe's engine runs (not once its timing is done: the widest
+    # probe took a minute of CPU, and between probes no engine was left to check on).
+    deadline = time.monotonic() + 120
+    engines: list[psutil.Process] = []
+    while not engines and time.monotonic() < deadline and process.poll() is None:
+        engines = [child for child in psutil.Process(process.pid).children(recursive=True) if child.name() == "llama-server"]
+        time.sleep(0.1)
+    assert engines, "no llama-server started for the first probe"
     assert _scratch_dirs(process.pid)
     process.send_signal(signal.SIGTERM)
     process.wait(60)
