@@ -83,6 +83,14 @@ def _quit(ui: Tmux, key: str = "q") -> None:
     ui.wait_for(lambda text: "EXITED 0" in text, 10, f"a clean exit on {key}")
 
 
+def _filter(ui: Tmux, words: str) -> None:
+    """Open the filter box, and type into it once it shows: on a busy machine keys sent before
+    the box is drawn reach the table, not the box (CI once saw an empty box and no filter)."""
+    ui.send("/")
+    ui.wait_for(lambda text: "filter: words in the model" in text, 10, "the filter box")
+    ui.send(words, "Enter")
+
+
 def test_live_shows_a_real_serve_and_gateway_updating_and_a_filter_changes_the_table(assets: Assets, tmp_path: Path) -> None:
     home = tmp_path / "home"
     port = free_port()
@@ -128,7 +136,7 @@ def test_live_shows_a_real_serve_and_gateway_updating_and_a_filter_changes_the_t
                 before = ui.wait_for(lambda text: re.search(r"(\d+)/(\d+) shown", text) is not None, 20, "the What fits table")
                 shown_before = re.search(r"(\d+)/(\d+) shown", before)
                 assert shown_before is not None and shown_before.group(1) == shown_before.group(2)
-                ui.send("/", "gemma-3 ", "Enter")
+                _filter(ui, "gemma-3 ")
                 after = ui.wait_for(lambda text: "filter “gemma-3”" in text, 10, "the filtered table")
                 shown_after = re.search(r"(\d+)/(\d+) shown", after)
                 assert shown_after is not None and 0 < int(shown_after.group(1)) < int(shown_before.group(1))
@@ -160,7 +168,7 @@ def test_the_pull_and_serve_keys_fetch_the_selection_and_start_a_serve_live_show
         try:
             with tmux_session(argv, env) as ui:
                 ui.wait_for(lambda text: re.search(r"\d+/\d+ shown", text) is not None, 20, "the What fits table")
-                ui.send("/", "gemma-3-270m q4_k_m", "Enter")
+                _filter(ui, "gemma-3-270m q4_k_m")
                 screen = ui.wait_for(
                     lambda text: re.search(r"^ gemma-3-270m\s+Q4_K_M", text, re.M) is not None and "1/" in text, 10, "the one Gemma row"
                 )
