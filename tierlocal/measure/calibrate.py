@@ -54,6 +54,11 @@ __all__ = [
 PROBE_TYPES = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "IQ4_NL", "Q5_0", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16")
 #: Tokens generated per timed request.
 DECODE_TOKENS = 32
+#: Prompt tokens of the warm-up request before a probe's timed ones: a batch, so it runs the
+#: batched matrix kernels the timed prompts run, and the decode after it the one-row ones; the
+#: engine has reserved its buffers and touched every weight at load already. A full-length
+#: warm-up was about 40% of `--quick`'s time.
+WARMUP_TOKENS = 64
 #: Longest the engine may take to load a probe (s).
 LOAD_TIMEOUT_S = 120.0
 #: Longest a calibration may run (s), with three timed runs per probe and with one (--quick):
@@ -121,7 +126,8 @@ def _timed(client: httpx2.Client, url: str, prompt: int) -> tuple[float, float]:
 
 def time_probe(binary: Path, model: Path, prompt: int, *, log_dir: Path, repeats: int = 3, warmup: int | None = None) -> tuple[float, float]:
     """Load ``model`` in ``binary`` and time ``repeats`` requests of ``prompt`` tokens after a
-    warm-up request of ``warmup`` tokens (default: as long); the median of each figure.
+    warm-up request of ``warmup`` tokens (default :data:`WARMUP_TOKENS`, or the prompt's length
+    when shorter); the median of each figure.
 
     Raises:
         EngineFailed: the engine did not load the probe or did not answer.
@@ -141,7 +147,7 @@ def time_probe(binary: Path, model: Path, prompt: int, *, log_dir: Path, repeats
         import httpx2  # the HTTP client loads when probes run, not with every command
 
         with httpx2.Client(timeout=600.0) as client:
-            _timed(client, url, warmup or prompt)  # a warm-up: first-use allocations and a cold CPU are not speed
+            _timed(client, url, warmup or min(prompt, WARMUP_TOKENS))  # a warm-up: first-use allocations and a cold CPU are not speed
             results = [_timed(client, url, prompt) for _ in range(repeats)]
         return statistics.median(r[0] for r in results), statistics.median(r[1] for r in results)
     finally:
