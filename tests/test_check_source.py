@@ -27,28 +27,24 @@ def _check(assets: Assets, *args: str) -> dict:  # type: ignore[type-arg]
     return json.loads(result.stdout)  # type: ignore[no-any-return]
 
 
+def _load_log(assets: Assets, command: list[str], tmp_path: Path) -> str:
+    """The load log of the Vulkan llama-server started with the arguments of ``command`` (a
+    plan's printed ``llama-server …``) on loopback, with trace-level logs."""
+    port = free_port()
+    argv = [str(assets.llama_server_vulkan), *command[1:], "--host", "127.0.0.1", "--port", str(port), "-lv", "4", "-t", ENGINE_THREADS]
+    with running(
+        [*argv, "--no-warmup"], tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}
+    ) as log_path:
+        return log_path.read_text()
+
+
 @pytest.mark.parametrize("args", [("--ctx", "max"), ("--ctx", "8192", "--parallel", "max"), ("--ctx", "4096", "--ngl", "7")])
 def test_the_printed_command_loads_as_planned(assets: Assets, tmp_path: Path, args: tuple[str, ...]) -> None:
     plan = _check(assets, *args)
     assert plan["fits"] is True
     command = plan["command"]
     assert command[:3] == ["llama-server", "-m", str(assets.gemma_gguf)]
-    port = free_port()
-    argv = [
-        str(assets.llama_server_vulkan),
-        *command[1:],
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-lv",
-        "4",
-        "-t",
-        ENGINE_THREADS,
-        "--no-warmup",
-    ]
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
-        log = log_path.read_text()
+    log = _load_log(assets, command, tmp_path)
     assert "failed to allocate" not in log
     assert f"offloaded {plan['layers_offloaded']}/{plan['layers_total']} layers to GPU" in log
     assert re.search(rf"n_ctx\s+= {plan['request']['ctx']}\b", log)
@@ -235,22 +231,7 @@ def test_a_gpu_too_small_for_anything_plans_the_cpu_alone(assets: Assets, tmp_pa
     command = plan["command"]
     assert command[command.index("-dev") + 1] == "none" and plan["layers_offloaded"] == 0
     assert [device["backend"] for device in plan["devices"]] == ["cpu"]
-    port = free_port()
-    argv = [
-        str(assets.llama_server_vulkan),
-        *plan["command"][1:],
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-lv",
-        "4",
-        "-t",
-        ENGINE_THREADS,
-        "--no-warmup",
-    ]
-    with running(argv, tmp_path / "server.log", f"http://127.0.0.1:{port}/health", env={"GGML_VK_VISIBLE_DEVICES": "0"}) as log_path:
-        log = log_path.read_text()
+    log = _load_log(assets, plan["command"], tmp_path)
     assert "Vulkan0 model buffer" not in log and "Vulkan0 compute buffer" not in log and "Vulkan0 KV buffer" not in log
     assert re.search(r"n_ctx\s+= 2048\b", log)
 
