@@ -26,6 +26,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engines)
+    items.sort(key=_start_order)
+
+
+def _start_order(item: pytest.Item) -> int:
+    """Tests marked ``serial`` first, then those marked ``long``, then the rest in file order
+    (a stable sort; xdist hands tests out in this order, ``--no-loadscope-reorder``). A serial
+    test started mid-run waits for every running test to finish while the idle workers wait
+    with it; at the start nothing is running yet. A long test left to the end runs alone on a
+    machine whose other cores have nothing left to do."""
+    if item.get_closest_marker("serial"):
+        return 0
+    return 1 if item.get_closest_marker("long") else 2
 
 
 @pytest.fixture(scope="session")

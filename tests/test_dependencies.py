@@ -14,6 +14,8 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "tierlocal"
@@ -76,6 +78,7 @@ def test_the_static_check_knows_a_transitive_package_is_not_declared() -> None:
     assert "gguf" in core and "tqdm" not in core | extras and "numpy" in core
 
 
+@pytest.mark.long
 def test_a_venv_of_the_declared_dependencies_imports_every_module(tmp_path: Path) -> None:
     """Built as a user would install it (pip install ., no extras), outside the checkout so
     the source tree cannot stand in for the installed package."""

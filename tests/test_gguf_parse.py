@@ -34,6 +34,7 @@ class CountingReader:
             return handle.read(length)
 
 
+@pytest.mark.long
 def test_gemma_header_matches_the_gguf_package_reader(gemma: Path) -> None:
     header = parse_header(CountingReader(gemma))
     reference = GGUFReader(gemma)

@@ -154,6 +154,7 @@ def test_cpu_compute_buffer_matches_llama_server(assets: Assets, tmp_path: Path,
     assert predicted == pytest.approx(actual, rel=0.006 if flash_attn == "on" else 0.03)
 
 
+@pytest.mark.long
 def test_moe_expert_offload_matches_llama_server(assets: Assets, tmp_path: Path) -> None:
     """--n-cpu-moe on a sparse Qwen3-30B-A3B: every layer on the device, the experts of the
     first 46 blocks on the CPU."""
@@ -468,6 +469,7 @@ def test_rwkv6_state_matches_the_real_engine(assets: Assets, tmp_path: Path) -> 
     assert "KV buffer size" not in log
 
 
+@pytest.mark.long
 def test_jamba_state_and_attention_kv_match_the_real_engine(assets: Assets, tmp_path: Path) -> None:
     """AI21-Jamba-1.5-Mini's first 8 blocks (one period of its pattern): 7 Mamba-1 blocks keep (d_conv − 1)·
     d_inner + d_state·d_inner float32 per sequence, block 4's attention 8 KV heads of 128."""

@@ -22,6 +22,7 @@ from tests.support.engines import ENGINE_THREADS, free_port, process_gone
 from tests.support.serving import serving
 
 
+@pytest.mark.long
 def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_path: Path) -> None:
     port = free_port()
     # 1650 MiB minus tierlocal's 512 MiB runtime allowance and 1 GiB margin leaves ~114 MiB:
@@ -414,6 +415,7 @@ def test_systemd_notify_protocol_on_a_real_socket(assets: Assets, tmp_path: Path
             assert listener.recv(4096).decode() == "STOPPING=1"
 
 
+@pytest.mark.long
 def test_a_recorded_load_corrects_the_next_estimate(assets: Assets, tmp_path: Path) -> None:
     args = ("--gpu", "1650MiB", "--ctx", "2048", "--parallel", "2", "--port", str(free_port()))
     with serving(assets, tmp_path, *args, vulkan=True) as (first_process, first):

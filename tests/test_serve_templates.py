@@ -82,6 +82,7 @@ def test_the_same_engine_without_tierlocal_falls_back_to_chatml(assets: Assets, 
         assert any(marker in _chat(port) for marker in CHATML_MARKERS)
 
 
+@pytest.mark.long
 def test_a_file_with_its_own_template_keeps_it(assets: Assets, tmp_path: Path) -> None:
     own = with_chat_template(assets.gemma_gguf, tmp_path / "gemma-own.gguf", (TEMPLATES / "google-gemma-2-2b-it.jinja").read_text())
     with serving(assets, tmp_path, "--ctx", "1024", "--port", str(free_port()), model=own) as (_, ready):
@@ -93,6 +94,7 @@ def test_a_file_with_its_own_template_keeps_it(assets: Assets, tmp_path: Path) -
         assert check["chat_template"]["status"] == "present" and "--chat-template" not in check["command"]
 
 
+@pytest.mark.long
 def test_a_template_the_engine_cannot_parse_is_replaced_by_its_familys_built_in(assets: Assets, tmp_path: Path) -> None:
     """llama-server alone exits at load on this file (tests/fixtures/loadlogs/fail-chat-template.log)."""
     broken = with_chat_template(assets.gemma_gguf, tmp_path / "gemma-broken.gguf", "{% for m in messages %}<start_of_turn>{{ m.content }{% endfor %}")

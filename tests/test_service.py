@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import httpx2
+import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
@@ -316,6 +317,7 @@ def test_chat_template_reaches_the_unit_a_file_by_its_resolved_path(tmp_path: Pa
         assert next(line for line in unit.stdout.splitlines() if line.startswith("ExecStart=")).endswith(expected)
 
 
+@pytest.mark.long
 def test_the_installed_unit_starts_under_a_real_systemd_and_answers(assets: Assets, tmp_path: Path, unit_python: Path) -> None:
     """The unit `service install serve` writes, started by systemd 252 itself (booted in its own
     namespaces, tests/support/systemd_container.py): READY=1 makes `systemctl start` return, the

@@ -57,6 +57,7 @@ def _sign_in(browser: Any, base: str, key: str) -> None:
     WebDriverWait(browser, 15).until(lambda driver: driver.current_url.endswith("/ui/machine"))
 
 
+@pytest.mark.long
 def test_a_browser_signs_in_and_sees_the_plan_live_slots_and_spend(assets: Assets, tmp_path: Path) -> None:
     port, hosted_port = free_port(), free_port()
     home = tmp_path / "home"
