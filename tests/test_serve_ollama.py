@@ -15,7 +15,7 @@ import ollama
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import ENGINE_THREADS, first_json_document, free_port, process_gone, running
+from tests.support.engines import ENGINE_THREADS, first_json_document, free_port, own_home, process_gone, running
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -23,7 +23,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
         **os.environ,
         "TIERLOCAL_HOME": str(tmp_path / "tl"),
         "OLLAMA_MODELS": str(tmp_path / "models"),
-        "HOME": str(tmp_path / "home"),
+        **own_home(tmp_path / "home"),
     }
 
 

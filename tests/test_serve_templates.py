@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import first_json_document, free_port, llama_server_argv, running
+from tests.support.engines import first_json_document, free_port, llama_server_argv, own_home, running
 from tests.support.serving import serving
 from tests.support.templated import with_chat_template
 from tierlocal.engines.flags import parse_help
@@ -126,7 +126,7 @@ def test_chat_template_flag_names_files_and_mistakes(assets: Assets, tmp_path: P
 
 
 def _ollama_serve(assets: Assets, tmp_path: Path, port: int) -> subprocess.Popen[str]:
-    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl"), "OLLAMA_MODELS": str(tmp_path / "models"), "HOME": str(tmp_path / "home")}
+    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "tl"), "OLLAMA_MODELS": str(tmp_path / "models"), **own_home(tmp_path / "home")}
     argv = [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--engine", "ollama", "--ollama", str(assets.ollama)]
     return subprocess.Popen(
         [*argv, "--port", str(port), "--ctx", "1024", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT

@@ -72,6 +72,13 @@ def running(argv: list[str], log_path: Path, ready_url: str, env: dict[str, str]
 ENGINE_THREADS = "1"
 
 
+def own_home(path: Path) -> dict[str, str]:
+    """``HOME`` for an Ollama of its own (its keys live in ``~/.ollama``), keeping the user's
+    cache directory: a tierlocal run in that environment finds its planning cache there instead
+    of building it again (about 2.5 s of CPU each)."""
+    return {"HOME": str(path), "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")}
+
+
 def llama_server_argv(binary: Path, model: Path, port: int, *extra: str, ctx: int = 1024, parallel: int | None = 1) -> list[str]:
     """llama-server on loopback with trace-level logs (-lv 4: offload and buffer lines);
     ``parallel=None`` leaves -np at llama-server's auto default."""
