@@ -191,3 +191,33 @@ def test_limits_bound_what_is_read() -> None:
     assert "limit 4096" in str(error)
     error = _error(big_string, HeaderLimits(max_header_bytes=1000))
     assert "past 1000 bytes" in str(error)
+
+
+def _string_array(key: bytes, strings: list[bytes]) -> bytes:
+    return _string(key) + struct.pack("<IIQ", GGUFValueType.ARRAY, GGUFValueType.STRING, len(strings)) + b"".join(map(_string, strings))
+
+
+@pytest.mark.parametrize("read_bytes", [100, 1 << 20], ids=["in-100-byte-reads", "in-one-read"])
+def test_a_vocabulary_too_long_to_keep_is_walked_with_every_bound(read_bytes: int) -> None:
+    """Arrays past max_kept_array_elements are skipped string by string (a tight loop over the
+    bytes read so far, the checked read at the edge of them): read in small chunks or at once,
+    the walk lands where the header continues, and a string over the limit, or past the end of
+    the file, is the one precise error."""
+    limits = HeaderLimits(max_kept_array_elements=4, max_string_bytes=64, first_read_bytes=read_bytes, max_read_bytes=read_bytes)
+    vocabulary = [b"tok%d" % i * (i % 7) for i in range(3000)]  # 0 to 42 bytes each
+    after = _kv_u32(b"llama.block_count", 7)
+    data = _gguf([_string_array(b"tokenizer.ggml.tokens", vocabulary), after], [], pad_to=200_000)
+    header = parse_header(BytesReader(data, "vocab.gguf"), limits)
+    assert header.metadata["tokenizer.ggml.tokens"] == ArraySummary("STRING", 3000)
+    assert header.metadata["llama.block_count"] == 7  # the walk ended exactly where the next entry starts
+
+    array_start = len(b"GGUF") + 4 + 8 + 8 + len(_string(b"general.architecture")) + 4 + len(_string(b"llama"))
+    first_string = array_start + len(_string(b"tokenizer.ggml.tokens")) + 4 + 4 + 8
+    too_long = [b"a", b"bb", b"x" * 65, b"c", b"d"]
+    error = _error(_gguf([_string_array(b"tokenizer.ggml.tokens", too_long)], []), limits)
+    assert error.offset == first_string + len(_string(b"a")) + len(_string(b"bb")), str(error)
+    assert "tokenizer.ggml.tokens[2] claims 65 bytes (limit 64)" in str(error)
+
+    cut = _gguf([_string_array(b"tokenizer.ggml.tokens", [b"ab"] * 40)], [], pad_to=0)[:-1]  # the last string is a byte short
+    error = _error(cut, limits)
+    assert "tokenizer.ggml.tokens[39]" in str(error) and "the file ends after" in str(error)

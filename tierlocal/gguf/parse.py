@@ -127,6 +127,7 @@ _SCALAR_FORMATS: dict[GGUFValueType, str] = {
     GGUFValueType.FLOAT64: "<d",
 }
 _SCALAR_SIZES = {vtype: struct.calcsize(fmt) for vtype, fmt in _SCALAR_FORMATS.items()}
+_U64 = struct.Struct("<Q")
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 _MIN_KV_BYTES = 8 + 4  # key length, value type
 
@@ -201,21 +202,35 @@ class _Cursor:
             raise self.fail(f"{what} is not valid UTF-8", start) from None
 
     def skip_strings(self, count: int, what: str) -> None:
-        """Skip ``count`` strings; a tight loop, since a vocabulary holds ~10^5 of them."""
+        """Skip ``count`` strings. A vocabulary holds ~10^5 of them, and every `check` of a file
+        walks them: a tight loop over the bytes already read (Gemma 3's 262,144 tokens: ~22 ms
+        on a 2-core EPYC, against ~50 ms for a loop that kept ``self.pos`` current), and the
+        checked read — which fetches more of the header, or fails naming the string and its
+        offset — for a string not wholly within them."""
         limit = self.limits.max_string_bytes
-        buffer = self.buffer
-        unpack_length = struct.Struct("<Q").unpack_from
-        for index in range(count):
-            pos = self.pos
-            if pos + 8 <= len(buffer):
-                length = unpack_length(buffer, pos)[0]
-                if length <= limit and pos + 8 + length <= len(buffer):
-                    self.pos = pos + 8 + length
-                    continue
+        unpack_length = _U64.unpack_from
+        index = 0
+        while index < count:
+            buffer, pos = self.buffer, self.pos
+            size, first = len(buffer), index
+            try:
+                # a for loop: the while loop's own counting took half as long again
+                for index in range(first, count):  # noqa: B007 (where it stopped is used below)
+                    length = unpack_length(buffer, pos)[0]  # struct.error past the bytes read
+                    if length > limit or pos + 8 + length > size:
+                        break
+                    pos += 8 + length
+                else:
+                    self.pos = pos
+                    return
+            except struct.error:
+                pass
+            self.pos = pos
             length = self.u64(f"length of {what}[{index}]")
             if length > limit:
                 raise self.fail(f"{what}[{index}] claims {length} bytes (limit {limit})", pos)
             self.skip(length, f"{what}[{index}]")
+            index += 1
 
 
 def _value_type(cursor: _Cursor, what: str) -> GGUFValueType:
