@@ -30,14 +30,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _start_order(item: pytest.Item) -> int:
-    """Tests marked ``serial`` first, then those marked ``long``, then the rest in file order
-    (a stable sort; xdist hands tests out in this order, ``--no-loadscope-reorder``). A serial
-    test started mid-run waits for every running test to finish while the idle workers wait
-    with it; at the start nothing is running yet. A long test left to the end runs alone on a
-    machine whose other cores have nothing left to do."""
+    """Tests marked ``serial`` first, then those marked ``long``, then the other engine tests,
+    then the rest — 500 tests that need no engine, a second or two each — each kind in file
+    order (a stable sort; xdist hands tests out in this order, ``--no-loadscope-reorder``). A
+    serial test started mid-run waits for every running test to finish while the idle workers
+    wait with it; at the start nothing is running yet. A long test left to the end runs alone
+    on a machine whose other cores have nothing left to do; short ones end together."""
     if item.get_closest_marker("serial"):
         return 0
-    return 1 if item.get_closest_marker("long") else 2
+    if item.get_closest_marker("long"):
+        return 1
+    return 2 if item.get_closest_marker("engines") else 3
 
 
 @pytest.fixture(scope="session")
