@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,29 +67,39 @@ def test_partial_offload_loads_exactly_the_planned_layers(assets: Assets, tmp_pa
 @pytest.mark.serial  # llvmpipe compiles its shaders on every core: beside other engines its crash came after 400 s
 def test_flash_attention_on_llvmpipe_fails_before_ready_with_the_flag_to_try(assets: Assets, tmp_path: Path) -> None:
     """With flash attention on and layers on Mesa's llvmpipe this llama.cpp loads, passes
-    /health, and segfaults on the first real prompt: serve finds out before saying ready."""
-    port = free_port()
-    env = {"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_vulkan), "GGML_VK_VISIBLE_DEVICES": "0"}
-    result = run_cli(
-        "serve",
-        str(assets.gemma_gguf),
-        "--gpu",
-        "1650MiB",
-        "--ctx",
-        "4096",
-        "--port",
-        str(port),
-        "--threads",
-        "2",
-        "--flash-attn",
-        "on",
-        env=env,
-        timeout=400,
-    )
-    assert result.returncode == 1, result.stderr[-2000:]
-    error = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
+    /health, and segfaults on the first real prompt: serve finds out before saying ready.
+    The crash is the engine's, and not every time: a fresh-machine run of 2026-12-05 saw the
+    first chat answered once (serve then said ready, as it should). So up to three serves: one
+    that says ready is stopped, and one must crash and be reported."""
+    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_vulkan), "GGML_VK_VISIBLE_DEVICES": "0"}
+    argv = [sys.executable, "-m", "tierlocal", "serve", str(assets.gemma_gguf), "--gpu", "1650MiB", "--ctx", "4096", "--threads", "2"]
+    for _ in range(3):
+        port = free_port()
+        process = subprocess.Popen(
+            [*argv, "--port", str(port), "--flash-attn", "on", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+        watchdog = threading.Timer(400, process.kill)
+        watchdog.start()
+        try:
+            ready = process.stdout.readline() if process.stdout else ""  # the ready document, or nothing once serve exits
+            if ready:
+                process.send_signal(signal.SIGTERM)  # it answered this time: stop it, try again
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            watchdog.cancel()
+        if not ready:
+            break
+    else:
+        pytest.fail("three serves with flash attention on llvmpipe all answered: the crash this test is about did not happen")
+    assert process.returncode == 1, stderr[-2000:]
+    error = next(line for line in stderr.splitlines() if line.startswith("error: "))
     assert error.startswith("error: llama-server crashed on its first request (signal 11); nothing is served")
-    assert "hint: try --flash-attn off" in result.stderr
+    assert "hint: try --flash-attn off" in stderr
     assert not (tmp_path / "run" / f"serve-{port}.json").exists()  # never reported ready
 
 
