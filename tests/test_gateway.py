@@ -461,6 +461,54 @@ def test_fifty_concurrent_requests_never_overrun_a_budget(tmp_path: Path, hosted
         assert "of $0.005" in table and "$0.00 " not in table + " ", table
 
 
+def test_a_user_added_while_the_gateway_runs_has_the_budget_the_file_gives(tmp_path: Path, hosted_engine: Engine) -> None:
+    """Issue 47: dave, appended to the running gateway's config with a $1 budget and given a key,
+    had his $1.50 worst case sent upstream (no budget at all), while bob was held to his. The
+    running gateway reads [[users]] again when the file changes; a key whose user the file no
+    longer names is refused, never served without limits."""
+    body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + '[[users]]\nname = "bob"\nbudget_usd = 6.0\n'
+    with gateway(tmp_path, body, user="bob", env=ENV) as gw:
+        expensive = {**CHAT, "model": "kimi-k3", "max_tokens": 100_000}  # worst case: 100,000 × $15/M = $1.50 of output
+        with gw.config.open("a") as config:
+            config.write('\n[[users]]\nname = "dave"\nbudget_usd = 1.0\n')
+        added = run_cli("gateway", "keys", "add", "dave", "--config", str(gw.config))
+        assert added.returncode == 0 and "reads its [[users]] again when the file changes" in added.stderr, added.stderr
+        dave = added.stdout.strip()
+        refused = httpx2.post(gw.url + "/chat/completions", json=expensive, headers=gw.headers(dave), timeout=60)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "budget_exceeded", refused.text
+        assert "of $1.00 this month" in refused.json()["error"]["message"], refused.text
+        cheap = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(dave), timeout=60)
+        assert cheap.status_code == 200, cheap.text  # within his budget
+        # dave leaves the file: his key no longer works (it would have no limits at all)
+        gw.config.write_text(gw.config.read_text().replace('[[users]]\nname = "dave"\nbudget_usd = 1.0\n', ""))
+        gone = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(dave), timeout=60)
+        assert gone.status_code == 403 and gone.json()["error"]["code"] == "user_not_configured", gone.text
+        assert "no [[users]] entry" in gone.json()["error"]["message"]
+        assert httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60).status_code == 200
+        # a change to bob's own limits applies from the next request, without a restart
+        gw.config.write_text(gw.config.read_text().replace("budget_usd = 6.0", "budget_usd = 0.000001"))
+        answer = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60)
+        assert answer.status_code == 429 and answer.json()["error"]["code"] == "budget_exceeded", answer.text
+    assert "[[users]] read again" in gw.log_text()
+
+
+def test_usage_names_the_store_it_read_and_refuses_an_empty_default(tmp_path: Path, hosted_engine: Engine) -> None:
+    """Issue 47: `tierlocal usage` without --config read another, empty store and printed empty
+    tables with exit 0."""
+    body = route("kimi-k3", hosted(hosted_engine.url)) + PRICES_TOML + '[[users]]\nname = "bob"\n'
+    with gateway(tmp_path, body, user="bob", env=ENV) as gw:
+        assert httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "kimi-k3"}, headers=gw.headers(), timeout=60).status_code == 200
+        assert f"keys and usage in {gw.state_dir}" in gw.log_text()
+    plain = run_cli("usage")
+    assert plain.returncode == 2 and plain.stdout == ""
+    assert "no gateway has kept usage in" in plain.stderr and "tierlocal usage --config FILE" in plain.stderr, plain.stderr
+    report = run_cli("usage", "--config", str(gw.config), "--json")
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["store"] == str(gw.state_dir) and json.loads(report.stdout)["users"]["bob"]["requests"] == 1
+    text = run_cli("usage", "--config", str(gw.config)).stdout
+    assert text.splitlines()[0].startswith(f"usage from {gw.state_dir} ({gw.config})")
+
+
 # --- secrets and bad input ---------------------------------------------------------------------------
 
 
@@ -657,6 +705,7 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
             assert {"kimi-k3", assets.gemma_gguf.stem} <= models
             answer = api.chat.completions.create(model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Hi"}], max_tokens=3)
             assert answer.usage is not None and answer.usage.completion_tokens == 3
+            assert answer.model == assets.gemma_gguf.stem  # issue 47: it was the engine's path to the file
             # The Gemma file has no template: serve gave llama-server Gemma's, not its ChatML fallback.
             said = api.chat.completions.create(
                 model=assets.gemma_gguf.stem, messages=[{"role": "user", "content": "Say hello"}], max_tokens=16, temperature=0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -14,7 +16,7 @@ from .. import constants
 from ..errors import UsageError
 from ..gateway.config import GatewayConfig, default_config, load_config, name_problem
 from ..gateway.protocol import printable
-from ..gateway.store import open_store
+from ..gateway.store import Store, open_store, store_label
 from ..gateway.usage_report import PERIODS, usage_report
 from ..units import format_usd
 from .common import print_json
@@ -56,6 +58,31 @@ def _config(path: Path | None) -> GatewayConfig:
     return load_config(path) if path is not None else default_config()
 
 
+def _open_store(config: GatewayConfig) -> Store:
+    """The gateway's store, refused when its directory belongs to another account (the
+    service's): what this process wrote there (the database's journal, a lock) would be this
+    account's, and the service could no longer write them.
+
+    Raises:
+        UsageError: the state directory is another account's.
+    """
+    state_dir = config.server.state_dir
+    if config.server.redis_url_env is None and state_dir.is_dir() and (owner := state_dir.stat().st_uid) != os.geteuid():
+        name = _account_name(owner)
+        raise UsageError(
+            f"{state_dir} belongs to {name}, not to you: the gateway running as {name} could not write what this command would write there",
+            hint=f"run it as that account: sudo -u {name} tierlocal gateway …",
+        )
+    return open_store(config)
+
+
+def _account_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
 @click.group(invoke_without_command=True)
 @server_options("1; `service install gateway`: the CPU cores")
 @click.pass_context
@@ -92,7 +119,7 @@ def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
     config = _config(config_path)
     if config.users and config.user(name) is None:
         raise UsageError(f"{config.source}: no [[users]] entry named {name!r}", hint="add one (with its limits and budget) first")
-    store = open_store(config)
+    store = _open_store(config)
     try:
         key = store.add_key(name)
     finally:
@@ -102,6 +129,14 @@ def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
     else:
         click.echo(key)
         click.echo(f"key for {name}: shown once; only its hash is stored in {config.server.state_dir}", err=True)
+    if config.path is not None and config.user(name) is not None:
+        click.echo(
+            f"a gateway running with {config.path} reads its [[users]] again when the file changes: {name}'s limits and budget apply "
+            "from the first request (routes, prices and [server] apply at a restart)",
+            err=True,
+        )
+    elif config.path is not None:
+        click.echo(f"{config.path} names no [[users]]: {name} has no limits and no budget until it does", err=True)
 
 
 @keys.command("list")
@@ -110,7 +145,7 @@ def add_key(name: str, config_path: Path | None, as_json: bool) -> None:
 def list_keys(config_path: Path | None, as_json: bool) -> None:
     """Keys by user, with the first characters of each (never the key)."""
     config = _config(config_path)
-    store = open_store(config)
+    store = _open_store(config)
     try:
         infos = store.list_keys()
     finally:
@@ -129,7 +164,7 @@ def list_keys(config_path: Path | None, as_json: bool) -> None:
 def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
     """Revoke every key of a user, or the one whose shown prefix is given."""
     config = _config(config_path)
-    store = open_store(config)
+    store = _open_store(config)
     try:
         count = store.revoke(user_or_prefix)
     finally:
@@ -153,14 +188,21 @@ def usage(config_path: Path | None, period: str, as_json: bool) -> None:
     """Requests, tokens (prompt, cached, completion) and spend per user and per model, and for a
     hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
     config = _config(config_path)
-    store = open_store(config)
+    where = store_label(config)
+    if config.path is None and config.server.redis_url_env is None and not (config.server.state_dir / "gateway.sqlite3").is_file():
+        raise UsageError(
+            f"no gateway has kept usage in {where} (the built-in configuration's store, for this account's TIERLOCAL_HOME)",
+            hint="give the running gateway's config: tierlocal usage --config FILE",
+        )
+    store = _open_store(config)
     try:
         report = usage_report(config, store, period)
     finally:
         store.close()
     if as_json:
-        print_json(report)
+        print_json({"store": where, **report})
         return
+    click.echo(f"usage from {where} ({config.source}), this {period}" if period != "all" else f"usage from {where} ({config.source}), all of it")
     _render_usage(report)
 
 

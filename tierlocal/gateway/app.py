@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -23,6 +24,7 @@ from .config import GatewayConfig, Route, Target, User
 from .health import poll_target
 from .ledger import Ledger
 from .limiter import limiter_for
+from .live_users import LiveUsers
 from .metrics import Metrics
 from .pricing import worst_case_input_tokens
 from .protocol import printable
@@ -71,6 +73,8 @@ class Gateway:
         self.secrets = tuple(sorted({state.key for state in self.states.values() if state.key}, key=len, reverse=True))
         self.ledger = Ledger(config, store, self.metrics, self.secrets, self.worker)
         self.relay: Relay | None = None  # made at start-up, with the client session
+        self.live_users = LiveUsers(config)
+        self.dashboard: Dashboard | None = None  # made with the application
         self._auth_cache: dict[str, tuple[str | None, float]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -86,7 +90,7 @@ class Gateway:
         app.router.add_get("/v1/models", self._models)
         for path in ENDPOINTS:
             app.router.add_post(path, self._proxy)
-        dashboard = Dashboard(
+        self.dashboard = dashboard = Dashboard(
             self.config,
             self.store,
             authenticate=self.user_for_key,
@@ -123,6 +127,38 @@ class Gateway:
         while True:
             await asyncio.sleep(POLL_INTERVAL_S)
             await self._poll_once()
+
+    def _read_users_again(self) -> None:
+        """Take the config file's [[users]] if they changed."""
+        users = self.live_users.refresh()
+        if users is None:
+            return
+        self.config = replace(self.config, users=users)
+        if self.dashboard is not None:
+            self.dashboard.config = self.config
+
+    def configured_user(self, name: str) -> User:
+        """The user ``name`` authenticated as, with the limits and budget the config file gives
+        them now; a user the file does not name is refused when it names any (the operator's
+        own "local" key excepted), and has no limits only when it names none.
+
+        Raises:
+            Reject: 403, a key whose user has no [[users]] entry.
+        """
+        self._read_users_again()  # a stat of the file; read only when it changed
+        user = self.config.user(name)
+        if user is not None:
+            return user
+        if not self.config.users or name == "local":
+            return User(name)
+        raise Reject(
+            403,
+            f"user {name!r} has a gateway key but no [[users]] entry in the running gateway's config ({self.config.source}): "
+            "add one with its limits and budget (the gateway reads [[users]] again when the file changes)",
+            "permission_error",
+            "user_not_configured",
+            should_retry=False,
+        )
 
     # --- middleware ---------------------------------------------------------------------------
 
@@ -175,7 +211,7 @@ class Gateway:
         user = await self.user_for_key(key)
         if user is None:
             raise Reject(401, "the API key is not a live gateway key", "invalid_request_error", "invalid_api_key", should_retry=False)
-        request[USER] = self.config.user(user) or User(user)
+        request[USER] = self.configured_user(user)
         return await handler(request)
 
     # --- simple routes ------------------------------------------------------------------------

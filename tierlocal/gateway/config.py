@@ -8,7 +8,7 @@ literal ``api_key`` is refused. Errors name the file and the key that is wrong.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,16 +17,15 @@ from .. import constants
 from ..catalog import load_apis
 from ..errors import UsageError
 from ..tiers.arithmetic import ApiPrices
+from .config_users import BUDGET_PERIODS, User, parse_user
 from .config_values import (
     CONFIG_DOCS,
     PRICE_KEYS,
     ROUTE_KEYS,
     SERVER_KEYS,
     TARGET_KEYS,
-    USER_KEYS,
     as_table,
     config_error,
-    flag,
     name_problem,
     positive_int,
     positive_number,
@@ -45,8 +44,6 @@ __all__ = [
     "BUDGET_PERIODS",
 ]
 
-#: Budget periods a user may have.
-BUDGET_PERIODS = ("day", "week", "month")
 #: Most routes, targets per route and users one file may define.
 MAX_ROUTES = 1000
 MAX_TARGETS = 16
@@ -86,6 +83,8 @@ class ServerConfig:
     error_cooldown_s: float = 2.0
     #: Seconds a client may take to send its request body (a slow client gets 408).
     body_timeout_s: float = 30.0
+    #: Whether the file names state_dir (else it follows $TIERLOCAL_HOME of whoever reads the file).
+    state_dir_named: bool = False
 
 
 #: What each tier is, as usage reports and the dashboard name it.
@@ -147,32 +146,14 @@ class Route:
 
 
 @dataclass(frozen=True)
-class User:
-    """A gateway user: limits per minute (None: unlimited) and a budget in USD per period."""
-
-    #: The user's name (unique; no control characters): what `gateway keys add NAME` names.
-    name: str
-    #: Requests admitted per sliding minute (429 with Retry-After above it); none: unlimited.
-    requests_per_minute: int | None = None
-    #: Tokens (prompt and completion) per sliding minute; none: unlimited.
-    tokens_per_minute: int | None = None
-    #: Requests in flight at once; none: unlimited.
-    concurrent_requests: int | None = None
-    #: USD the user may spend on tier-3 targets per budget_period (≥ 0); none: no budget.
-    budget_usd: float | None = None
-    #: The budget's period: day, week or month (calendar, UTC).
-    budget_period: str = "month"
-    #: Sees every user's spend on the dashboard (others see their own).
-    admin: bool = False
-
-
-@dataclass(frozen=True)
 class GatewayConfig:
     server: ServerConfig
     routes: tuple[Route, ...]
     prices: dict[str, ApiPrices]
     users: tuple[User, ...]
     source: str
+    #: The file it was read from (None: the built-in configuration).
+    path: Path | None = None
 
     @cached_property
     def _routes_by_model(self) -> dict[str, Route]:
@@ -247,33 +228,6 @@ def _tier(table: dict[str, object], source: str, where: str) -> tuple[int | None
     return tier, usd_per_hour
 
 
-def _user(raw: object, source: str, where: str) -> User:
-    table = as_table(raw, source, where)
-    unknown = set(table) - USER_KEYS
-    if unknown:
-        raise config_error(source, f"{where}.{sorted(unknown)[0]}", "unknown key", f"[[users]] has: {', '.join(sorted(USER_KEYS))}")
-    name = table.get("name")
-    if not isinstance(name, str) or not name:
-        raise config_error(source, f"{where}.name", "is missing", "each [[users]] needs a name")
-    if problem := name_problem(name):
-        raise config_error(source, f"{where}.name", problem, "use letters, digits and punctuation")
-    budget = table.get("budget_usd")
-    if budget is not None and (not isinstance(budget, int | float) or isinstance(budget, bool) or budget < 0):
-        raise config_error(source, f"{where}.budget_usd", f"must be a number of dollars ≥ 0, not {budget!r}", "or leave it out for no budget")
-    period = table.get("budget_period", "month")
-    if period not in BUDGET_PERIODS:
-        raise config_error(source, f"{where}.budget_period", f"{period!r} is not a period", f"one of: {', '.join(BUDGET_PERIODS)}")
-    return User(
-        name,
-        positive_int(table.get("requests_per_minute"), source, f"{where}.requests_per_minute"),
-        positive_int(table.get("tokens_per_minute"), source, f"{where}.tokens_per_minute"),
-        positive_int(table.get("concurrent_requests"), source, f"{where}.concurrent_requests"),
-        None if budget is None else float(budget),
-        str(period),
-        flag(table.get("admin", False), source, f"{where}.admin"),
-    )
-
-
 def _prices(raw: object, source: str) -> dict[str, ApiPrices]:
     prices = {api.model: api.prices for api in load_apis()}  # dated defaults from recipes/apis.toml
     for model, entry in as_table(raw, source, "prices").items():
@@ -309,7 +263,7 @@ def parse_config(data: dict[str, object], source: str) -> GatewayConfig:
     raw_users = data.get("users", [])
     if not isinstance(raw_users, list) or len(raw_users) > MAX_USERS:
         raise config_error(source, "users", f"must be a list of at most {MAX_USERS} [[users]]", f"see {CONFIG_DOCS}")
-    users = [_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
+    users = [parse_user(raw, source, f"users[{index}]") for index, raw in enumerate(raw_users)]
     if len({user.name for user in users}) != len(users):
         raise config_error(source, "users", "a name appears twice", "each [[users]] name must be unique")
     return GatewayConfig(server, tuple(routes), _prices(data.get("prices", {}), source), tuple(users), source)
@@ -342,6 +296,7 @@ def _server(data: dict[str, object], source: str) -> ServerConfig:
         variable_name(server_table.get("redis_url_env"), source, "server.redis_url_env"),
         positive_number(server_table.get("error_cooldown_s"), source, "server.error_cooldown_s") or defaults.error_cooldown_s,
         positive_number(server_table.get("body_timeout_s"), source, "server.body_timeout_s") or defaults.body_timeout_s,
+        "state_dir" in server_table,
     )
 
 
@@ -385,7 +340,7 @@ def load_config(path: Path) -> GatewayConfig:
         raise UsageError(f"{path}: cannot read it ({exc.strerror})", hint="give the gateway's TOML file with --config") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML: {exc}", hint=f"fix the syntax (see {CONFIG_DOCS})") from None
-    return parse_config(data, str(path))
+    return replace(parse_config(data, str(path)), path=path)
 
 
 def default_config() -> GatewayConfig:

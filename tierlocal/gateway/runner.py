@@ -37,7 +37,7 @@ from .app import create_app
 from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
 from .logs import configure_logging
-from .store import Store, open_store
+from .store import Store, open_store, store_label
 
 __all__ = ["run_gateway", "discover_local_routes", "served_engines", "route_id", "LOCAL_ENGINES"]
 
@@ -113,9 +113,16 @@ def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -
 
 
 def _machine_memory_bytes() -> int:
+    """This machine's GPU memory and RAM; under the gateway unit's sandbox, where /proc/meminfo is
+    hidden (ProcSubset=pid) and so are the GPUs (PrivateDevices=yes), the RAM the kernel reports
+    by sysinfo(2) — enough to tell that a frontier model can never fit."""
     from ..hardware.detect import detect
 
-    machine = detect()
+    try:
+        machine = detect()
+    except OSError as exc:
+        log.info("cannot detect this machine's memory (%s): planning the routes on its RAM alone", exc)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return sum(gpu.total_bytes for gpu in machine.gpus) + machine.ram_total_bytes
 
 
@@ -181,7 +188,12 @@ def _announce(config: GatewayConfig, context: ssl.SSLContext | None, workers: in
     scheme = "https" if context else "http"
     routes = ", ".join(route.model for route in config.routes) or "none"
     processes = f" ({workers} workers)" if workers > 1 else ""
-    print(f"gateway on {scheme}://{config.server.host}:{config.server.port}/v1 — models: {routes}{processes}", file=sys.stderr, flush=True)
+    server = config.server
+    print(
+        f"gateway on {scheme}://{server.host}:{server.port}/v1 — models: {routes}{processes}; keys and usage in {store_label(config)}",
+        file=sys.stderr,
+        flush=True,
+    )
     notify("READY=1", f"STATUS=serving {len(config.routes)} model(s) on port {config.server.port}")
 
 

@@ -11,7 +11,7 @@ from ..config import GatewayConfig
 from .base import KEY_PREFIX, KeyInfo, SharedLimiter, Store, UsageRecord, period_start
 from .sqlite import SqliteStore
 
-__all__ = ["KEY_PREFIX", "KeyInfo", "SharedLimiter", "SqliteStore", "Store", "UsageRecord", "open_store", "period_start"]
+__all__ = ["KEY_PREFIX", "KeyInfo", "SharedLimiter", "SqliteStore", "Store", "UsageRecord", "open_store", "period_start", "store_label"]
 
 
 def open_store(config: GatewayConfig, *, shared_limits: bool = False) -> Store:
@@ -34,3 +34,10 @@ def open_store(config: GatewayConfig, *, shared_limits: bool = False) -> Store:
             hint=f"export {name}=redis://HOST:6379/0 (or hand it over as a systemd credential)",
         )
     return RedisStore(url)
+
+
+def store_label(config: GatewayConfig) -> str:
+    """Where :func:`open_store` keeps the state, in words: the SQLite state directory, or the
+    variable holding the Redis URL (never the URL, which may carry a password)."""
+    name = config.server.redis_url_env
+    return f"Redis (URL in {name})" if name is not None else str(config.server.state_dir)
