@@ -85,10 +85,15 @@ def test_cpuinfo_flags(tmp_path: Path) -> None:
 
 
 def test_unit_memory_lines() -> None:
+    """MemoryHigh covers what the plan lets the cgroup hold — the engine in use, its saved prompts
+    and tierlocal itself (96 MiB) — plus 10%; MemoryMax 25% above it. Issue 47: MemoryHigh was the
+    engine in use + 10% (498M), and the unit's own command reached 642 MiB after 16 requests."""
     lines = memory_limits(1000 * MIB, 8192 * MIB, 24 << 30)
-    assert "MemoryHigh=1100M" in lines and "MemoryMax=10112M" in lines
+    assert "MemoryHigh=10217M" in lines and "MemoryMax=11610M" in lines  # (1000 + 96 + 8192) × 1.1 and × 1.25, rounded up
+    tight = memory_limits(1000 * MIB, 8192 * MIB, 11 << 30)
+    assert "MemoryHigh=10217M" in tight and "\nMemoryMax=" not in tight and "# No MemoryMax: 11610 MiB" in tight
     small = memory_limits(1000 * MIB, 8192 * MIB, 8 << 30)
-    assert "MemoryHigh=1100M" in small and "MemoryMax=" not in small.replace("# No MemoryMax", "")
+    assert "\nMemoryHigh=" not in small and "\nMemoryMax=" not in small and "# No MemoryHigh or MemoryMax" in small
 
 
 @pytest.mark.parametrize(("model", "ctx", "mode"), [("gemma", 8192, "none"), ("lfm2", 8192, "mmap"), ("gemma", 16384, "mmap")])

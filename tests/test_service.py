@@ -16,13 +16,15 @@ import sys
 from pathlib import Path
 
 import httpx2
+import openai
 import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.doc_json import assert_documented
 from tests.support.engines import ENGINE_THREADS, first_json_document, free_port, running
-from tests.support.service_install import outside_private_tmp
+from tests.support.memory_cgroup import memory_cgroup
+from tests.support.service_install import SERVICE_ROOT, outside_private_tmp
 from tests.support.systemd_container import booted_systemd
 
 KEY = "tl-service-key-9876543210"
@@ -121,6 +123,51 @@ def test_the_units_command_serves_with_the_credential_and_notifies(assets: Asset
             _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr[-2000:]
     assert KEY not in stderr
+
+
+def test_the_units_memory_high_is_above_what_its_command_is_charged_in_a_memory_cgroup(assets: Assets, tmp_path: Path) -> None:
+    """Issue 47: the unit's MemoryHigh=498M was below what its own command was charged in a memory
+    cgroup (499 MiB right after load, 642 MiB after 16 requests: llama-server's saved prompts
+    grow, and the cgroup is charged the mapped model's page cache and tierlocal's own process too),
+    so systemd would throttle it in normal use. Here the command runs in a kernel memory cgroup and
+    answers 16 requests of prompts of their own; the most it was charged stays under MemoryHigh."""
+    unit, port = _install(assets, tmp_path)
+    text = unit.read_text()
+    high = re.search(r"^MemoryHigh=(\d+)M$", text, re.MULTILINE)
+    assert high is not None, text
+    argv = shlex.split(next(line for line in text.splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=").replace("%%", "%"))
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    shutil.copy(tmp_path / "key", credentials / "api-key")
+    address = str(tmp_path / "notify.sock")
+    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
+    with memory_cgroup("serve-unit") as cgroup, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(address)
+        listener.settimeout(90)
+        process = subprocess.Popen(
+            cgroup.wrap([*argv, "--threads", ENGINE_THREADS]), env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            while "READY=1" not in listener.recv(4096).decode():
+                pass
+            loaded = cgroup.current_bytes()
+            for number in range(16):  # a prompt of its own each: llama-server saves each one
+                prompt = f"Request {number}: list {number + 3} rivers, {number + 5} hills and {number + 7} towns of a country called Number {number}."
+                answer = httpx2.post(
+                    f"http://127.0.0.1:{port}/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 24},
+                    headers={"Authorization": f"Bearer {KEY}"},
+                    timeout=120,
+                )
+                assert answer.status_code == 200, answer.text
+            peak = cgroup.peak_bytes()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr[-2000:]
+    # the engine and tierlocal were charged (the model's pages too, unless another cgroup read them first), and the saved prompts added
+    assert peak > loaded > 64 * 2**20
+    assert peak < int(high.group(1)) * 2**20, f"charged up to {peak / 2**20:.0f} MiB; the unit's MemoryHigh is {high.group(1)} MiB"
 
 
 def test_ollama_dropin_verifies_and_its_settings_reach_llama_server(assets: Assets, tmp_path: Path) -> None:
@@ -358,3 +405,79 @@ def test_the_installed_unit_starts_under_a_real_systemd_and_answers(assets: Asse
         assert failed.returncode != 0  # ... and it cannot start
         journal = systemd.run("journalctl", "-u", "tierlocal-serve", "--no-pager", "-n", "20").stdout
         assert "Permission denied" in journal, journal[-2000:]  # (203/EXEC here: the interpreter is under /root, closed to nobody)
+
+
+def test_a_gateway_config_without_state_dir_is_refused_for_a_unit(tmp_path: Path) -> None:
+    """Issue 47: for a config without state_dir the unit made the service keep its store under its
+    own TIERLOCAL_HOME (/var/lib/tierlocal/gateway) while `keys add --config` run by the operator
+    kept keys under the operator's home: every teammate's key got 401 from the service."""
+    config = tmp_path / "gateway.toml"
+    config.write_text('[server]\nport = 8090\n[[routes]]\nmodel = "m"\ntargets = [ { url = "http://127.0.0.1:8080/v1", model = "m" } ]\n')
+    refused = run_cli("service", "install", "gateway", "--config", str(config), "--dir", str(tmp_path / "units"), "--no-access-check")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 2, refused.stderr  # error and hint
+    assert "names no [server] state_dir" in refused.stderr and "/var/lib/tierlocal/gateway" in refused.stderr
+    assert 'add state_dir = "/var/lib/tierlocal/gateway" under [server]' in refused.stderr
+    assert not (tmp_path / "units").exists()
+    # With TIERLOCAL_HOME the service's own, the two agree, and the unit is written.
+    dry = ("--dir", str(tmp_path / "units"), "--dry-run", "--no-access-check")
+    same = run_cli("service", "install", "gateway", "--config", str(config), *dry, env={"TIERLOCAL_HOME": "/var/lib/tierlocal"})
+    assert same.returncode == 0 and "ReadWritePaths=/var/lib/tierlocal/gateway" in same.stdout, same.stderr
+
+
+@pytest.mark.long
+def test_keys_made_with_the_config_work_in_the_gateway_unit_under_a_real_systemd(assets: Assets, tmp_path: Path, unit_python: Path) -> None:
+    """Issue 47: the gateway unit and `tierlocal gateway keys add --config` use one store. The
+    unit `service install gateway` writes, started by a real systemd, serves a key made with the
+    config before it started and one made while it runs; `usage --config` reads what it served."""
+    root = SERVICE_ROOT / f"gateway-{os.urandom(4).hex()}"  # outside /tmp, which the container does not see
+    root.mkdir(parents=True)
+    try:
+        engine_port, gateway_port = free_port(), free_port()
+        config = root / "gateway.toml"
+        config.write_text(
+            f'[server]\nport = {gateway_port}\nstate_dir = "{root / "state"}"\n'
+            '[[routes]]\nmodel = "gemma"\ntargets = [ '
+            f'{{ url = "http://127.0.0.1:{engine_port}/v1", model = "gemma" }} ]\n'
+            '[[users]]\nname = "bob"\n[[users]]\nname = "carol"\n'
+        )
+        engine = [str(assets.llama_server_cpu), "-m", str(assets.gemma_gguf), "--port", str(engine_port), "-c", "1024", "-t", ENGINE_THREADS]
+        with (
+            booted_systemd(tmp_path / "systemd") as systemd,
+            running(engine, root / "engine.log", f"http://127.0.0.1:{engine_port}/health"),
+        ):
+            # (no upstream key: this container's systemd hands over no credential, LoadCredential= or SetCredential=; the test
+            # before this one runs the unit's command with one)
+            argv = ("service", "install", "gateway", "--config", str(config), "--workers", "1")
+            written = run_cli(*argv, "--user", "root", "--dir", str(systemd.units), "--no-access-check", python=unit_python)
+            assert written.returncode == 0, written.stderr
+            assert f"ReadWritePaths={root / 'state'}" in (systemd.units / "tierlocal-gateway.service").read_text()
+            assert f"the service keeps keys and usage in {root / 'state'}" in written.stderr
+            # This machine's Python lives under /root, which the unit's ProtectHome=yes hides: the
+            # test opens home directories read-only for it (a drop-in, as an operator would).
+            dropin = systemd.units / "tierlocal-gateway.service.d"
+            dropin.mkdir()
+            (dropin / "python-under-root.conf").write_text("[Service]\nProtectHome=read-only\n")
+
+            # The operator's commands run on the same machine as the service: inside the container (its root is an overlay
+            # of this one's, so what the service writes there is not seen out here).
+            def tierlocal(*args: str) -> str:
+                done = systemd.run(str(unit_python), "-m", "tierlocal", *args, "--config", str(config))
+                assert done.returncode == 0, done.stderr
+                return done.stdout
+
+            bob = tierlocal("gateway", "keys", "add", "bob").strip()
+            assert systemd.run("systemctl", "daemon-reload").returncode == 0
+            started = systemd.run("systemctl", "start", "tierlocal-gateway")
+            journal = systemd.run("journalctl", "-u", "tierlocal-gateway", "--no-pager").stdout
+            assert started.returncode == 0, started.stderr + journal[-3000:]
+            carol = tierlocal("gateway", "keys", "add", "carol").strip()
+            for key in (bob, carol):
+                client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=key, max_retries=0)
+                answer = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+                assert answer.usage is not None and answer.usage.completion_tokens > 0
+            assert f"keys and usage in {root / 'state'}" in systemd.run("journalctl", "-u", "tierlocal-gateway", "--no-pager").stdout
+            usage = json.loads(tierlocal("usage", "--json"))
+            assert {name: row["requests"] for name, row in usage["users"].items()} == {"bob": 1, "carol": 1}
+            assert systemd.run("systemctl", "stop", "tierlocal-gateway").returncode == 0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

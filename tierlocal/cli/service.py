@@ -17,11 +17,13 @@ import click
 from .. import constants
 from ..engines.llama_server import find_llama_server, llama_server_missing
 from ..errors import TierlocalError, UsageError
+from ..gateway.config import GatewayConfig, default_config, load_config
 from ..resolve import resolve_model
 from ..serve.exposure import check_exposure, check_ollama_exposure, is_loopback
 from ..serve.run import ServeOptions
 from ..serve.systemd import (
     STATUS_PROPERTIES,
+    UNIT_HOME,
     GatewayUnit,
     ServeUnit,
     describe_unit,
@@ -33,7 +35,7 @@ from ..serve.systemd import (
     tierlocal_command,
     write_unit,
 )
-from ..serve.unit_access import Needed, Sandbox, ServiceAccount, blocked_paths
+from ..serve.unit_access import Needed, Sandbox, ServiceAccount, blocked_paths, hidden_by
 from .common import ollama_port, print_json, serve_argv, serve_options, serve_options_from
 from .gateway import server_options
 
@@ -138,14 +140,21 @@ def _path_arguments(args: list[str]) -> list[Needed]:
     ]
 
 
-def _check_access(user: str, needed: list[Needed]) -> None:
+#: The files a gateway keeps in its state directory that its account must be able to write.
+STATE_FILES = ("gateway.sqlite3", "local.key")
+#: What the units hide (systemd/*.service.in): serve reads home directories, the gateway does not see them.
+SERVE_SANDBOX = Sandbox(private_tmp=True, protect_home="read-only")
+GATEWAY_SANDBOX = Sandbox(private_tmp=True, protect_home="yes")
+
+
+def _check_access(user: str, needed: list[Needed], sandbox: Sandbox = SERVE_SANDBOX) -> None:
     """Refuse, with what to change, a unit whose account could not reach a file it names.
 
     Raises:
         UsageError: the first blocked file, how many more there are, and the fix for its cause.
     """
     unique = list({item.path.resolve(): item for item in reversed(needed)}.values())[::-1]  # one entry per file, its first name
-    blocked = blocked_paths(unique, ServiceAccount.lookup(user), Sandbox(private_tmp=True, protect_home="read-only"))
+    blocked = blocked_paths(unique, ServiceAccount.lookup(user), sandbox)
     if not blocked:
         return
     first = blocked[0]
@@ -158,6 +167,8 @@ def _check_access(user: str, needed: list[Needed]) -> None:
         ),
         "permissions": f"let {user} read it (chmod o+x on each directory on the way, o+r on the file), or choose an account that can (--user NAME)",
     }
+    if first.needed.write and first.cause == "permissions":
+        hints["permissions"] = f"give it to the account (chown -R {user}: {first.needed.path}), or choose the account that owns it (--user NAME)"
     raise UsageError(
         f"the service account {user!r} could not reach {first.needed.what} {first.needed.path}: {first.why}{more}",
         hint=hints[first.cause] + "; or --no-access-check if an ACL or a drop-in opens it",
@@ -224,18 +235,8 @@ def install_gateway(
     """Write tierlocal-gateway.service: Type=notify, Restart=on-failure, a dedicated user,
     ProtectSystem=strict with the state directory writable, PrivateDevices, and each upstream
     key as a LoadCredential= (never in the unit or on a command line)."""
-    from ..gateway.config import default_config, load_config
-
     config = load_config(config_path.resolve()) if config_path is not None else default_config()
-    pairs: list[tuple[str, Path]] = []
-    for item in credentials:
-        name, _, file = item.partition("=")
-        if not name or not file or "/" in name:
-            raise UsageError(f"--credential {item!r} is not NAME=FILE", hint="e.g. --credential MOONSHOT_API_KEY=/etc/tierlocal/moonshot.key")
-        path = Path(file).resolve()
-        if not path.is_file():
-            raise UsageError(f"--credential {name}: {path} is not a file", hint="write the key into it (chmod 600) first")
-        pairs.append((name, path))
+    pairs = _credential_files(credentials)
     needed = sorted({t.api_key_env or t.api_key_credential or "" for r in config.routes for t in r.targets if t.hosted} - {name for name, _ in pairs})
     args: list[str] = []
     if config_path is not None:
@@ -245,18 +246,91 @@ def install_gateway(
     if port:
         args += ["--port", str(port)]
     args += ["--workers", str(workers or os.cpu_count() or 1)]
-    state_dir = config.server.state_dir if config_path is not None else Path("/var/lib/tierlocal/gateway")
+    state_dir = _gateway_state_dir(config)
     if not skip_access_check:
-        _check_access(user, [*_runtime_files(), *([Needed("the gateway's config", config_path.resolve())] if config_path is not None else [])])
+        config_file = [Needed("the gateway's config", config_path.resolve())] if config_path is not None else []
+        state = [
+            Needed("the gateway's state directory", state_dir, execute=True, write=True),
+            *(Needed(f"the gateway's {name}", state_dir / name, write=True) for name in STATE_FILES if (state_dir / name).exists()),
+        ]
+        _check_access(user, [*_runtime_files(), *config_file, *(state if state_dir.exists() else [])], GATEWAY_SANDBOX)
+        if not state_dir.exists() and (hidden := hidden_by(state_dir, GATEWAY_SANDBOX)) is not None:
+            raise UsageError(
+                f"the gateway's state directory {state_dir}: {hidden[0]}", hint="give [server] state_dir outside /tmp and home directories"
+            )
     text = render_gateway_unit(GatewayUnit(tuple(args), config_path, user, state_dir, tuple(pairs)))
     if needed:
         click.echo(f"note: no --credential for {', '.join(needed)}: those upstreams will be unreachable until the key is handed over", err=True)
     if dry_run:
         click.echo(text, nl=False)
         return
+    _make_state_dir(state_dir, user)
     path = write_unit(directory, "tierlocal-gateway.service", text)
     click.echo(f"wrote {path}")
+    keys = f"--config {config_path.resolve()}" if config_path is not None else ""
+    click.echo(
+        f"the service keeps keys and usage in {state_dir}; make keys as its account: sudo -u {user} "
+        + (
+            f"{' '.join(tierlocal_command())} gateway keys add NAME {keys}"
+            if keys
+            else f"env TIERLOCAL_HOME={UNIT_HOME} tierlocal gateway keys add NAME"
+        ),
+        err=True,
+    )
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-gateway", err=True)
+
+
+def _credential_files(credentials: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """``--credential NAME=FILE`` as (name, absolute file) pairs.
+
+    Raises:
+        UsageError: one is not NAME=FILE, or its file does not exist.
+    """
+    pairs: list[tuple[str, Path]] = []
+    for item in credentials:
+        name, _, file = item.partition("=")
+        if not name or not file or "/" in name:
+            raise UsageError(f"--credential {item!r} is not NAME=FILE", hint="e.g. --credential MOONSHOT_API_KEY=/etc/tierlocal/moonshot.key")
+        path = Path(file).resolve()
+        if not path.is_file():
+            raise UsageError(f"--credential {name}: {path} is not a file", hint="write the key into it (chmod 600) first")
+        pairs.append((name, path))
+    return pairs
+
+
+def _gateway_state_dir(config: GatewayConfig) -> Path:
+    """The one state directory the service and `tierlocal gateway keys add --config` (and
+    `usage`) share: the config's state_dir, or the service's own under its TIERLOCAL_HOME.
+
+    Raises:
+        UsageError: the config names none, so the service and the commands run here would
+            each keep a store of their own.
+    """
+    service_dir = config.server.state_dir if config.server.state_dir_named else UNIT_HOME / "gateway"
+    if config.path is not None and service_dir != config.server.state_dir:
+        raise UsageError(
+            f"{config.path} names no [server] state_dir: the service would keep keys and usage in {service_dir}, "
+            f"and `tierlocal gateway keys add --config` or `usage` run here in {config.server.state_dir}",
+            hint=f'add state_dir = "{service_dir}" under [server], so both use one store',
+        )
+    return service_dir
+
+
+def _make_state_dir(state_dir: Path, user: str) -> None:
+    """Create the state directory (0700) owned by the service's account, so the unit's
+    ReadWritePaths= names a directory that exists and that its account can write."""
+    if state_dir.exists():
+        return
+    state_dir.mkdir(parents=True, mode=0o700)
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        click.echo(f"note: created {state_dir}; once the account {user} exists: chown {user}: {state_dir}", err=True)
+        return
+    try:
+        os.chown(state_dir, account.pw_uid, account.pw_gid)
+    except PermissionError:
+        click.echo(f"note: created {state_dir}, and could not give it to {user}: chown {user}: {state_dir}", err=True)
 
 
 @service.command("status")

@@ -24,6 +24,7 @@ from ..errors import TierlocalError
 
 __all__ = [
     "STATUS_PROPERTIES",
+    "UNIT_HOME",
     "GatewayUnit",
     "ServeUnit",
     "describe_unit",
@@ -38,6 +39,9 @@ __all__ = [
     "tierlocal_command",
     "write_unit",
 ]
+
+#: The TIERLOCAL_HOME (and HOME) the units give their service (Environment= in systemd/*.service.in).
+UNIT_HOME = Path("/var/lib/tierlocal")
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -128,25 +132,36 @@ def render_serve_unit(unit: ServeUnit) -> str:
     )
 
 
-#: Head room above the planned host memory for the cgroup limits.
-MEMORY_LIMIT_MARGIN = 0.10
+#: Head room above the planned host memory: MemoryHigh (reclaim, then throttle) and MemoryMax (the OOM line).
+MEMORY_HIGH_MARGIN = 0.10
+MEMORY_MAX_MARGIN = 0.25
+#: What the unit's cgroup is charged besides llama-server: `tierlocal serve`'s own Python process
+#: (RSS 43 MiB for a Gemma 3 270M serve, 2026-12-05) and the page cache of what it reads while it
+#: runs (its modules, the model's header, the engine's log it writes).
+SUPERVISOR_BYTES = 96 * 2**20
 
 
 def memory_limits(in_use_bytes: int, prompt_cache_bytes: int, ram_total_bytes: int) -> str:
     """The unit's memory lines for a plan whose llama-server holds ``in_use_bytes`` serving
-    full prompts and may add ``prompt_cache_bytes`` of saved prompts: MemoryHigh (reclaim and
-    throttle above it) at the first plus a margin, MemoryMax (the OOM line) at both plus a
-    margin — or, when that is more than the machine has, no MemoryMax and a comment saying so."""
-    high = -(-int(in_use_bytes * (1 + MEMORY_LIMIT_MARGIN)) // 2**20)
-    limit = -(-int((in_use_bytes + prompt_cache_bytes) * (1 + MEMORY_LIMIT_MARGIN)) // 2**20)
+    full prompts and may add ``prompt_cache_bytes`` of saved prompts (its --cache-ram): the cgroup
+    is charged all of that (anonymous memory and the mapped model's page cache alike) plus
+    :data:`SUPERVISOR_BYTES`, so MemoryHigh is that plus a margin — a unit throttled below what
+    its own plan lets the engine hold stalls in normal use — and MemoryMax a wider margin above
+    it; a line that would be more than the machine has is left out, with a comment saying so."""
+    planned = in_use_bytes + SUPERVISOR_BYTES + prompt_cache_bytes
+    high = -(-int(planned * (1 + MEMORY_HIGH_MARGIN)) // 2**20)
+    limit = -(-int(planned * (1 + MEMORY_MAX_MARGIN)) // 2**20)
+    ram = ram_total_bytes / 2**20
     lines = (
-        "# From the plan (tierlocal check SOURCE: system RAM as the kernel counts it): in use "
-        f"{in_use_bytes / 2**20:.0f} MiB, + up to {prompt_cache_bytes / 2**20:.0f} MiB of saved prompts (--cache-ram), + 10%.\n"
-        f"MemoryHigh={high}M\n"
+        "# From the plan (tierlocal check SOURCE: system RAM as the kernel counts it): llama-server in use "
+        f"{in_use_bytes / 2**20:.0f} MiB, + up to {prompt_cache_bytes / 2**20:.0f} MiB of saved prompts (--cache-ram), "
+        f"+ {SUPERVISOR_BYTES / 2**20:.0f} MiB for tierlocal itself; MemoryHigh +10%, MemoryMax +25%.\n"
     )
-    if limit * 2**20 > ram_total_bytes:
-        return lines + f"# No MemoryMax: {limit} MiB would be more than this machine's {ram_total_bytes / 2**20:.0f} MiB of RAM."
-    return lines + f"MemoryMax={limit}M"
+    if high > ram:
+        return lines + f"# No MemoryHigh or MemoryMax: {high} MiB would be more than this machine's {ram:.0f} MiB of RAM."
+    if limit > ram:
+        return lines + f"MemoryHigh={high}M\n# No MemoryMax: {limit} MiB would be more than this machine's {ram:.0f} MiB of RAM."
+    return lines + f"MemoryHigh={high}M\nMemoryMax={limit}M"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-__all__ = ["ServiceAccount", "Sandbox", "Needed", "Blocked", "blocked_paths", "HOME_ROOTS", "PRIVATE_TMP_ROOTS"]
+__all__ = ["ServiceAccount", "Sandbox", "Needed", "Blocked", "blocked_paths", "hidden_by", "HOME_ROOTS", "PRIVATE_TMP_ROOTS"]
 
 #: What ``PrivateTmp=yes`` gives the service its own empty copy of.
 PRIVATE_TMP_ROOTS = (PurePosixPath("/tmp"), PurePosixPath("/var/tmp"))
@@ -63,11 +63,12 @@ class Sandbox:
 @dataclass(frozen=True)
 class Needed:
     """A file the service must reach: ``what`` it is (for the message), its path, and whether it
-    is run (``execute``) or only read."""
+    is run (``execute``; for a directory: entered) and written (``write``) or only read."""
 
     what: str
     path: Path
     execute: bool = False
+    write: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def blocked_paths(needed: Sequence[Needed], account: ServiceAccount, sandbox: Sa
     blocked = []
     for item in needed:
         for candidate in _link_chain(item.path):
-            reason = _hidden(candidate, sandbox) or _denied(candidate, account, item.execute)
+            reason = hidden_by(candidate, sandbox) or _denied(candidate, account, item.execute, item.write)
             if reason is not None:
                 blocked.append(Blocked(item, *reason))
                 break
@@ -116,7 +117,9 @@ def _under(path: Path, roots: Sequence[PurePosixPath]) -> PurePosixPath | None:
     return next((root for root in roots if posix == root or root in posix.parents), None)
 
 
-def _hidden(path: Path, sandbox: Sandbox) -> tuple[str, str] | None:
+def hidden_by(path: Path, sandbox: Sandbox) -> tuple[str, str] | None:
+    """Why ``sandbox`` hides ``path`` from the service, and the cause ("private_tmp" or "home");
+    None: it does not (whether the path exists or not)."""
     root = _under(path, PRIVATE_TMP_ROOTS)
     if sandbox.private_tmp and root is not None:
         return f"{path} is under {root}, which PrivateTmp=yes replaces with the service's own empty directory", "private_tmp"
@@ -126,7 +129,7 @@ def _hidden(path: Path, sandbox: Sandbox) -> tuple[str, str] | None:
     return None
 
 
-def _denied(path: Path, account: ServiceAccount, execute: bool) -> tuple[str, str] | None:
+def _denied(path: Path, account: ServiceAccount, execute: bool, write: bool = False) -> tuple[str, str] | None:
     if account.uid == 0:
         return None
     directories = [*reversed(path.parents)]
@@ -142,9 +145,9 @@ def _denied(path: Path, account: ServiceAccount, execute: bool) -> tuple[str, st
         info = path.stat()
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}", "permissions"
-    wanted = stat.S_IROTH | (stat.S_IXOTH if execute else 0)
+    wanted = stat.S_IROTH | (stat.S_IXOTH if execute else 0) | (stat.S_IWOTH if write else 0)
     if not _allowed(info, account, wanted):
-        verb = "run" if execute else "read"
+        verb = "write" if write else "run" if execute else "read"
         return f"{path} is {stat.filemode(info.st_mode)} ({_owner(info)}): {account.name} cannot {verb} it", "permissions"
     return None
 
