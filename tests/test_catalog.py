@@ -27,9 +27,9 @@ def _without_template(command: list[str]) -> list[str]:
     for arg in command:
         if skip:
             skip = False
-        elif arg == "--chat-template":
+        elif arg in ("--chat-template", "--chat-template-file"):
             skip = True
-        elif arg != "--no-jinja":
+        elif arg not in ("--no-jinja", "--jinja"):
             kept.append(arg)
     return kept
 

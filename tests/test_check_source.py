@@ -155,8 +155,10 @@ def test_an_unmodelled_state_is_named_and_the_architecture_labelled_unverified(t
     assert "Unverified: unverified architecture (minimax-01)" in human and "linear_attention.head_dim" in human
 
 
-def test_a_context_past_the_trained_one_is_said_with_the_rope_scaling_it_needs(tmp_path: Path) -> None:
-    """--ctx 40000 on a model trained for 4,096 once said "fits" and nothing else."""
+def test_a_context_past_the_trained_one_is_planned_at_it_as_llama_server_caps_each_slot(tmp_path: Path) -> None:
+    """--ctx 40000 on a model trained for 4,096 once said "fits" and nothing else; then it planned
+    the whole cache, of which llama-server uses the trained context per slot unless RoPE is
+    stretched (issue 47: a 1,000,192-token cache of which 32,768 per slot were used)."""
     import numpy as np
 
     from tests.support.small_gguf import write_small_gguf
@@ -165,14 +167,16 @@ def test_a_context_past_the_trained_one_is_said_with_the_rope_scaling_it_needs(t
     path = write_small_gguf(tmp_path / "short.gguf", "llama", metadata, {"blk.0.attn_q.weight": np.ones((64, 64), dtype=np.float16)})
     within = json.loads(run_cli("check", str(path), "--ctx", "4096", "--json").stdout)
     assert within["model"]["n_ctx_train"] == 4096 and within["context_note"] is None
-    beyond = json.loads(run_cli("check", str(path), "--ctx", "8192", "--json").stdout)
-    assert beyond["fits"] is True
+    beyond = json.loads(run_cli("check", str(path), "--ctx", "8192", "--parallel", "2", "--json").stdout)
+    assert beyond["fits"] is True and beyond["request"]["ctx_per_slot"] == 4096 and beyond["request"]["ctx"] == 8192
     assert beyond["context_note"] == (
-        "8,192 tokens per slot is more than the 4,096 the model was trained for: past that its answers degrade unless the engine stretches "
-        "RoPE (YaRN, ×2: add -- --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 4096); the memory is planned either way"
+        "8,192 tokens per slot asked; the model was trained for 4,096 and llama-server caps each slot there, so the cache is planned for 4,096 "
+        "per slot (for 8,192, stretch RoPE: -- --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 4096; answers may degrade past 4,096)"
     )
+    assert beyond["command"][beyond["command"].index("-c") + 1] == "8192"  # 2 slots × 4,096
+    assert sum(device["kv_bytes"] for device in beyond["devices"]) == 2 * sum(device["kv_bytes"] for device in within["devices"])
     human = " ".join(run_cli("check", str(path), "--ctx", "8192").stdout.split())
-    assert "Beyond training: 8,192 tokens per slot is more than the 4,096" in human
+    assert "Beyond training: 8,192 tokens per slot asked; the model was trained for 4,096" in human
 
 
 def test_the_prompt_cache_is_capped_at_what_the_plan_leaves(tmp_path: Path) -> None:

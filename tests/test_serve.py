@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -157,6 +158,7 @@ def test_ngl_a_number_and_all_reach_llama_server_resolved(assets: Assets, tmp_pa
 
 
 def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
+    """(RoPE stretched: without it llama-server caps each slot at the trained 32,768 and the plan with it.)"""
     result = run_cli(
         "serve",
         str(assets.gemma_gguf),
@@ -164,11 +166,38 @@ def test_context_too_large_is_refused_before_launch(assets: Assets, tmp_path: Pa
         "16000000",
         "--port",
         str(free_port()),
+        "--",
+        "--rope-scaling",
+        "yarn",
+        "--rope-scale",
+        "500",
+        "--yarn-orig-ctx",
+        "32768",
         env={"TIERLOCAL_HOME": str(tmp_path), "TIERLOCAL_LLAMA_SERVER": str(assets.llama_server_cpu)},
     )
     assert result.returncode == 1
     assert "does not fit this machine as asked" in result.stderr and "nothing was started" in result.stderr
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob("*.log"))
+
+
+def test_a_context_past_the_trained_one_is_planned_as_llama_server_caps_it(assets: Assets, tmp_path: Path) -> None:
+    """Issue 47: `serve --ctx 999999` on a model trained for 32,768 planned (and "held") a
+    1,000,192-token cache of which llama-server used 32,768 per slot ("capping" in its log), and
+    said nothing. Now the plan is the engine's cap, said as a warning; with RoPE stretched
+    (YaRN), llama-server raises the cap and the context is planned as asked."""
+    with serving(assets, tmp_path / "capped", "--ctx", "40000", "--port", str(free_port())) as (process, ready):
+        assert ready["plan"]["request"]["ctx_per_slot"] == ready["actual"]["n_ctx_per_slot"] == 32768
+        assert ready["actual"]["n_ctx"] == 32768 and ready["delta"]["verified"] is True, ready["delta"]
+        assert "capping" not in Path(ready["log"]).read_text()
+        assert "40,000 tokens per slot asked; the model was trained for 32,768" in ready["plan"]["context_note"]
+        process.send_signal(signal.SIGTERM)
+        process.wait(60)
+        said = process.stderr.read() if process.stderr else ""
+    assert "warning: 40,000 tokens per slot asked; the model was trained for 32,768 and llama-server caps each slot there" in said, said
+    stretch = ("--", "--rope-scaling", "yarn", "--rope-scale", "1.25", "--yarn-orig-ctx", "32768")
+    with serving(assets, tmp_path / "stretched", "--ctx", "40960", "--port", str(free_port()), *stretch) as (_process, ready):
+        assert ready["plan"]["request"]["ctx_per_slot"] == ready["actual"]["n_ctx_per_slot"] == 40960
+        assert "capping" not in Path(ready["log"]).read_text() and ready["delta"]["verified"] is True, ready["delta"]
 
 
 def test_a_gpu_the_engine_does_not_see_is_refused_before_launch(assets: Assets, tmp_path: Path) -> None:
@@ -286,6 +315,38 @@ def test_status_live_counts_the_tokens_of_an_answer_in_progress(assets: Assets, 
         # Every token counted in the window is from the answer in progress (llama-server's own
         # counter moves only when it ends): any rate above 0 says it is counted as written.
         assert engine["decode_tokens_per_s"] > 0, engine
+
+
+def test_a_second_serve_on_a_port_in_use_leaves_the_first_alone_and_status_shows_both(assets: Assets, tmp_path: Path) -> None:
+    """Issue 47: a second serve on the port of a running one truncated the running server's log
+    and deleted its state file (status, the dashboard and the gateway lost a server that still
+    answered), and said so in ~900 characters of llama-server log; with two serves on two ports,
+    `status` refused to show either."""
+    home = {"TIERLOCAL_HOME": str(tmp_path)}
+    first_port, second_port = free_port(), free_port()
+    with serving(assets, tmp_path, "--ctx", "1024", "--port", str(first_port)) as (_first, ready):
+        log, state = Path(str(ready["log"])), tmp_path / "run" / f"serve-{first_port}.json"
+        log_bytes = log.stat().st_size
+        again = run_cli("serve", str(assets.gemma_gguf), "--ctx", "1024", "--port", str(first_port), env=home)
+        assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 2, again.stderr  # the error and its hint
+        assert f"error: port {first_port} is used by tierlocal serve (pid " in again.stderr and "choose another --port" in again.stderr
+        assert log.stat().st_size >= log_bytes > 0 and state.is_file()
+        assert run_cli("status", "--port", str(first_port), env=home).returncode == 0
+        with socket.socket() as other:  # a program tierlocal knows nothing of
+            other.bind(("127.0.0.1", 0))
+            other.listen()
+            other_port = other.getsockname()[1]
+            taken = run_cli("serve", str(assets.gemma_gguf), "--ctx", "1024", "--port", str(other_port), env=home)
+        assert taken.returncode == 2 and "is in use by another program" in taken.stderr, taken.stderr
+        assert not (tmp_path / "run" / f"serve-{other_port}.log").exists()
+        with serving(assets, tmp_path, "--ctx", "1024", "--port", str(second_port)):
+            both = run_cli("status", env=home)
+            assert both.returncode == 0, both.stderr
+            assert both.stdout.count("serving http://127.0.0.1:") == 2 and both.stdout.count("plan held") == 2, both.stdout
+            listed = json.loads(run_cli("status", "--json", env=home).stdout)
+            assert sorted(server["url"] for server in listed) == sorted(f"http://127.0.0.1:{p}" for p in (first_port, second_port))
+            for server in listed:
+                assert_documented("status", server)
 
 
 def test_killed_engine_is_reported(assets: Assets, tmp_path: Path) -> None:

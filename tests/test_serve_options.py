@@ -21,6 +21,8 @@ HELP = """\
 --temp N                                temperature
 --swa-full                              use full-size SWA cache
 -nkvo, --no-kv-offload                  disable KV offload
+--rope-scaling {none,linear,yarn}       RoPE frequency scaling method
+--rope-scale N                          RoPE context scaling factor
 """
 
 
@@ -44,6 +46,8 @@ def test_options_after_the_separator() -> None:
     flags = parse_help(HELP)
     assert check_engine_args(("--temp", "0.5", "--swa-full"), flags) == []
     assert check_engine_args(("--temp", "-1"), flags) == []  # a negative number is a value
+    # A choice in braces holds commas: "--rope-scaling {none,linear,yarn}" was read as no option at all.
+    assert check_engine_args(("--rope-scaling", "yarn", "--rope-scale", "2"), flags) == []
     assert "does not model" in check_engine_args(("-nkvo",), flags)[0]
     for args, words in ((("-c", "512"), "use serve's --ctx"), (("--flash-attn=on",), "use serve's --flash-attn"), (("--nope",), "no option --nope")):
         with pytest.raises(UsageError) as caught:

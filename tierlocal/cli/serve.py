@@ -145,9 +145,15 @@ def _render_status(payload: dict[str, object]) -> None:
 @click.option(
     "--window", "window_s", type=click.FloatRange(0.5, 600), default=5.0, show_default=True, help="With --live: seconds between the two samples."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print {plan, actual, delta, …} as one JSON object (with --live: {engines: […]}).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print {plan, actual, delta, …} as one JSON object (a list of them when several run and no --port is given; with --live: {engines: […]}).",
+)
 def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None:
-    """Show the running `tierlocal serve`: its plan, what llama.cpp did, and the delta."""
+    """Show the running `tierlocal serve` (each of them, without --port): its plan, what llama.cpp
+    did, and the delta."""
     running = running_servers(port)
     if not running:
         starting = starting_servers(port)
@@ -165,14 +171,16 @@ def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None
         else:
             _render_live(engines)
         return
-    if len(running) > 1:
-        raise UsageError(f"{len(running)} servers are running", hint="choose one with --port")
     if as_json:
-        print_json(running[0])
-    elif running[0].get("engine") == "ollama":
-        _render_ollama(running[0])
-    else:
-        _render_status(running[0])
+        print_json(running[0] if len(running) == 1 else running)  # several (no --port): a list of the same objects
+        return
+    for index, server in enumerate(running):
+        if index:
+            click.echo("")
+        if server.get("engine") == "ollama":
+            _render_ollama(server)
+        else:
+            _render_status(server)
 
 
 def _live(running: list[dict[str, object]], window_s: float) -> list[dict[str, object]]:

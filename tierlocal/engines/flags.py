@@ -20,8 +20,9 @@ from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 __all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv", "check_engine_args", "PLANNED_OPTIONS"]
 
 # "-fa,   --flash-attn [on|off|auto]   set ..." : an option, an optional argument after one
-# space, then ", " and the next alias; the description starts after two or more spaces.
-_ALIAS = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*)(?: [^\s,-][^\s,]*)?(?:,\s+|(?=\s{2,})|$)")
+# space (a choice in braces may hold commas: "--rope-scaling {none,linear,yarn}"), then ", " and
+# the next alias; the description starts after two or more spaces.
+_ALIAS = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*)(?: (?:\{[^}\s]*\}|[^\s,-][^\s,]*))?(?:,\s+|(?=\s{2,})|$)")
 _VERSION = re.compile(r"version: (\S+) \(build (\d+), commit (\S+)\)")
 # "--chat-template ... list of built-in templates:\n  bailing, chatml, ...\n  (env: ...)"
 _BUILTINS = re.compile(r"list of built-in templates:\s*\n(?P<names>(?:\s+[\w.,\s-]+?\n)+?)\s+\(env:")
@@ -172,14 +173,15 @@ def launch_argv(
 ) -> list[str]:
     """The planned run as ``binary`` takes it: the planned options in its spelling, the bind
     address, ``--fit off`` so llama.cpp does not re-plan what we planned, verbose load lines
-    for the log parser, ``--metrics`` (token and queue counters), the key by file (never on
-    the command line).
+    for the log parser, ``--metrics`` (token and queue counters), the file's name without
+    ``.gguf`` as the model's name (``--alias``, unless given after ``--``), the key by file
+    (never on the command line).
 
     Raises:
         EngineError: a key file is given and the binary cannot read one.
     """
-    # Binaries from before Jinja templates have no --no-jinja: the names are all they take.
-    template_args = tuple(arg for arg in template_args if arg != "--no-jinja" or flags.knows("--no-jinja"))
+    # Binaries from before Jinja templates have no --no-jinja (nor --jinja): the names are all they take.
+    template_args = tuple(arg for arg in template_args if arg not in ("--no-jinja", "--jinja") or flags.knows(arg))
     argv = [
         str(binary),
         "-m",
@@ -201,6 +203,8 @@ def launch_argv(
         argv += ["--metrics"]  # tokens and queue counters for the dashboard's live page
     if threads:
         argv += ["-t", str(threads)]
+    if flags.knows("--alias") and not {"-a", "--alias"} & set(_option_names(engine_args)):
+        argv += ["--alias", model.stem]  # the name answers carry and /v1/models lists (else the file's path)
     if api_key_file is not None:
         if not flags.knows("--api-key-file"):
             raise EngineError(f"{binary} has no --api-key-file", hint="use a newer llama-server; tierlocal never puts the key on the command line")

@@ -48,6 +48,7 @@ _FAILURES = [
     ("crashed", re.compile(r"GGML_ASSERT|GGML_ABORT|pre-allocated tensor .* cannot run|Segmentation fault|terminate called")),
     ("model_error", re.compile(r"error loading model: ")),
     ("load_failed", re.compile(r"exiting due to model loading error|failed to load model")),
+    ("port_in_use", re.compile(r"couldn't bind HTTP server socket")),
     ("chat_template", re.compile(r"common_chat_templates_init: error: |chat template parsing error|failed to apply template")),
 ]
 
@@ -78,7 +79,7 @@ class BufferSizes:
 @dataclass(frozen=True)
 class LoadFailure:
     """A known failure: ``kind`` (unknown_architecture, alloc_failed, vcache_needs_flash_attn,
-    context_exceeded, crashed, model_error, load_failed, chat_template) and the line that said so."""
+    context_exceeded, crashed, model_error, load_failed, port_in_use, chat_template) and the line that said so."""
 
     kind: str
     line: str

@@ -80,23 +80,35 @@ class SourceCheck:
     unknown_state: tuple[str, ...] = ()
     #: The context length the model was trained for (tokens; its header's ``context_length``).
     n_ctx_train: int = 0
+    #: Tokens per slot asked for past the trained context and planned at it instead (0: none).
+    ctx_asked: int = 0
     #: The host is this machine (no ``--ram``): `tierlocal hw --calibrate` could time its CPU.
     host_is_here: bool = True
+    #: Why this CPU's calibration went unused (filed under another engine build), if it did.
+    calibration_note: str | None = None
 
     @property
     def context_note(self) -> str | None:
-        """What planning past the trained context means: llama.cpp runs it (the memory is as
-        planned), but positions beyond training are ones the model never saw, so answers
-        degrade unless the engine stretches RoPE (YaRN) — which tierlocal does not add for you."""
-        if self.estimate is None or not self.n_ctx_train or self.estimate.params.n_ctx_seq <= self.n_ctx_train:
+        """What a context past the trained one means: llama-server caps each slot at the trained
+        context (``n_ctx_slot()`` in its tools/server/server-context.cpp) unless RoPE is stretched
+        with YaRN, which raises the cap to ``--yarn-orig-ctx`` × ``--rope-scale`` (``llama_init_from_model``
+        in src/llama-context.cpp); past the trained context answers may degrade either way."""
+        if self.estimate is None or not self.n_ctx_train:
             return None
-        per_slot = self.estimate.params.n_ctx_seq
-        factor = per_slot / self.n_ctx_train
+        asked = self.ctx_asked or self.estimate.params.n_ctx_seq
+        if asked <= self.n_ctx_train:
+            return None
+        factor = asked / self.n_ctx_train
+        stretch = f"-- --rope-scaling yarn --rope-scale {factor:.3g} --yarn-orig-ctx {self.n_ctx_train}"
+        if self.ctx_asked:
+            return (
+                f"{asked:,} tokens per slot asked; the model was trained for {self.n_ctx_train:,} and llama-server caps each slot there, so "
+                f"the cache is planned for {self.n_ctx_train:,} per slot (for {asked:,}, stretch RoPE: {stretch}; answers may degrade past "
+                f"{self.n_ctx_train:,})"
+            )
         return (
-            f"{per_slot:,} tokens per slot is more than the {self.n_ctx_train:,} the model was trained for: past that its answers degrade "
-            f"unless the engine stretches RoPE (YaRN, ×{factor:.3g}: add -- --rope-scaling yarn --rope-scale {factor:.3g} --yarn-orig-ctx "
-            f"{self.n_ctx_train}); "
-            "the memory is planned either way"
+            f"{asked:,} tokens per slot is more than the {self.n_ctx_train:,} the model was trained for: llama-server caps each slot there "
+            f"unless RoPE is stretched ({stretch}), and past it answers may degrade"
         )
 
     @property
@@ -150,6 +162,7 @@ class SourceCheck:
         }
         payload["devices"] = [device.to_json() for device in estimate.devices]
         payload["context_note"] = self.context_note
+        payload["calibration_note"] = self.calibration_note
         payload["layers_offloaded"] = estimate.layers_offloaded
         payload["layers_total"] = estimate.layers_total
         payload.update(self.headline.to_json())
@@ -233,6 +246,7 @@ class PlanOptions(TypedDict, total=False):
     host_is_here: bool
     detail: bool
     up_to_training: bool
+    cap_at_training: bool
 
 
 def check_source(source: str, headers: list[GGUFHeader], machine: Machine, **options: Unpack[PlanOptions]) -> SourceCheck:
@@ -257,16 +271,17 @@ def check_model(
     host_is_here: bool = True,
     detail: bool = True,
     up_to_training: bool = False,
+    cap_at_training: bool = False,
 ) -> SourceCheck:
     """Plan ``source`` (``spec`` and ``summary`` of its header) on ``machine``: honour what the user set, solve for ``max``; serve with
     ``template`` (None: :func:`default_template`); price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no
     ``--ram``) and ``gpu_speed``. The command names ``model_path`` (default: ``source``, or a placeholder for a remote one). ``ctx`` is
     tokens per slot (None: the most that fit). Without ``detail`` the plan leaves out what only a shown plan prints: the times to first
     token and the q8_0 cache suggestion (a ranking of the catalog plans every entry, and shows a few). With ``up_to_training`` (no
-    --ctx given: ``ctx`` is the default) each slot gets at most the context the model was trained on."""
+    --ctx given: ``ctx`` is the default) each slot gets at most the context the model was trained on; with ``cap_at_training``
+    (one model to serve) an explicit ``ctx`` past it too, as llama-server caps each slot there, and the plan says so."""
     spec = _checked_pair(spec, request)
-    if up_to_training and ctx is not None and spec.n_ctx_train:
-        ctx = min(ctx, spec.n_ctx_train)
+    ctx, ctx_asked = _per_slot(ctx, spec.n_ctx_train, up_to_training=up_to_training, cap_at_training=cap_at_training)
     base, reason = _base_request(request, ctx, parallel)
     estimate, plan, machine, host_only = _plan_here(spec, base, machine, ctx, parallel, keep_gpu=bool(request.ngl))
     template = template or default_template(summary)
@@ -296,11 +311,20 @@ def check_model(
         verified=spec.verified,
         unknown_state=spec.unknown_state,
         n_ctx_train=spec.n_ctx_train,
+        ctx_asked=ctx_asked,
         host_is_here=host_is_here,
     )
 
 
 _Planner = Callable[[RunRequest], RunEstimate | None]
+
+
+def _per_slot(ctx: int | None, n_ctx_train: int, *, up_to_training: bool, cap_at_training: bool) -> tuple[int | None, int]:
+    """The context to plan per slot, and the one asked past the trained context that it replaces
+    (0: none, or ``ctx`` was the default, which is capped silently)."""
+    if ctx is None or not n_ctx_train or ctx <= n_ctx_train or not (up_to_training or cap_at_training):
+        return ctx, 0
+    return n_ctx_train, 0 if up_to_training else ctx
 
 
 def _plan_here(

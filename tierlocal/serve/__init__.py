@@ -28,7 +28,7 @@ def serve(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     Each engine module is imported only when it runs (Ollama's client is a slow import).
 
     Raises:
-        UsageError: llama-server options (after ``--``) for another engine.
+        UsageError: llama-server options (after ``--``) for another engine; the port is taken.
     """
     if options.engine_args and options.engine != "llama-server":
         from ..errors import UsageError
@@ -36,6 +36,9 @@ def serve(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         raise UsageError(
             f"options after -- ({' '.join(options.engine_args)}) go to llama-server only", hint="drop them, or use --engine llama-server"
         )
+    from .port import check_port_free
+
+    check_port_free(options.host, options.port, other_listener_ok=options.engine == "ollama")  # before any file of the port is touched
     if options.engine == "ollama":
         from .ollama import serve_ollama
 

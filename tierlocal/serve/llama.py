@@ -72,7 +72,11 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
     model = read_model(options.model)
     template = resolve_template(options.chat_template, model.summary, flags.chat_templates or None)
     check = plan_for(options, machine, template=template, host_speed=load_calibration(calibration_key(flags.version)), model=model)
-    say(f"chat template: {template.note}")
+    say(f"chat template: {template.llama_server_note}")
+    if template.tools:
+        say(f"tool calls: {template.tools}")
+    if check.context_note:
+        say(f"warning: {check.context_note}")
     if template.warning:
         say(f"warning: {template.warning}")
     with stop_on_signals() as stop:

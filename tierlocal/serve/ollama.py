@@ -86,6 +86,8 @@ def serve_ollama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         if template.warning:
             say(f"warning: {template.warning}")
     check = plan_for(options, machine, template=template, model=model)
+    if check.context_note:
+        say(f"warning: {check.context_note}")
     with stop_on_signals() as stop:
         session = ServeSession(options, model, machine, check, stop, say, on_ready)
         server = _server(session)

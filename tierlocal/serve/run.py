@@ -7,6 +7,7 @@ SIGTERM or Ctrl-C.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -194,6 +195,8 @@ def plan_for(
         machine,
         ctx=parse_ctx(options.ctx) if options.ctx is not None else constants.DEFAULT_CTX,
         up_to_training=options.ctx is None,
+        # llama-server (Ollama's runner too) caps each slot at the trained context, unless told to stretch RoPE past it
+        cap_at_training=options.engine != "python" and not stretches_rope(options.engine_args),
         parallel=parse_parallel(options.parallel),
         request=options.run_request(request),
         template=template,
@@ -206,6 +209,13 @@ def plan_for(
             hint="lower --ctx or --parallel, or see `tierlocal check` for what fits",
         )
     return check
+
+
+def stretches_rope(engine_args: tuple[str, ...]) -> bool:
+    """Whether llama-server options stretch RoPE with YaRN and a scale (``--rope-scaling yarn
+    --rope-scale F``), which raises its cap on a slot's context past the trained one."""
+    words = " ".join(engine_args).replace("=", " ").split()
+    return any(a == "--rope-scaling" and b == "yarn" for a, b in itertools.pairwise(words)) and "--rope-scale" in words
 
 
 def detected_machine(options: ServeOptions, *, llama_server: Path | None = None) -> Machine:
@@ -292,6 +302,8 @@ def launch(
             f"{engine} did not become ready within {timeout:.0f} s; stopped it", hint=f"see {log}; raise --load-timeout for a slow disk"
         )
     details = last_log_lines(child, report)
+    if report.failure("port_in_use"):
+        raise EngineFailed(f"{engine} could not listen on {options.host}:{options.port}: another program holds it", hint="choose another --port")
     if report.failure("chat_template"):
         raise EngineFailed(f"{engine} could not use the chat template: {details}", hint=f"{TEMPLATE_HINT}; see {log}")
     if report.failure("alloc_failed"):

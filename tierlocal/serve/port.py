@@ -1,0 +1,52 @@
+"""Whether the port a serve asks for is free, checked before anything is started and before any
+file of that port (its log, its state) is touched: a second serve on a port in use once truncated
+the running server's log and deleted its state file, so `status`, the dashboard and the gateway
+lost a server that still answered."""
+
+from __future__ import annotations
+
+import socket
+
+from ..errors import UsageError
+from .state import running_servers, starting_servers
+
+__all__ = ["check_port_free", "listening"]
+
+#: Seconds a connection attempt to the port may take before it counts as free.
+CONNECT_TIMEOUT_S = 0.5
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (a wildcard address is asked
+    on loopback)."""
+    address = "127.0.0.1" if host in ("0.0.0.0", "", "*") else "::1" if host == "::" else host
+    try:
+        with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def check_port_free(host: str, port: int, *, other_listener_ok: bool = False) -> None:
+    """Refuse a port a running (or starting) `tierlocal serve` holds, or — unless
+    ``other_listener_ok`` (an Ollama already there is used as it is) — any program listens on.
+
+    Raises:
+        UsageError: the port is taken, naming by whom where tierlocal knows.
+    """
+    holder = next(iter(running_servers(port) + starting_servers(port)), None)
+    if holder is not None:
+        model = _model_of(holder)
+        raise UsageError(
+            f"port {port} is used by tierlocal serve (pid {holder.get('pid')}{f', {model}' if model else ''}, {holder.get('url')})",
+            hint="choose another --port, or stop that serve first",
+        )
+    if not other_listener_ok and listening(host, port):
+        raise UsageError(f"port {port} on {host} is in use by another program", hint="choose another --port, or stop what listens there")
+
+
+def _model_of(server: dict[str, object]) -> str | None:
+    plan = server.get("plan")
+    model = plan.get("model") if isinstance(plan, dict) else None
+    source = model.get("source") if isinstance(model, dict) else None
+    return source if isinstance(source, str) else None
