@@ -13,7 +13,16 @@ import pytest
 from tests.support.cli import run_cli
 from tests.support.sparse_models import LLAMA3_8B, QWEN3_8B, write_sparse_gguf
 from tierlocal.engines.flags import parse_help
-from tierlocal.engines.prompt_formats import PROBE_MESSAGE, PROMPT_FORMATS, TemplateChoice, choose_template, format_for_architecture, render_problem
+from tierlocal.engines.prompt_formats import (
+    CHAT_TEMPLATES_DIR,
+    PROBE_MESSAGE,
+    PROMPT_FORMATS,
+    TemplateChoice,
+    choose_template,
+    format_for_architecture,
+    jinja_template,
+    render_problem,
+)
 from tierlocal.gguf.chat_template import MAX_TEMPLATE_CHARS, ChatTemplateInfo, describe_template
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -72,13 +81,24 @@ def _absent() -> ChatTemplateInfo:
     return describe_template(None)
 
 
-def test_an_absent_template_gets_the_built_in_for_its_architecture() -> None:
+def test_an_absent_template_gets_the_format_of_its_architecture_as_tierlocals_jinja_template() -> None:
     choice = choose_template(_absent(), "gemma3")
     assert (choice.source, choice.name, choice.family) == ("builtin", "gemma", "gemma")
-    # With Jinja on, llama-server takes a name as a literal one-word template: it must be off.
-    assert choice.engine_args == ("--no-jinja", "--chat-template", "gemma")
+    # The built-in (--no-jinja --chat-template gemma) refuses every request with tools: a Jinja file of the same turns.
+    assert choice.engine_args == ("--jinja", "--chat-template-file", str(CHAT_TEMPLATES_DIR / "gemma.jinja"))
+    assert (CHAT_TEMPLATES_DIR / "gemma.jinja").is_file()
     assert choice.prompt_format is PROMPT_FORMATS["gemma"] and choice.warning is None
-    assert choose_template(_absent(), "qwen3moe").name == "chatml"
+    assert choice.tools is not None and "gemma models were not trained on it" in choice.tools
+    assert "tierlocal's Jinja template of llama-server's built-in 'gemma'" in choice.llama_server_note
+    qwen = choose_template(_absent(), "qwen3moe")
+    assert qwen.name == "chatml" and qwen.tools == "described to the model in the <tool_call> convention"
+
+
+def test_every_format_has_a_jinja_template_that_parses() -> None:
+    for name in PROMPT_FORMATS:
+        path = jinja_template(name)
+        assert path is not None and describe_template(path.read_text()).usable, name
+    assert jinja_template("mistral-v7") is None
 
 
 def test_llama_is_llama3_only_with_the_llama3_tokenizer() -> None:
@@ -106,7 +126,11 @@ def test_an_unparseable_template_falls_back_to_the_family_its_markers_show() -> 
 def test_the_users_choice_wins_and_is_checked_against_the_engines_names() -> None:
     present = describe_template((TEMPLATES / "Qwen-Qwen3-0.6B.jinja").read_text())
     named = choose_template(present, "qwen3", requested_name="llama3")
-    assert (named.source, named.engine_args) == ("name", ("--no-jinja", "--chat-template", "llama3"))
+    assert (named.source, named.engine_args) == ("name", ("--jinja", "--chat-template-file", str(CHAT_TEMPLATES_DIR / "llama3.jinja")))
+    # A built-in tierlocal has no Jinja template of is passed by name, and said to refuse tools.
+    other = choose_template(present, "qwen3", requested_name="mistral-v7")
+    assert other.engine_args == ("--no-jinja", "--chat-template", "mistral-v7")
+    assert other.tools is not None and other.tools.startswith("requests with tools fail")
     file_info = describe_template("{% for m in messages %}{{ m.content }}{% endfor %}")
     from_file = choose_template(present, "qwen3", requested_file=("/etc/t.jinja", file_info))
     assert (from_file.source, from_file.engine_args) == ("file", ("--chat-template-file", "/etc/t.jinja"))
@@ -158,7 +182,7 @@ def test_check_and_inspect_report_the_template_and_the_command_carries_the_choic
     assert "--chat-template" not in _check(own)["command"]
     result = _check(none)
     assert (result["chat_template"]["status"], result["chat_template"]["serve"]["name"]) == ("absent", "chatml")
-    assert result["command"][-3:] == ["--no-jinja", "--chat-template", "chatml"]
+    assert result["command"][-3:] == ["--jinja", "--chat-template-file", str(CHAT_TEMPLATES_DIR / "chatml.jinja")]
     result = _check(broken)["chat_template"]
     assert result["status"] == "unparseable" and result["error"].startswith("line 1")
     assert result["serve"]["name"] == "chatml"

@@ -23,7 +23,7 @@ from tests.support.engines import first_json_document, free_port, llama_server_a
 from tests.support.serving import serving
 from tests.support.templated import with_chat_template
 from tierlocal.engines.flags import parse_help
-from tierlocal.engines.prompt_formats import PROBE_MESSAGE, PROMPT_FORMATS
+from tierlocal.engines.prompt_formats import CHAT_TEMPLATES_DIR, PROBE_MESSAGE, PROMPT_FORMATS, jinja_template
 from tierlocal.gguf.chat_template import FAMILY_MARKERS
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -56,7 +56,8 @@ def test_gemma_without_a_template_is_served_with_gemma_turns_not_chatml(assets: 
         template = ready["chat_template"]
         assert (template["source"], template["name"], template["header"]["status"]) == ("builtin", "gemma", "absent")
         argv = ready["argv"]
-        assert argv[argv.index("--chat-template") - 1 : argv.index("--chat-template") + 2] == ["--no-jinja", "--chat-template", "gemma"]
+        at = argv.index("--chat-template-file")
+        assert argv[at - 1 : at + 2] == ["--jinja", "--chat-template-file", str(CHAT_TEMPLATES_DIR / "gemma.jinja")]
         assert template["rendered"] == GEMMA_PROMPT  # what llama-server's /apply-template returned
         answer = _chat(port)
         assert answer and not any(marker in answer for marker in CHATML_MARKERS), answer
@@ -64,7 +65,8 @@ def test_gemma_without_a_template_is_served_with_gemma_turns_not_chatml(assets: 
         assert status["chat_template"] == template
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
-    assert "chat template: the file has no chat template; using llama-server's built-in 'gemma' for gemma3" in stderr
+    assert "chat template: the file has no chat template; using tierlocal's Jinja template of llama-server's built-in 'gemma' for gemma3" in stderr
+    assert "tool calls: described to the model in the <tool_call> convention (gemma models were not trained on it" in stderr
 
 
 def test_the_same_engine_without_tierlocal_falls_back_to_chatml(assets: Assets, tmp_path: Path) -> None:
@@ -173,3 +175,91 @@ def test_go_templates_build_the_prompt_llama_cpps_built_in_builds(assets: Assets
         client.close()
     assert all(marker in prompt for marker in form.turn_markers)
     assert reply.prompt_eval_count == len(tokens), prompt
+
+
+@pytest.mark.parametrize("name", sorted(PROMPT_FORMATS))
+def test_tierlocals_jinja_templates_build_the_prompt_llama_cpps_built_in_builds(assets: Assets, tmp_path: Path, name: str) -> None:
+    """The same four-turn conversation, and one message with the generation prompt, through
+    llama-server's built-in (--no-jinja) and through tierlocal's Jinja template of it: the same
+    prompt, character for character."""
+    path = jinja_template(name)
+    assert path is not None
+    prompts = []
+    for args in (("--no-jinja", "--chat-template", name), ("--jinja", "--chat-template-file", str(path))):
+        port = free_port()
+        argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, *args, ctx=512, parallel=1)
+        with running(argv, tmp_path / f"{args[0]}.log", f"http://127.0.0.1:{port}/health"):
+            url = f"http://127.0.0.1:{port}/apply-template"
+            prompts.append([httpx2.post(url, json={"messages": messages}).json()["prompt"] for messages in (CONVERSATION, CONVERSATION[1:2])])
+    assert prompts[0] == prompts[1]
+    assert all(marker in prompts[1][0] for marker in PROMPT_FORMATS[name].turn_markers)
+
+
+#: An agent's weather tool, as OpenAI's and Anthropic's clients send it.
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+#: Two questions answered through the tool: the third is asked as the model saw the first two answered.
+CITIES = (("Rome", "sunny"), ("Paris", "rainy"))
+
+
+def _openai_history() -> list[dict]:  # type: ignore[type-arg]
+    messages: list[dict] = []  # type: ignore[type-arg]
+    for index, (city, weather) in enumerate(CITIES):
+        call = {"id": f"call_{index}", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+        messages += [
+            {"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{index}", "content": weather},
+            {"role": "assistant", "content": f"It is {weather} in {city}."},
+        ]
+    return [*messages, {"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def _anthropic_history() -> list[dict]:  # type: ignore[type-arg]
+    messages: list[dict] = []  # type: ignore[type-arg]
+    for index, (city, weather) in enumerate(CITIES):
+        messages += [
+            {"role": "user", "content": f"What is the weather in {city}?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{index}", "name": "get_weather", "input": {"city": city}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{index}", "content": weather}]},
+            {"role": "assistant", "content": f"It is {weather} in {city}."},
+        ]
+    return [*messages, {"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def test_tool_calls_work_on_a_model_without_a_template_through_both_clients(assets: Assets, tmp_path: Path) -> None:
+    """Issue 47: the Gemma file has no chat template, and serve gave llama-server its built-in
+    (--no-jinja), so every request with tools — every coding agent's — failed with 500 "tools
+    param requires --jinja flag". With tierlocal's Jinja template the tools reach the prompt, and
+    the call the model writes (greedy, after two calls in the conversation) comes back as a
+    tool call through the real openai and anthropic clients."""
+    import anthropic
+
+    port = free_port()
+    with serving(assets, tmp_path, "--ctx", "2048", "--port", str(port)) as (_process, ready):
+        assert ready["chat_template"]["tools"].startswith("described to the model in the <tool_call> convention")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        answer = client.chat.completions.create(
+            model="gemma",
+            messages=_openai_history(),
+            tools=[{"type": "function", "function": WEATHER}],
+            max_tokens=40,
+            temperature=0,  # type: ignore[arg-type, list-item]
+        )
+        client.close()
+        calls = answer.choices[0].message.tool_calls or []
+        assert [(call.function.name, json.loads(call.function.arguments)) for call in calls] == [("get_weather", {"city": "Oslo"})], answer  # type: ignore[union-attr]
+        messages = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="unused", max_retries=0)
+        reply = messages.messages.create(
+            model="gemma",
+            max_tokens=40,
+            temperature=0,
+            messages=_anthropic_history(),  # type: ignore[arg-type]
+            tools=[{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}],  # type: ignore[list-item]
+        )
+        messages.close()
+        uses = [(block.name, block.input) for block in reply.content if block.type == "tool_use"]
+        assert uses == [("get_weather", {"city": "Oslo"})], reply

@@ -2,25 +2,44 @@
 
 A GGUF's own template (``tokenizer.chat_template``) wins. Without one — or with one the
 engine cannot parse — llama-server silently falls back to ChatML, which a Gemma or Llama
-model was never trained on. So tierlocal picks the engine's built-in format for the
-architecture and passes it explicitly: ``--no-jinja --chat-template NAME`` (with Jinja on,
-llama-server takes the name as a literal one-word template and renders ``"gemma"``), and, for
-Ollama, a Go ``TEMPLATE`` with its stop strings. The Go templates below were written for
-tierlocal from the formats' turn markers; each renders a conversation as the matching
-llama.cpp built-in does, with the generation prompt after a final user turn.
+model was never trained on. So tierlocal picks the format for the architecture and passes it
+explicitly: for llama-server, tierlocal's Jinja template of that format (``--jinja
+--chat-template-file``, chat_templates/ beside this module: the built-in's turns, plus tools,
+which the built-in formats refuse: "tools param requires --jinja flag"), or, for a format it
+has none of, the built-in ``--no-jinja --chat-template NAME`` (with Jinja on, llama-server takes
+the name as a literal one-word template and renders ``"gemma"``); for Ollama, a Go ``TEMPLATE``
+with its stop strings. The Go templates below were written for tierlocal from the formats'
+turn markers; each renders a conversation as the matching llama.cpp built-in does, with the
+generation prompt after a final user turn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..gguf.chat_template import FAMILY_MARKERS, ChatTemplateInfo
 
-__all__ = ["PromptFormat", "PROMPT_FORMATS", "TemplateChoice", "format_for_architecture", "choose_template", "render_problem", "PROBE_MESSAGE"]
+__all__ = [
+    "PromptFormat",
+    "PROMPT_FORMATS",
+    "TemplateChoice",
+    "format_for_architecture",
+    "choose_template",
+    "render_problem",
+    "jinja_template",
+    "PROBE_MESSAGE",
+    "CHAT_TEMPLATES_DIR",
+]
 
 #: The one-message conversation serve renders through the engine before saying ready.
 PROBE_MESSAGE = "Reply with one word."
+#: tierlocal's Jinja templates, one per format of :data:`PROMPT_FORMATS` (NAME.jinja; what they
+#: hold: README.md there).
+CHAT_TEMPLATES_DIR = Path(__file__).with_name("chat_templates")
+#: The formats Qwen 2.5+ and Hermes were trained with tools in: the convention tierlocal's templates use.
+_TOOL_CONVENTION_FAMILIES = frozenset({"chatml"})
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,15 @@ class TemplateChoice:
     warning: str | None = None
     #: The format's details where tierlocal has them (built-in choices only).
     prompt_format: PromptFormat | None = field(default=None, compare=False)
+    #: What becomes of a request with ``tools`` (None: what the file's or the user's template does).
+    tools: str | None = None
+
+    @property
+    def llama_server_note(self) -> str:
+        """The note as llama-server serves it: a format tierlocal has a Jinja template of is that template."""
+        if self.source in ("builtin", "name") and "--chat-template-file" in self.engine_args:
+            return self.note.replace("llama-server's built-in", "tierlocal's Jinja template of llama-server's built-in")
+        return self.note
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -145,13 +173,29 @@ class TemplateChoice:
             "family": self.family,
             "path": self.path,
             "engine_args": list(self.engine_args),
-            "note": self.note,
+            "note": self.llama_server_note,
             "warning": self.warning,
+            "tools": self.tools,
         }
 
 
+def jinja_template(name: str) -> Path | None:
+    """tierlocal's Jinja template of the format ``name`` (None: it has none)."""
+    return CHAT_TEMPLATES_DIR / f"{name}.jinja" if name in PROMPT_FORMATS else None
+
+
 def _builtin(name: str, source: str, note: str) -> TemplateChoice:
-    return TemplateChoice(source, name, name, None, ("--no-jinja", "--chat-template", name), note, None, PROMPT_FORMATS.get(name))
+    """The format ``name``: tierlocal's Jinja template of it where there is one (tools work),
+    else llama-server's built-in (requests with tools fail)."""
+    path = jinja_template(name)
+    if path is None:
+        tools = "requests with tools fail with a built-in format (llama-server needs --jinja for them): pass --chat-template FILE (Jinja)"
+        return TemplateChoice(source, name, name, None, ("--no-jinja", "--chat-template", name), note, None, PROMPT_FORMATS.get(name), tools)
+    trained = name in _TOOL_CONVENTION_FAMILIES
+    tools = "described to the model in the <tool_call> convention" + (
+        "" if trained else f" ({name} models were not trained on it: a small or older one may answer in prose instead)"
+    )
+    return TemplateChoice(source, name, name, None, ("--jinja", "--chat-template-file", str(path)), note, None, PROMPT_FORMATS[name], tools)
 
 
 def choose_template(

@@ -43,6 +43,8 @@ def resolve_template(
         builtins = frozenset(PROMPT_FORMATS)
     elif engine == "python":
         builtins = frozenset(name for name, form in PROMPT_FORMATS.items() if form.python_chat_format)
+    elif builtins is not None:
+        builtins |= frozenset(PROMPT_FORMATS)  # tierlocal's Jinja templates of these, whatever the binary lists
     if requested is not None and Path(requested).is_file():
         if engine != "llama-server":
             raise UsageError(
