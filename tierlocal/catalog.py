@@ -20,9 +20,22 @@ from .cache_file import cached
 from .errors import CatalogError
 from .gguf.compact import from_compact
 from .gguf.parse import GGUFHeader
-from .published import ApiPrices, CardInfo, ModelShape, Precision, PublishedConfig, PublishedRow, QualityFigure, QuantLoss, weights_bytes
+from .published import (
+    LICENCE_USES,
+    ApiPrices,
+    CardInfo,
+    LicenceTerms,
+    ModelShape,
+    Precision,
+    PublishedConfig,
+    PublishedRow,
+    QualityFigure,
+    QuantLoss,
+    weights_bytes,
+)
 
 __all__ = [
+    "load_licences",
     "gpu_key",
     "find_pci_device",
     "gpu_named_in",
@@ -610,6 +623,28 @@ def _frontier_entry(model: FrontierModel) -> ModelEntry:
         facts_date=model.facts_date,
         note=model.no_support,
     )
+
+
+@cache
+def load_licences() -> dict[str, LicenceTerms]:
+    """What each licence id of models.toml allows, from recipes/licences.toml.
+
+    Raises:
+        CatalogError: an entry lacks a field or names a use that is not one of LICENCE_USES.
+    """
+    terms = {}
+    try:
+        for licence, entry in _load("licences.toml")["licence"].items():  # type: ignore[attr-defined]
+            if entry["use"] not in LICENCE_USES:
+                raise CatalogError(
+                    f"recipes/licences.toml: {licence}: use {entry['use']!r} is not one of {', '.join(LICENCE_USES)}", hint="fix the entry"
+                )
+            terms[licence] = LicenceTerms(
+                licence, entry["name"], entry["use"], entry["summary"], entry["source"], str(entry["date"]), bool(entry["read"])
+            )
+    except (KeyError, TypeError) as exc:
+        raise CatalogError(f"recipes/licences.toml: an entry lacks {exc}", hint="fix the entry") from None
+    return terms
 
 
 @cache

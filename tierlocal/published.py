@@ -20,10 +20,42 @@ __all__ = [
     "QuantLoss",
     "weights_bytes",
     "HALF_TYPES",
+    "LICENCE_USES",
+    "LicenceTerms",
 ]
 
 #: Weight types read at the half-precision rate (κ of :mod:`tierlocal.fit.gpu_speed`).
 HALF_TYPES = ("F16", "BF16")
+
+
+#: What a licence lets a business do with the weights, most permissive first.
+LICENCE_USES = ("open", "conditions", "non-commercial")
+
+
+@dataclass(frozen=True)
+class LicenceTerms:
+    """A model licence as its text reads (recipes/licences.toml): ``use`` one of
+    :data:`LICENCE_USES`; ``summary`` the restriction a business meets; ``read`` False where the
+    text itself could not be read and the class rests on the publisher's card."""
+
+    id: str
+    name: str
+    use: str
+    summary: str
+    source: str
+    date: str
+    read: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "use": self.use,
+            "summary": self.summary,
+            "source": self.source,
+            "date": self.date,
+            "read": self.read,
+        }
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ from functools import cache
 from typing import Any, TypeVar, cast
 
 from .cache_file import cached
-from .catalog import ModelEntry, find_frontier, load_gpus, load_host_defaults, load_quality
+from .catalog import ModelEntry, find_frontier, load_gpus, load_host_defaults, load_licences, load_quality
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
 from .fit.recurrent import frontier_per_user_memory
 from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
-from .measure.calibration_cache import calibration_key, load_calibration
+from .measure.calibration_cache import calibration_key, load_calibration, unused_calibration
 from .plan.candidates import CatalogRecommendation
 from .plan.machine import machine_for
 from .plan.quality import ModelQuality, fit_quality
@@ -124,9 +124,11 @@ def catalog_recommendation(
     request: RunRequest | None = None,
     prefer: str = "balanced",
     ctx_up_to_training: bool = False,
+    licence: str = "any",
 ) -> CatalogRecommendation:
     """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots
-    (at most each model's trained context with ``ctx_up_to_training``: no --ctx given).
+    (at most each model's trained context with ``ctx_up_to_training``: no --ctx given), of the
+    licences ``licence`` allows (``any``, ``commercial``, ``open``).
 
     This CPU's calibration prices the host's part only when the host is this machine (no
     ``--ram``): another machine's CPU was never timed here.
@@ -160,9 +162,12 @@ def catalog_recommendation(
         quant_losses=losses,
         prefer=prefer,
         ctx_up_to_training=ctx_up_to_training,
+        licences=load_licences(),
+        licence=licence,
     )
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
-    return replace(recommendation, frontier=frontier)
+    unused = unused_calibration(version) if not hardware.ram_overridden else None
+    return replace(recommendation, frontier=frontier, notes=recommendation.notes + ((unused,) if unused else ()))
 
 
 def _single_machine(name: str, hardware: Hardware, ctx: int) -> SingleMachinePlan | None:

@@ -37,7 +37,8 @@ def render_catalog_recommendation(
     best = recommendation.best
     if best is None:
         out.print(
-            f"[bold]Verdict:[/bold] no catalog model fits this machine at {recommendation.ctx:,} tokens × {recommendation.parallel} slot(s) "
+            f"[bold]Verdict:[/bold] no catalog model{_licensed(recommendation)} fits this machine at {recommendation.ctx:,} tokens × "
+            f"{recommendation.parallel} slot(s) "
             f"and decodes ≥ {recommendation.min_tokens_per_s:g} tok/s; lower --ctx or --min-speed, or use tier 3 (a hosted API)."
         )
         if closest is not None and closest.plan is not None and render_plan is not None:
@@ -48,7 +49,7 @@ def render_catalog_recommendation(
         ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
         out.print(
             f"[bold]Recommended:[/bold] {entry.family} {entry.quant} ({format_count(best.params)} parameters, {best.bits_per_weight:.2f} bits/weight"
-            f"{ollama}) — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`."
+            f"{ollama}) — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`.{_licence_words(best)}"
         )
         if best.note:
             out.print(f"[bold yellow]Note[/bold yellow]: {escape(best.note)}.")
@@ -210,3 +211,20 @@ def _print_single_machine(out: Console, plan: SingleMachinePlan) -> None:
         " RAM: the routed experts. Decode ≤ RAM bandwidth ÷ the experts each token reads (an upper bound; the measured runs reach a fraction of it).",
         markup=False,
     )
+
+
+def _licence_words(candidate: Candidate) -> str:
+    """A licence that restricts use, said where the pick is (nothing for an open one)."""
+    terms = candidate.licence
+    if terms is not None and terms.use == "open":
+        return ""
+    if terms is None:
+        return f" [bold yellow]Licence[/bold yellow] {escape(candidate.entry.licence)}: not in tierlocal's licence notes; read it before use."
+    use = {"conditions": "commercial use under conditions", "non-commercial": "NON-COMMERCIAL"}[terms.use]
+    return (
+        f" [bold yellow]Licence[/bold yellow] {escape(terms.id)}, {use}: {escape(terms.summary)} ({terms.source}; --licence commercial|open filters)."
+    )
+
+
+def _licensed(recommendation: CatalogRecommendation) -> str:
+    return "" if recommendation.licence == "any" else f" of a licence --licence {recommendation.licence} allows"

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import constants
 from ..fit.device_speed import DeviceSpeed
 
-__all__ = ["MAX_ENTRIES", "calibration_key", "load_calibration", "save_calibration"]
+__all__ = ["MAX_ENTRIES", "calibration_key", "load_calibration", "save_calibration", "unused_calibration"]
 
 #: Most calibrations kept in the cache file.
 MAX_ENTRIES = 32
@@ -75,3 +75,33 @@ def load_calibration(key: dict[str, object]) -> DeviceSpeed | None:
             except ValueError:
                 return None
     return None
+
+
+def unused_calibration(engine_version: str | None) -> str | None:
+    """Why this CPU's calibration goes unused, when there is one that the engine found here does
+    not match — a calibration is filed under the engine build that timed it (None: there is none
+    for this CPU, or the engine found here has its own)."""
+    key = calibration_key(engine_version or "")
+    if engine_version is not None and load_calibration(key) is not None:
+        return None
+    cpu = _cpu_part(key)
+    filed = [(entry["key"], entry) for entry in _entries(_cache_path()) if isinstance(entry.get("key"), dict)]
+    mine = [(key, entry) for key, entry in filed if isinstance(key, dict) and _cpu_part(key) == cpu]
+    if not mine:
+        return None
+    key, latest = mine[-1]
+    when = str(latest.get("time", ""))[:10]
+    build = f"llama-server {key.get('engine_version')}"
+    if engine_version is None:
+        return (
+            f"this CPU was calibrated on {when} with {build}, and no llama-server was found here to match it: speeds are ceilings "
+            "until one is (set TIERLOCAL_LLAMA_SERVER to it, or `tierlocal engine build`)"
+        )
+    return (
+        f"this CPU was calibrated on {when} with {build}, not with the llama-server found here ({engine_version}): "
+        "`tierlocal hw --calibrate` times it with this one"
+    )
+
+
+def _cpu_part(key: dict[str, object]) -> dict[str, object]:
+    return {name: value for name, value in key.items() if name != "engine_version"}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..catalog import ModelEntry
 from ..hardware.types import Hardware
+from ..published import LicenceTerms
 from .quality import EntryQuality
 from .rule_of_thumb import Budget, CatalogFit, FrontierVerdict
 from .source import SourceCheck
@@ -43,6 +44,8 @@ class Candidate:
     needed_total_bytes: int | None = None
     #: This file's quality score for the task (None: the model has no published figures).
     quality: EntryQuality | None = None
+    #: What the model's licence allows (None: recipes/licences.toml does not know it).
+    licence: LicenceTerms | None = None
 
     @property
     def size_params(self) -> float:
@@ -82,6 +85,8 @@ class Candidate:
             "est_prefill_tokens_per_s": _rounded(self.plan.headline.prefill_tokens_per_s) if self.plan else None,
             "bound_decode_tokens_per_s": _rounded(self.plan.headline.bound_decode_tokens_per_s) if self.plan else _rounded(self.decode_tokens_per_s),
             "quality": self.quality.to_json() if self.quality else None,
+            "licence": entry.licence,
+            "licence_terms": self.licence.to_json() if self.licence else None,
             "method": "estimator" if self.plan else "rule-of-thumb",
             "ollama_tag": entry.ollama,
             "gguf_repo": entry.gguf_repo,
@@ -107,6 +112,8 @@ class CatalogRecommendation:
     frontier: tuple[FrontierVerdict, ...]
     notes: tuple[str, ...] = ()
     prefer: str = "balanced"
+    #: ``--licence``: which licences the pick may have (any, commercial, open).
+    licence: str = "any"
 
     @property
     def best(self) -> Candidate | None:
@@ -137,6 +144,7 @@ class CatalogRecommendation:
             "parallel": self.parallel,
             "purpose": self.purpose,
             "prefer": self.prefer,
+            "licence": self.licence,
             "min_tokens_per_s": self.min_tokens_per_s,
             "recommendation": best.to_json() if best else None,
             "alternatives": [{"role": role, **c.to_json()} for role, c in (("smaller", self.smaller), ("larger", self.larger)) if c is not None],

@@ -16,6 +16,8 @@ Each planned entry then gets a status:
 - ``tight``: it fits, but leaves less than ``tight_fraction`` (5%) of a device's free memory
   (beyond the GPU margin the plan already keeps);
 - ``not for PURPOSE``: ``--for long-context`` and a trained context under 128k tokens;
+- ``licence``: ``--licence commercial`` and a non-commercial licence, or ``--licence open`` and
+  one with use-based terms (recipes/licences.toml; a licence it does not know counts as neither);
 - ``fits``: eligible.
 
 The best eligible entry weighs quality against speed: each file's score for the task
@@ -43,7 +45,7 @@ from ..fit.estimate import Machine, RunRequest
 from ..fit.model import ModelSpec
 from ..gguf import ModelSummary
 from ..hardware.types import Hardware
-from ..published import QuantLoss
+from ..published import LicenceTerms, QuantLoss
 from ..units import format_bytes
 from .candidates import Candidate, CatalogRecommendation
 from .quality import EntryQuality, ModelQuality, entry_quality
@@ -56,6 +58,7 @@ __all__ = [
     "PREFERENCES",
     "PRECISION_CAP_BITS",
     "LONG_CONTEXT_TOKENS",
+    "LICENCE_FILTERS",
     "recommend_catalog",
 ]
 
@@ -73,7 +76,9 @@ LONG_CONTEXT_TOKENS = 131_072
 #: A catalog header keeps no template text: the published file's own is what serve will use.
 _PUBLISHED_TEMPLATE = TemplateChoice("header", note="the published file's own chat template (serve checks it once the file is here)")
 #: Status names, best first in the table.
-_ORDER = {"best": 0, "fits": 1, "tight": 2, "too slow": 3, "not for long-context": 4, "no room": 5}
+_ORDER = {"best": 0, "fits": 1, "tight": 2, "too slow": 3, "not for long-context": 4, "licence": 5, "no room": 6}
+#: ``--licence``: the uses of recipes/licences.toml each choice keeps.
+LICENCE_FILTERS = {"any": ("open", "conditions", "non-commercial"), "commercial": ("open", "conditions"), "open": ("open",)}
 
 
 def recommend_catalog(
@@ -96,14 +101,14 @@ def recommend_catalog(
     quant_losses: Mapping[str, QuantLoss] | None = None,
     prefer: str = "balanced",
     ctx_up_to_training: bool = False,
+    licences: Mapping[str, LicenceTerms] | None = None,
+    licence: str = "any",
 ) -> CatalogRecommendation:
-    """Plan every entry (``models``: the spec and summary of its header, by entry key; an entry
-    without is planned by the rule of thumb) at ``ctx`` tokens per slot × ``parallel`` slots, and rank them (module docstring) by
-    ``quality`` (model → task → score) less ``quant_losses`` (by upper-case type), weighed
-    against speed as ``prefer`` (:data:`PREFERENCES`) says. With ``ctx_up_to_training`` (no --ctx
-    given) each entry is planned at most at the context its model was trained on."""
+    """Plan every entry (``models``: the spec and summary of its header, by entry key; one without: the rule of thumb) at ``ctx``
+    tokens per slot × ``parallel`` slots (with ``ctx_up_to_training``, no --ctx given: at most each model's trained context), and
+    rank them (module docstring) by ``quality`` (model → task → score) less ``quant_losses`` (by upper-case type), weighed against
+    speed as ``prefer`` (:data:`PREFERENCES`) says; ``licence`` (:data:`LICENCE_FILTERS`) leaves out what ``licences`` disallow."""
     budget = memory_budget(hardware, host)
-
     on_this_machine = partial(
         check_model,
         machine=machine,
@@ -121,19 +126,19 @@ def recommend_catalog(
         path = f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>"
         return _loaded(on_this_machine(entry.key, *models[entry.key], model_path=path, detail=detail))
 
-    planned = []
-    for entry in (entry for entry in entries if not entry.frontier):
+    def judged(entry: ModelEntry) -> Candidate:
         if entry.key in models:
             candidate = _from_plan(entry, plan(entry, False), min_tokens_per_s, purpose, tight_fraction)
         else:
             fit = fit_entry(entry, budget, host, ctx=ctx, parallel=parallel, up_to_training=ctx_up_to_training)
             candidate = _from_rule(entry, fit, min_tokens_per_s, purpose)
-        scores = (quality or {}).get(entry.family, {})
-        planned.append(replace(candidate, quality=entry_quality(scores.get(purpose), entry.quant, quant_losses or {})))
-    ranked = _rank(planned, PREFERENCES[prefer], purpose)
+        scored = entry_quality((quality or {}).get(entry.family, {}).get(purpose), entry.quant, quant_losses or {})
+        return _licensed(replace(candidate, quality=scored, licence=(licences or {}).get(entry.licence)), licence)
+
+    ranked = _rank([judged(entry) for entry in entries if not entry.frontier], PREFERENCES[prefer], purpose)
     frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
     recommendation = CatalogRecommendation(
-        hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, _quality_notes(ranked, purpose), prefer
+        hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, _quality_notes(ranked, purpose), prefer, licence
     )
     return _with_detail(recommendation, lambda entry: plan(entry, True))
 
@@ -224,6 +229,15 @@ def _status(entry: ModelEntry, fits: bool, speed: float | None, min_speed: float
     if speed is not None and speed < min_speed:
         return "too slow", f"too slow: ~{speed:,.1f} tok/s, under --min-speed {min_speed:g}"
     return "fits", "fits"
+
+
+def _licensed(candidate: Candidate, wanted: str) -> Candidate:
+    """``candidate``, or set aside (status ``licence``) when its licence does not allow the use ``--licence`` asks for."""
+    terms = candidate.licence
+    if wanted == "any" or (terms is not None and terms.use in LICENCE_FILTERS[wanted]):
+        return candidate
+    why = terms.use if terms is not None else "terms not in recipes/licences.toml"
+    return replace(candidate, status="licence", reason=f"licence {candidate.entry.licence}: {why}, outside --licence {wanted}")
 
 
 def _released(entry: ModelEntry) -> float:
