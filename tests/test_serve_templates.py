@@ -256,7 +256,7 @@ def test_tool_calls_work_on_a_model_without_a_template_through_both_clients(asse
         reply = messages.messages.create(
             model="gemma",
             max_tokens=40,
-            temperature=0,
+            extra_body={"temperature": 0},  # this client's create() takes no temperature of its own
             messages=_anthropic_history(),  # type: ignore[arg-type]
             tools=[{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}],  # type: ignore[list-item]
         )
