@@ -11,7 +11,11 @@ small/large, MoE, MLA MoE and a hybrid (LFM2: short-convolution blocks beside at
 The sparse models' weights are zeros, so a MoE router sends every token to the same experts:
 their prefill is that of a batch the experts share, which real routing spreads thinner.
 
-    .venv/bin/python -m bench.speed_accuracy [--reuse] [--prompt N] [--json FILE]
+With --prior the CPU is not calibrated: it is priced as `check` prices a CPU before calibration,
+from published llama-bench runs of CPUs of its instruction set at its core count
+(recipes/cpu_speed.toml, tierlocal/fit/cpu_prior.py).
+
+    .venv/bin/python -m bench.speed_accuracy [--reuse | --prior] [--prompt N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -44,6 +48,20 @@ SHAPES = {
 }
 #: The bandwidth-only figure assumed this for system RAM (recipes/gpus.toml [host]).
 ASSUMED_RAM_BYTES_PER_S = 40_000_000_000
+
+
+def _prior() -> DeviceSpeed:
+    """What check prices this CPU with before calibration."""
+    from tierlocal.catalog import load_host_defaults
+    from tierlocal.cpu_figures import host_speed_here
+    from tierlocal.hardware.detect import detect
+    from tierlocal.plan.machine import machine_for
+
+    speed = host_speed_here(None, machine_for(detect(), load_host_defaults()))
+    if speed is None:
+        raise SystemExit("no published runs of CPUs like this one (recipes/cpu_speed.toml): nothing to compare")
+    print(f"the prior: {speed.note}")
+    return speed
 
 
 def _speed(binary: Path, version: str, reuse: bool) -> DeviceSpeed:
@@ -104,6 +122,7 @@ def _print(rows: list[dict[str, object]]) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reuse", action="store_true", help="use the cached calibration when there is one")
+    parser.add_argument("--prior", action="store_true", help="no calibration: the published-runs prior check uses before one")
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens per measurement (default 256)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
@@ -113,7 +132,7 @@ def main(argv: list[str]) -> int:
         return 2
     binary = assets.llama_server_cpu
     version = read_engine_flags(binary).version
-    speed = _speed(binary, version, args.reuse)
+    speed = _prior() if args.prior else _speed(binary, version, args.reuse)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tierlocal-speed-") as scratch_name:
         scratch = Path(scratch_name)

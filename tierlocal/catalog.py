@@ -24,6 +24,7 @@ from .published import (
     LICENCE_USES,
     ApiPrices,
     CardInfo,
+    CpuBenchRow,
     LicenceTerms,
     ModelShape,
     Precision,
@@ -36,6 +37,7 @@ from .published import (
 
 __all__ = [
     "load_licences",
+    "load_cpu_rows",
     "gpu_key",
     "find_pci_device",
     "gpu_named_in",
@@ -449,17 +451,7 @@ def load_published_rows() -> tuple[PublishedRow, ...]:
     """
     data = _load("gpu_speed.toml")
     try:
-        shapes = {
-            entry["name"]: ModelShape(
-                entry["name"],
-                int(entry["params"]),
-                int(entry["active_params"]),
-                int(entry["embedding_params"]),
-                int(entry.get("read_bytes_per_token", 0)),
-                int(float(entry.get("read_file_gib", 0)) * _GIB),
-            )
-            for entry in data.get("shape", [])  # type: ignore[attr-defined]
-        }
+        shapes = _shapes(data)
         return tuple(
             PublishedRow(
                 gpu=str(entry["gpu"]),
@@ -476,6 +468,53 @@ def load_published_rows() -> tuple[PublishedRow, ...]:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpu_speed.toml: a row lacks {exc}", hint="fix the entry") from None
+
+
+def _shapes(data: dict[str, object]) -> dict[str, ModelShape]:
+    """A speed file's [[shape]] entries by name."""
+    return {
+        entry["name"]: ModelShape(
+            entry["name"],
+            int(entry["params"]),
+            int(entry["active_params"]),
+            int(entry["embedding_params"]),
+            int(entry.get("read_bytes_per_token", 0)),
+            int(float(entry.get("read_file_gib", 0)) * _GIB),
+        )
+        for entry in data.get("shape", [])  # type: ignore[attr-defined]
+    }
+
+
+@cache
+def load_cpu_rows() -> tuple[CpuBenchRow, ...]:
+    """The [[row]] entries of recipes/cpu_speed.toml with their [[shape]]: published llama-bench
+    speed of CPUs alone.
+
+    Raises:
+        CatalogError: an entry lacks a field or names a shape the file does not have.
+    """
+    data = _load("cpu_speed.toml")
+    try:
+        shapes = _shapes(data)
+        return tuple(
+            CpuBenchRow(
+                cpu=str(entry["cpu"]),
+                vendor=str(entry["vendor"]),
+                isa=str(entry["isa"]),
+                threads=int(entry["threads"]),
+                bandwidth_bytes_per_s=float(entry["bandwidth_gb_s"]) * 1e9,
+                shape=shapes[entry["shape"]],
+                size_bytes=int(float(entry["size_gb"]) * 1e9),
+                pp512=float(entry["pp512"]),
+                tg128=float(entry["tg128"]),
+                use=str(entry["use"]),
+                source=str(entry["source"]),
+                date=str(entry["date"]),
+            )
+            for entry in data.get("row", [])  # type: ignore[attr-defined]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/cpu_speed.toml: a row lacks {exc}", hint="fix the entry") from None
 
 
 @cache

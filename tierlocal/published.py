@@ -22,6 +22,7 @@ __all__ = [
     "HALF_TYPES",
     "LICENCE_USES",
     "LicenceTerms",
+    "CpuBenchRow",
 ]
 
 #: Weight types read at the half-precision rate (κ of :mod:`tierlocal.fit.gpu_speed`).
@@ -72,6 +73,49 @@ class ModelShape:
     read_bytes_per_token: int = 0
     read_file_bytes: int = 0
 
+    def read_bytes(self, file_bytes: int) -> float:
+        """Weight bytes one generated token reads in a file of ``file_bytes``: the file's share of
+        the active parameters, less the token embedding (a row lookup)."""
+        if self.read_bytes_per_token and self.read_file_bytes:
+            return self.read_bytes_per_token * file_bytes / self.read_file_bytes
+        return file_bytes * (self.active_params - self.embedding_params) / self.params
+
+    @property
+    def prompt_flops(self) -> float:
+        """FLOPs per prompt token: 2 × the active parameters it multiplies."""
+        return 2.0 * (self.active_params - self.embedding_params)
+
+
+@dataclass(frozen=True)
+class CpuBenchRow:
+    """One published llama-bench run on a CPU alone (recipes/cpu_speed.toml): ``threads`` (its
+    -t), the vendor (``amd``, ``intel``) and instruction set (``avx512``, ``avx2``), the server's measured memory
+    bandwidth (bytes/s), the model file's size (bytes), and prefill (pp512) and decode (tg128)
+    tokens/s."""
+
+    cpu: str
+    vendor: str
+    isa: str
+    threads: int
+    bandwidth_bytes_per_s: float
+    shape: ModelShape
+    size_bytes: int
+    pp512: float
+    tg128: float
+    use: str
+    source: str
+    date: str
+
+    @property
+    def decode_bytes_per_s(self) -> float:
+        """Weight bytes decode streamed per second."""
+        return self.tg128 * self.shape.read_bytes(self.size_bytes)
+
+    @property
+    def prefill_flops_per_s(self) -> float:
+        """Matrix FLOPs prefill did per second."""
+        return self.pp512 * self.shape.prompt_flops
+
 
 @dataclass(frozen=True)
 class PublishedRow:
@@ -94,17 +138,13 @@ class PublishedRow:
 
     @property
     def read_bytes(self) -> float:
-        """Weight bytes one generated token reads: the file's share of the active parameters,
-        less the token embedding (a row lookup)."""
-        shape = self.shape
-        if shape.read_bytes_per_token and shape.read_file_bytes:
-            return shape.read_bytes_per_token * self.size_bytes / shape.read_file_bytes
-        return self.size_bytes * (shape.active_params - shape.embedding_params) / shape.params
+        """Weight bytes one generated token reads (:meth:`ModelShape.read_bytes`)."""
+        return self.shape.read_bytes(self.size_bytes)
 
     @property
     def flops(self) -> float:
-        """FLOPs per prompt token: 2 × the active parameters it multiplies."""
-        return 2.0 * (self.shape.active_params - self.shape.embedding_params)
+        """FLOPs per prompt token (:attr:`ModelShape.prompt_flops`)."""
+        return self.shape.prompt_flops
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ import click
 
 from .. import constants
 from ..catalog import ModelEntry, find_model, load_host_defaults, load_models
+from ..cpu_figures import host_speed_here
 from ..errors import UsageError
 from ..fit.estimate import RunRequest
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
-from ..measure.calibration_cache import calibration_key, load_calibration, unused_calibration
+from ..measure.calibration_cache import unused_calibration
 from ..plan.machine import machine_for
 from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES
 from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
@@ -216,7 +217,7 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
     machine_ = machine_for(hardware, load_host_defaults())
     version = engine_version()
     # This CPU's calibration prices the host only when the host is this machine (no --ram).
-    host_speed = load_calibration(calibration_key(version)) if version and not hardware.ram_overridden else None
+    host_speed = host_speed_here(version, machine_) if not hardware.ram_overridden else None
     result = check_source(
         source,
         read_headers(source),
@@ -230,7 +231,7 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
         up_to_training=ctx is None,
         cap_at_training=True,
     )
-    unused = unused_calibration(version) if not hardware.ram_overridden and host_speed is None else None
+    unused = unused_calibration(version) if not hardware.ram_overridden else None
     return replace(result, measured=_measured(source, result, version), calibration_note=unused)
 
 

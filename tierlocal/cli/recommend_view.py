@@ -81,7 +81,8 @@ def _basis_legend(bases: set[str], recommendation: CatalogRecommendation) -> str
         "measured": "measured by `tierlocal bench` here",
         "calibrated": "estimated from this CPU's calibration",
         "published": "estimated from published llama.cpp results for this GPU",
-        "derived": "estimated from published results for GPUs of its generation, on its datasheet",
+        "derived": "estimated from published results of devices like it (GPUs of its generation, on its datasheet; CPUs of its instruction set, "
+        "by its cores)" + calibrate,
         "bound": "a ceiling from memory bandwidth alone" + calibrate,
     }
     return " · ".join(f"{BASIS_MARK[basis]} {meaning[basis]}" for basis in meaning if basis in bases)

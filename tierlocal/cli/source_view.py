@@ -138,7 +138,7 @@ def _speed_line(check: SourceCheck) -> str:
     parts.append("figures: " + escape("; ".join(f"{device}: {text}" for device, text in working.items()) + guessed))
     if bound:
         parts.append(f"memory bandwidth alone allows ≤ ~{bound:,.1f} tok/s")
-    if calibrate and fitted.sources.get("host", "").startswith("bound"):
+    if calibrate and fitted.sources.get("host", "").startswith(("bound", "derived")):
         parts.append(calibrate)
     return "; ".join(parts)
 

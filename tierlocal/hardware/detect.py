@@ -32,6 +32,7 @@ __all__ = [
     "probe_llama_server",
     "probe_cpu",
     "cpu_features",
+    "cpu_vendor",
     "merge_engine_devices",
     "one_pool",
 ]
@@ -314,6 +315,23 @@ def probe_cpu(engine: Path | None) -> tuple[tuple[str, ...], Probe]:
         return features, Probe("cpu", "found", f"features {', '.join(features) or 'none'} (from /proc/cpuinfo; the build may use fewer)")
     features = tuple(feature for feature in built_for if feature in cpu_features())
     return features, Probe("cpu", "found", f"features {', '.join(features) or 'none'} (as {engine.name} was built)")
+
+
+#: /proc/cpuinfo's vendor_id → the vendor recipes/cpu_speed.toml names.
+_VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """``intel``, ``amd``, or "" (another vendor, or no /proc/cpuinfo)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")[: 1 << 20]
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "vendor_id":
+            return _VENDORS.get(value.strip(), "")
+    return ""
 
 
 def cpu_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:

@@ -94,7 +94,7 @@ def unused_calibration(engine_version: str | None) -> str | None:
     build = f"llama-server {key.get('engine_version')}"
     if engine_version is None:
         return (
-            f"this CPU was calibrated on {when} with {build}, and no llama-server was found here to match it: speeds are ceilings "
+            f"this CPU was calibrated on {when} with {build}, and no llama-server was found here to match it: its figures go unused "
             "until one is (set TIERLOCAL_LLAMA_SERVER to it, or `tierlocal engine build`)"
         )
     return (

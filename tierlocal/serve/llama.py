@@ -9,11 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from .. import constants
+from ..cpu_figures import host_speed_here
 from ..engines.flags import EngineFlags, check_engine_args, launch_argv
 from ..engines.llama_server import find_llama_server, llama_server_missing, read_engine_flags
 from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
-from ..measure.calibration_cache import calibration_key, load_calibration
 from .exposure import check_exposure
 from .history import gpu_correction
 from .run import (
@@ -71,7 +71,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         )
     model = read_model(options.model)
     template = resolve_template(options.chat_template, model.summary, flags.chat_templates or None)
-    check = plan_for(options, machine, template=template, host_speed=load_calibration(calibration_key(flags.version)), model=model)
+    check = plan_for(options, machine, template=template, host_speed=host_speed_here(flags.version, machine), model=model)
     say(f"chat template: {template.llama_server_note}")
     if template.tools:
         say(f"tool calls: {template.tools}")
