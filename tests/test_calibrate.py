@@ -159,7 +159,8 @@ def test_a_busy_machine_is_said_and_a_run_past_its_limit_stops_and_cleans_up(ass
             burner.wait()
     assert said[0].startswith("warning: other work keeps ") and "the timings will read slow" in said[0]
     assert failed.value.hint and "idle" in failed.value.hint and "--quick" in failed.value.hint
-    assert int(str(failed.value).split("other work used ")[1].split("%")[0]) > 50  # the burners, measured
+    # the burners, measured (they share the cores with the probe engine: CI read 50%)
+    assert int(str(failed.value).split("other work used ")[1].split("%")[0]) > calibrate.BUSY_CPU_PERCENT
     assert _scratch_dirs(os.getpid()) == []
 
 
