@@ -312,3 +312,26 @@ def test_without_ctx_a_model_is_planned_at_most_at_its_trained_context(tmp_path:
     assert served.estimate is not None and served.estimate.params.n_ctx_seq == 4096
     longer = _check("qwen3-0.6b", *machine)
     assert {c["ctx"] for c in longer["candidates"]} == {8192}
+
+
+def test_a_licence_that_restricts_use_is_on_the_recommended_line_and_licence_filters() -> None:
+    """Issue 47: the pick on a calibrated 2-core VPS was exaone-4.0-1.2b, whose licence is
+    non-commercial, and check never said so (only the terminal UI's column did)."""
+    said = " ".join(run_cli("check", "exaone-4.0-1.2b", "--ram", "8GiB").stdout.split())
+    recommended = said.split("Recommended:")[1].split(":q")[0]  # up to the plan's first line, "exaone-4.0-1.2b:q6_k (exaone4)"
+    assert "Licence exaone-nc, NON-COMMERCIAL: research and education only" in recommended, recommended
+    open_licence = " ".join(run_cli("check", "qwen3-4b-2507", "--ram", "8GiB").stdout.split())
+    assert "Recommended: qwen3-4b-2507" in open_licence and "Licence" not in open_licence.split("Recommended:")[1].split(":q")[0]
+    for wanted, allowed in (("commercial", {"open", "conditions"}), ("open", {"open"})):
+        result = _check("--ram", "8GiB", "--licence", wanted)
+        assert result["licence"] == wanted
+        candidates = result["candidates"]
+        eligible = [c for c in candidates if c["status"] in ("best", "fits", "tight")]  # type: ignore[union-attr]
+        assert eligible and all(c["licence_terms"]["use"] in allowed for c in eligible)  # type: ignore[index]
+        left_out = [c for c in candidates if c["status"] == "licence"]  # type: ignore[union-attr]
+        assert left_out and all(c["licence_terms"]["use"] not in allowed for c in left_out)  # type: ignore[index]
+        assert f"outside --licence {wanted}" in left_out[0]["reason"]  # type: ignore[index]
+    everything = _check("--ram", "8GiB")
+    assert {c["licence_terms"]["use"] for c in everything["candidates"]} == {"open", "conditions", "non-commercial"}  # type: ignore[index, union-attr]
+    nothing = " ".join(run_cli("check", "exaone-4.0-1.2b", "--ram", "8GiB", "--licence", "commercial").stdout.split())
+    assert "no catalog model of a licence --licence commercial allows fits" in nothing
