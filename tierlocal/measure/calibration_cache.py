@@ -84,14 +84,14 @@ def unused_calibration(engine_version: str | None) -> str | None:
     key = calibration_key(engine_version or "")
     if engine_version is not None and load_calibration(key) is not None:
         return None
-    cpu = _cpu_part(key)
-    filed = [(entry["key"], entry) for entry in _entries(_cache_path()) if isinstance(entry.get("key"), dict)]
-    mine = [(key, entry) for key, entry in filed if isinstance(key, dict) and _cpu_part(key) == cpu]
+    mine = [entry for entry in _entries(_cache_path()) if _cpu_part(entry.get("key")) == _cpu_part(key)]
     if not mine:
         return None
-    key, latest = mine[-1]
+    latest = mine[-1]
+    filed = latest["key"]
+    assert isinstance(filed, dict)  # _cpu_part matched it
     when = str(latest.get("time", ""))[:10]
-    build = f"llama-server {key.get('engine_version')}"
+    build = f"llama-server {filed.get('engine_version')}"
     if engine_version is None:
         return (
             f"this CPU was calibrated on {when} with {build}, and no llama-server was found here to match it: its figures go unused "
@@ -103,5 +103,6 @@ def unused_calibration(engine_version: str | None) -> str | None:
     )
 
 
-def _cpu_part(key: dict[str, object]) -> dict[str, object]:
-    return {name: value for name, value in key.items() if name != "engine_version"}
+def _cpu_part(key: object) -> dict[str, object] | None:
+    """A calibration key without its engine build (None: not a key)."""
+    return {name: value for name, value in key.items() if name != "engine_version"} if isinstance(key, dict) else None
