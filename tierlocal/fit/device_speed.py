@@ -47,6 +47,9 @@ class DeviceSpeed:
     prefill_layer_overhead_s: float = 0.0
     #: Per element of a layer's width (n_embd + FFN width) per prompt token: element-wise work.
     prefill_element_s: float = 0.0
+    #: The share of its prefill FLOP/s a decode batch's further sequences run at
+    #: (:mod:`tierlocal.fit.concurrency`): 1.0 unless fitted.
+    batch_flops_share: float = 1.0
 
     def expert_factor(self, table: Mapping[str, float], ggml_type: str) -> float:
         """Expert tensors' rate relative to dense ones: measured for ``x:TYPE`` entries (a
@@ -88,6 +91,7 @@ class DeviceSpeed:
             "prefill_token_overhead_s": self.prefill_token_overhead_s,
             "prefill_layer_overhead_s": self.prefill_layer_overhead_s,
             "prefill_element_s": self.prefill_element_s,
+            "batch_flops_share": self.batch_flops_share,
         }
 
     @classmethod
@@ -139,4 +143,5 @@ class DeviceSpeed:
             prefill_token_overhead_s=number("prefill_token_overhead_s"),
             prefill_layer_overhead_s=number("prefill_layer_overhead_s"),
             prefill_element_s=number("prefill_element_s"),
+            batch_flops_share=number("batch_flops_share") or 1.0,
         )

@@ -16,7 +16,17 @@ from .memory import cache_type_bytes
 from .model import ModelSpec, PlacedTensor
 from .placement import EXPERT_TENSOR, device_binds, expert_flags, gpu_layers, tensor_binds
 
-__all__ = ["Features", "MatrixGroup", "RunFeatures", "matrix_groups", "run_features", "add_feature", "DEFAULT_DEPTH", "PREFILL_PROMPT"]
+__all__ = [
+    "Features",
+    "MatrixGroup",
+    "RunFeatures",
+    "matrix_groups",
+    "run_features",
+    "expert_decode_features",
+    "add_feature",
+    "DEFAULT_DEPTH",
+    "PREFILL_PROMPT",
+]
 
 #: The prompt length a prefill rate is quoted at (llama-bench's pp512).
 PREFILL_PROMPT = 512
@@ -125,10 +135,8 @@ def run_features(
     decode: dict[str, Features] = {"host": {}, "gpu": {}}
     prefill: dict[str, Features] = {"host": {}, "gpu": {}}
     once: dict[str, Features] = {"host": {}, "gpu": {}}
-    groups, ffn_width = matrix_groups(spec, max_tensor_bytes)
-    for group in groups:
-        on_gpu = layer_on_gpu[group.layer] and group.binds and not (group.expert and group.layer < n_cpu_moe)
-        device = "gpu" if on_gpu else "host"
+    _, ffn_width = matrix_groups(spec, max_tensor_bytes)
+    for group, device in _placed_groups(spec, ngl, n_cpu_moe, max_tensor_bytes):
         for name, amount in group.decode.items():
             add_feature(decode[device], name, amount)
         for name, amount in group.flops.items():
@@ -147,6 +155,29 @@ def run_features(
     decode["host"]["vocab"] = spec.n_vocab
     prefill["host"]["token"] = 1
     return RunFeatures(depth, prompt, decode, prefill, once)
+
+
+def _placed_groups(spec: ModelSpec, ngl: int, n_cpu_moe: int, max_tensor_bytes: int | None) -> list[tuple[MatrixGroup, str]]:
+    """Each matrix group and the device (``host``, ``gpu``) it runs on with ``-ngl ngl
+    --n-cpu-moe n_cpu_moe``."""
+    layer_on_gpu = gpu_layers(spec, ngl)
+    groups, _ = matrix_groups(spec, max_tensor_bytes)
+    placed = []
+    for group in groups:
+        on_gpu = layer_on_gpu[group.layer] and group.binds and not (group.expert and group.layer < n_cpu_moe)
+        placed.append((group, "gpu" if on_gpu else "host"))
+    return placed
+
+
+def expert_decode_features(spec: ModelSpec, *, ngl: int = 0, n_cpu_moe: int = 0, max_tensor_bytes: int | None = None) -> dict[str, Features]:
+    """The part of :func:`run_features`' decode features that expert matrices make (bytes and
+    rows, the used share), per device: what more sequences in one step read more of."""
+    experts: dict[str, Features] = {"host": {}, "gpu": {}}
+    for group, device in _placed_groups(spec, ngl, n_cpu_moe, max_tensor_bytes):
+        if group.expert:
+            for name, amount in group.decode.items():
+                add_feature(experts[device], name, amount)
+    return experts
 
 
 def _attention(spec: ModelSpec, il: int, depth: int, prompt: int, cache_type_k: str, cache_type_v: str) -> tuple[float, float]:

@@ -46,13 +46,16 @@ __all__ = [
     "bound_speed",
     "speed_basis",
     "BASES",
+    "decode_seconds",
+    "prefill_seconds",
+    "priced_seconds",
 ]
 
 #: Prompt lengths time to first token is quoted for (those that fit a slot).
 TTFT_PROMPTS = (128, 512, 2048)
 
 
-def _priced(features: Features, table: Mapping[str, float], unit: str, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
+def priced_seconds(features: Features, table: Mapping[str, float], unit: str, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
     """Seconds for the ``{unit}:TYPE`` and ``x{unit}:TYPE`` (expert) features at ``table``'s rates."""
     seconds = 0.0
     for name, amount in features.items():
@@ -68,8 +71,10 @@ def _priced(features: Features, table: Mapping[str, float], unit: str, speed: De
     return seconds
 
 
-def _decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
-    seconds = _priced(features, speed.decode_bytes_per_s, "bytes", speed, uncalibrated)
+def decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
+    """Seconds of one generated token's ``features`` on the device ``speed`` describes (types
+    priced at a neighbour's rate are added to ``uncalibrated``)."""
+    seconds = priced_seconds(features, speed.decode_bytes_per_s, "bytes", speed, uncalibrated)
     seconds += features.get("kv_bytes", 0.0) / speed.rate(speed.decode_bytes_per_s, "F16")[0]
     seconds += features.get("token", 0.0) * speed.token_overhead_s
     seconds += features.get("layer", 0.0) * speed.layer_overhead_s
@@ -78,8 +83,9 @@ def _decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[st
     return seconds
 
 
-def _prefill_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
-    seconds = _priced(features, speed.prefill_flops_per_s, "flops", speed, uncalibrated)
+def prefill_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
+    """Seconds of one prompt token's ``features`` (or a prompt's ``once`` features) on the device."""
+    seconds = priced_seconds(features, speed.prefill_flops_per_s, "flops", speed, uncalibrated)
     seconds += features.get("elems", 0.0) * speed.prefill_element_s
     if features.get("attn_flops"):
         seconds += features["attn_flops"] / speed.attention_flops_per_s
@@ -123,7 +129,7 @@ class SpeedEstimate:
 
 def _decode_step(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], uncalibrated: set[str]) -> dict[str, float]:
     """Seconds of one decode step on each device that has work."""
-    return {name: _decode_seconds(f, speed, uncalibrated) for name, f in run.decode.items() if f and (speed := devices[name]) is not None}
+    return {name: decode_seconds(f, speed, uncalibrated) for name, f in run.decode.items() if f and (speed := devices[name]) is not None}
 
 
 def _prefill_time(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], uncalibrated: set[str]) -> float:
@@ -131,7 +137,7 @@ def _prefill_time(run: RunFeatures, devices: Mapping[str, DeviceSpeed | None], u
     total = 0.0
     for name, speed in devices.items():
         if speed is not None:
-            total += _prefill_seconds(run.prefill[name], speed, uncalibrated) * run.prompt + _prefill_seconds(run.once[name], speed, uncalibrated)
+            total += prefill_seconds(run.prefill[name], speed, uncalibrated) * run.prompt + prefill_seconds(run.once[name], speed, uncalibrated)
     return total
 
 
