@@ -39,6 +39,8 @@ PURE = [
     "tierlocal.fit.cpu_prior",
     "tierlocal.plan",
     "tierlocal.plan.source",
+    "tierlocal.plan.speeds",
+    "tierlocal.fit.concurrency",
     "tierlocal.plan.machine",
     "tierlocal.plan.quality",
     "tierlocal.plan.where",

@@ -36,6 +36,7 @@ from .published import (
 )
 
 __all__ = [
+    "load_batch_shares",
     "load_licences",
     "load_cpu_rows",
     "gpu_key",
@@ -439,6 +440,19 @@ def load_rental_defaults() -> RentalDefaults:
         return RentalDefaults(float(low), float(high), default, str(rental["date"]), str(rental["source"]))  # type: ignore[index]
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpus.toml [rental] lacks {exc}", hint="fix the file") from None
+
+
+@cache
+def load_batch_shares() -> dict[str, float]:
+    """recipes/batched_bench.toml's fitted batch FLOP share per GPU backend (lower case: ``cuda``,
+    ``metal``), the figure :mod:`tierlocal.fit.concurrency` prices a decode step's further
+    sequences with."""
+    try:
+        fit = _load("batched_bench.toml")["fit"]
+        shares = fit["batch_flops_share"] if isinstance(fit, dict) else {}
+        return {str(backend).lower(): float(share) for backend, share in shares.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CatalogError(f"recipes/batched_bench.toml [fit] lacks {exc}", hint="run python -m bench.concurrency_published --write") from None
 
 
 @cache

@@ -10,7 +10,7 @@ from functools import cache
 from typing import Any
 
 from .cache_file import cached
-from .catalog import find_gpu, gpu_cards, gpu_named_in, load_gpus, load_published_rows
+from .catalog import find_gpu, gpu_cards, gpu_named_in, load_batch_shares, load_gpus, load_published_rows
 from .fit.device_speed import DeviceSpeed
 from .fit.estimate import Machine
 from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
@@ -60,7 +60,15 @@ def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> Device
     else:
         info = cards[card]
         fit = card_fit(card, fits, cards)
-    return card_device_speed(fit, info, kappa) if fit is not None else None
+    return _with_batch_share(card_device_speed(fit, info, kappa), info.backend) if fit is not None else None
+
+
+def _with_batch_share(speed: DeviceSpeed, backend: str) -> DeviceSpeed:
+    """``speed`` with its backend's fitted batch FLOP share (recipes/batched_bench.toml; a
+    backend without one takes the median of those fitted)."""
+    shares = load_batch_shares()
+    share = shares.get(backend.lower()) or (statistics.median(shares.values()) if shares else 1.0)
+    return replace(speed, batch_flops_share=share)
 
 
 def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:
@@ -81,7 +89,7 @@ def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:
         f"assumed: {info.bandwidth_bytes_per_s / 1e9:,.0f} GB/s, the median of the {len(same)} cards of that size in recipes/gpus.toml (name "
         f"the GPU with --gpu for its own); {fit.note}"
     )
-    return card_device_speed(replace(fit, note=note), info, kappa)
+    return _with_batch_share(card_device_speed(replace(fit, note=note), info, kappa), info.backend)
 
 
 def machine_gpu_speed(machine: Machine) -> DeviceSpeed | None:

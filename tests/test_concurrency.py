@@ -1,0 +1,160 @@
+"""Many users at once without an engine: the arithmetic of a decode step of B sequences (expert
+growth, the CPU's batch kernels), llama-server's continuous batching as simulated (first tokens,
+queueing), and the model against the published llama-batched-bench rows it was not fitted on.
+The engine side (real llama-server, real concurrent clients) is in tests/test_bench.py."""
+
+from __future__ import annotations
+
+import statistics
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
+from tierlocal.catalog import _read_compact, load_batch_shares, recipes_dir
+from tierlocal.fetch.sources import read_headers
+from tierlocal.fit.concurrency import BatchCosts, CpuKernels, batch_costs, cpu_kernels, distinct_expert_share, users_speed, users_table
+from tierlocal.fit.device_speed import DeviceSpeed
+from tierlocal.fit.estimate import RunRequest
+from tierlocal.fit.model import model_spec
+from tierlocal.fit.speed import bound_speed, estimate_speed
+from tierlocal.gpu_figures import gpu_speed_for
+
+CPU = DeviceSpeed(
+    device="cpu",
+    source="measured",
+    note="made up for the arithmetic",
+    decode_bytes_per_s={"Q4_K": 10e9, "Q6_K": 8e9, "F16": 12e9},
+    prefill_flops_per_s={"Q4_K": 200e9, "Q6_K": 150e9, "F16": 250e9},
+    attention_flops_per_s=100e9,
+)
+
+
+def test_the_share_of_experts_a_step_reads_grows_with_its_sequences_towards_all() -> None:
+    # top-4 of 32: one token reads 1/8; two read 1 - (7/8)^2; 32 read nearly all
+    assert distinct_expert_share(4 / 32, 1) == pytest.approx(0.125)
+    assert distinct_expert_share(4 / 32, 2) == pytest.approx(1 - 0.875**2)
+    assert distinct_expert_share(4 / 32, 32) == pytest.approx(1 - 0.875**32)
+    # routed over a pool of half the experts: never more than half are read
+    assert distinct_expert_share(4 / 32, 1000, pool_share=0.5) == pytest.approx(0.5)
+
+
+def test_a_repacked_weight_costs_a_gemv_per_sequence_until_four_share_one_gemm() -> None:
+    costs = BatchCosts(step_s=1.0, sequence_s=0.0, repacked_gemv_s=0.8, repacked_block_s=1.2)
+    steps = [costs.decode_step_s(b) for b in range(1, 9)]
+    # 1 row: the step (one gemv); 2, 3: a gemv more each; 4: one 4-row gemm in place of the gemv; 5: gemm + gemv …
+    assert steps == pytest.approx([1.0, 1.8, 2.6, 1.4, 2.2, 3.0, 3.8, 2.6])  # 8 rows: two gemms
+
+
+def test_more_sequences_read_more_of_a_mixtures_experts() -> None:
+    dense = BatchCosts(step_s=1.0, sequence_s=0.1)
+    moe = BatchCosts(step_s=1.0, sequence_s=0.1, expert_read_s=0.5, used_share=0.125)
+    assert dense.decode_step_s(2) == pytest.approx(1.1)
+    # the experts read once at 1/8 cost 0.5 s; two tokens read 1 - (7/8)^2 = 0.234375 of them
+    assert moe.decode_step_s(2) == pytest.approx(1.1 + 0.5 * (0.234375 / 0.125 - 1))
+
+
+def test_requests_arriving_together_wait_for_every_prompt_in_their_batch() -> None:
+    costs = BatchCosts(step_s=0.1, sequence_s=0.02, prompt_token_s=0.001, prompt_once_s=0.01)
+    one = users_speed(costs, 1, 4, prompt=100, tokens=11)
+    # prompt: 100 × 1 ms + 10 ms once; then 10 steps of 0.1 s
+    assert one.first_token_p50_s == pytest.approx(0.11)
+    assert one.per_user_decode_tokens_per_s == pytest.approx(10.0)
+    four = users_speed(costs, 4, 4, prompt=100, tokens=11)
+    # one batch holds the four prompts: 400 ms + 4 × 10 ms; then steps of 0.1 + 3 × 0.02 s
+    assert four.first_token_p50_s == pytest.approx(0.44)
+    assert four.per_user_decode_tokens_per_s == pytest.approx(1 / 0.16)
+    assert four.aggregate_decode_tokens_per_s == pytest.approx(4 / 0.16)
+
+
+def test_users_past_the_slots_wait_for_one_and_a_batch_holds_at_most_its_tokens() -> None:
+    costs = BatchCosts(step_s=0.1, sequence_s=0.0, prompt_token_s=0.001)
+    queued = users_speed(costs, 2, 1, prompt=100, tokens=11)
+    # the second starts when the first has its 11 tokens: 0.1 + 10 × 0.1, then its own prompt
+    assert queued.queued == 1
+    assert queued.first_token_p95_s == pytest.approx(0.1 + 1.0 + 0.1)
+    # 3 prompts of 1000 tokens, a 2048-token batch: the third's prompt ends in the second batch
+    chunked = users_speed(costs, 3, 3, prompt=1000, tokens=2, n_batch=2048)
+    assert chunked.first_token_p50_s == pytest.approx(2.048)
+    assert chunked.first_token_p95_s == pytest.approx(2.048 + 0.952 + 2 * 0.0)
+
+
+def test_the_cpu_kernels_are_the_engines_for_each_type(tmp_path: Path) -> None:
+    kernels = cpu_kernels("x86_64", frozenset({"Q4_K", "Q4_0"}))
+    assert [kernels.kind(t) for t in ("Q4_K", "Q4_0", "Q8_0", "F16", "Q6_K")] == ["repacked", "repacked", "shared", "shared", "per-row"]
+    assert cpu_kernels("aarch64", frozenset()).kind("Q6_K") == "shared"
+    # Llama-3-8B shape: Q4_K blocks (repacked), a Q6_K output (per row): one row each as one sequence costs
+    spec = model_spec(read_headers(str(write_sparse_gguf(tmp_path / "llama.gguf", LLAMA3_8B))))
+    costs = batch_costs(spec, RunRequest(ctx=4096, parallel=4), {"host": CPU, "gpu": None}, cpu=kernels)
+    assert costs is not None
+    single = estimate_speed(spec, _estimate(spec), CPU, depth=256 + 32, prefill_prompt=256)
+    assert costs.step_s == pytest.approx(1 / single.decode_tokens_per_s)  # type: ignore[operator]
+    assert costs.repacked_gemv_s + costs.row_gemv_s < costs.step_s
+    assert costs.decode_step_s(2) == pytest.approx(costs.step_s + costs.sequence_s + costs.row_gemv_s + costs.repacked_gemv_s)
+
+
+def _estimate(spec):  # type: ignore[no-untyped-def]
+    from tierlocal.fit.estimate import Machine, estimate_run
+
+    machine = Machine(None, None, 0, 0, None, 64 * 2**30, 64 * 2**30, 40_000_000_000, 0, 0)
+    return estimate_run(spec, RunRequest(ctx=4096, parallel=4), machine)
+
+
+def test_a_host_known_by_its_bandwidth_prices_decode_but_not_first_tokens(tmp_path: Path) -> None:
+    spec = model_spec(read_headers(str(write_sparse_gguf(tmp_path / "moe.gguf", QWEN3_30B_A3B))))
+    host = bound_speed("host CPU", 40_000_000_000, "bandwidth only")
+    costs = batch_costs(spec, RunRequest(ctx=4096, parallel=4), {"host": host, "gpu": None})
+    assert costs is not None and not costs.prompts_priced
+    rows = users_table(costs, 4, counts=(1, 4))
+    assert rows[0].first_token_p50_s is None and rows[1].per_user_decode_tokens_per_s < rows[0].per_user_decode_tokens_per_s
+
+
+def test_the_gpu_batch_share_is_the_fitted_one_of_its_backend() -> None:
+    shares = load_batch_shares()
+    assert set(shares) >= {"cuda", "metal"} and all(0 < share <= 2 for share in shares.values())
+    assert gpu_speed_for("RTX 4090", None).batch_flops_share == shares["cuda"]  # type: ignore[union-attr]
+    assert gpu_speed_for("Apple M2 Ultra", None).batch_flops_share == shares["metal"]  # type: ignore[union-attr]
+
+
+def _published_rows(use: str) -> list[dict[str, object]]:
+    data = tomllib.loads((recipes_dir() / "batched_bench.toml").read_text())
+    return [row for row in data["row"] if row["use"] == use]
+
+
+def test_aggregate_decode_follows_published_batched_bench_rows_it_did_not_see() -> None:
+    """The held-out rows: other models on the fitted devices, at B = 1 … 32 and three depths."""
+    errors, single = [], []
+    specs: dict[str, object] = {}
+    host = bound_speed("host CPU", 100_000_000_000, "sampling only")
+    for row in _published_rows("test"):
+        header = str(row["header"])
+        spec = specs.get(header) or specs.setdefault(header, model_spec(list(_read_compact(f"{header}.json"))))
+        gpu = gpu_speed_for(str(row["gpu"]), None)
+        b, pp, tg = int(row["b"]), int(row["pp"]), int(row["tg"])  # type: ignore[call-overload]
+        request = RunRequest(ctx=(pp + tg) * b, parallel=b, ngl=spec.n_layer + 1)  # type: ignore[attr-defined]
+        costs = batch_costs(spec, request, {"host": host, "gpu": gpu}, prompt=pp, depth=pp + tg // 2)  # type: ignore[arg-type]
+        assert costs is not None
+        published = float(row["s_tg"])  # type: ignore[arg-type]
+        errors.append(abs(b / costs.decode_step_s(b) / published - 1))
+        single.append(abs(b / costs.decode_step_s(1) / published - 1))
+    assert len(errors) >= 70
+    # bench/concurrency_published.py prints the table; the median single-stream × B misses by ~190%
+    assert statistics.median(errors) < 0.20
+    assert statistics.median(single) > 1.0
+    assert max(errors) < 0.75
+
+
+def test_the_batch_share_changes_only_the_further_sequences() -> None:
+    gpu = gpu_speed_for("RTX 4090", None)
+    assert gpu is not None
+    spec = model_spec(list(_read_compact("qwen2.5-coder-7b.Q8_0.json")))
+    request = RunRequest(ctx=8192, parallel=8, ngl=spec.n_layer + 1)
+    host = bound_speed("host CPU", 100_000_000_000, "sampling only")
+    slow = batch_costs(spec, request, {"host": host, "gpu": replace(gpu, batch_flops_share=0.25)})
+    fast = batch_costs(spec, request, {"host": host, "gpu": replace(gpu, batch_flops_share=0.5)})
+    assert slow is not None and fast is not None
+    assert slow.step_s == fast.step_s
+    assert slow.sequence_s > fast.sequence_s
+    assert CpuKernels().kind("Q6_K") == "shared"
