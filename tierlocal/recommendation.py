@@ -126,10 +126,12 @@ def catalog_recommendation(
     prefer: str = "balanced",
     ctx_up_to_training: bool = False,
     licence: str = "any",
+    users: int | None = None,
 ) -> CatalogRecommendation:
     """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots
     (at most each model's trained context with ``ctx_up_to_training``: no --ctx given), of the
-    licences ``licence`` allows (``any``, ``commercial``, ``open``).
+    licences ``licence`` allows (``any``, ``commercial``, ``open``); with ``users``, judged by each
+    user's decode speed when that many use a model at once.
 
     This CPU's calibration prices the host's part only when the host is this machine (no
     ``--ram``): another machine's CPU was never timed here.
@@ -165,6 +167,7 @@ def catalog_recommendation(
         ctx_up_to_training=ctx_up_to_training,
         licences=load_licences(),
         licence=licence,
+        users=users,
     )
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
     unused = unused_calibration(version) if not hardware.ram_overridden else None

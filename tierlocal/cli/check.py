@@ -4,6 +4,7 @@ per-device plan for one model (SOURCE), as tables or ``--json``."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import TypedDict, Unpack
 
 import click
@@ -42,6 +43,13 @@ __all__ = ["check"]
     show_default=True,
     help="Slots, each with its own KV cache; with SOURCE also 'auto' (llama-server's 4 unified) or 'max'.",
 )
+@click.option(
+    "--users",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Plan for this many users at once: that many slots (unless --parallel says otherwise), each user's decode speed, the "
+    "throughput and the wait for the first token; --min-speed is then each user's floor.",
+)
 @ngl_option
 @planning_options
 @click.option(
@@ -58,7 +66,7 @@ __all__ = ["check"]
     default=constants.DEFAULT_MIN_TOKENS_PER_S,
     show_default=True,
     help="Slowest acceptable decode speed, tokens/s, for the catalog recommendation (the best estimate: measured, calibrated or from published "
-    "GPU results; else the bandwidth bound).",
+    "GPU results; else the bandwidth bound); with --users, each user's.",
 )
 @click.option(
     "--for",
@@ -93,6 +101,7 @@ def check(
     gpus: tuple[str, ...],
     ctx: str | None,
     parallel: str,
+    users: int | None,
     ngl: int | None,
     n_cpu_moe: int | None,
     cache_type_k: str,
@@ -128,17 +137,20 @@ def check(
       tierlocal check ./model.gguf --ctx max --json
       tierlocal check ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal check kimi-k3
+      tierlocal check --gpu "RTX 4090" --users 8 --min-speed 20
     """
     hardware = machine(gpus, ram, ram_bandwidth)
     named = find_model(source) if source is not None else []  # a catalog name: its quantisations
     if mmproj and (source is None or named):
         raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
     request = _request(ngl, n_cpu_moe, cache_type_k, cache_type_v, flash_attn, ubatch, mmproj)
+    if users is not None and click.get_current_context().get_parameter_source("parallel") is click.core.ParameterSource.DEFAULT:
+        parallel = str(users)  # one slot per user unless --parallel says otherwise
     if source is not None and not named:
-        result = _check_one_source(source, hardware, ctx, parallel, request)
-        print_json(result.to_json()) if as_json else render_source_check(result)
+        result = _check_one_source(source, hardware, ctx, parallel, request, users)
+        print_json(result.to_json()) if as_json else render_source_check(result, min_speed=choices["min_speed"])
         return
-    _check_catalog(named, hardware, ctx, parallel, request, as_json=as_json, **choices)
+    _check_catalog(named, hardware, ctx, parallel, request, users, as_json=as_json, **choices)
 
 
 class CatalogChoices(TypedDict):
@@ -172,6 +184,7 @@ def _check_catalog(
     ctx: str | None,
     parallel: str,
     request: RunRequest,
+    users: int | None,
     *,
     min_speed: float,
     purpose: str,
@@ -197,6 +210,7 @@ def _check_catalog(
         prefer=prefer,
         ctx_up_to_training=ctx is None,
         licence=licence,
+        users=users,
     )
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
     shown = recommendation.best or (recommendation.candidates[0] if named and recommendation.candidates else None)
@@ -205,10 +219,11 @@ def _check_catalog(
         payload["plan"] = shown.plan.to_json() if shown and shown.plan else None
         print_json(payload)
     else:
-        render_catalog_recommendation(recommendation, show_all=show_all, render_plan=render_source_check, closest=shown)
+        shown_plan = partial(render_source_check, min_speed=min_speed)
+        render_catalog_recommendation(recommendation, show_all=show_all, render_plan=shown_plan, closest=shown)
 
 
-def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel: str, request: RunRequest) -> SourceCheck:
+def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel: str, request: RunRequest, users: int | None) -> SourceCheck:
     from ..fetch.sources import read_headers  # the hub's client loads only when a file is read (~0.15 s)
 
     if "/" not in source and not source.endswith(".gguf"):
@@ -230,6 +245,7 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
         host_is_here=not hardware.ram_overridden,
         up_to_training=ctx is None,
         cap_at_training=True,
+        users=users,
     )
     unused = unused_calibration(version) if not hardware.ram_overridden else None
     return replace(result, measured=_measured(source, result, version), calibration_note=unused)

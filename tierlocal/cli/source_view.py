@@ -14,6 +14,7 @@ from ..fit.memory import ContextParams
 from ..plan.source import SourceCheck
 from ..units import format_bytes
 from .common import console
+from .users_view import render_users
 
 __all__ = ["render_source_check"]
 
@@ -27,8 +28,9 @@ def _slots_text(params: ContextParams) -> str:
     return "1 slot(s)"
 
 
-def render_source_check(check: SourceCheck) -> None:
-    """One table per device, the verdict and the command line."""
+def render_source_check(check: SourceCheck, *, min_speed: float | None = None) -> None:
+    """One table per device, the verdict, the users table and the command line (``min_speed``:
+    the per-user floor the users asked for are judged by)."""
     out = console()
     estimate = check.estimate
     if estimate is None:
@@ -56,6 +58,7 @@ def render_source_check(check: SourceCheck) -> None:
             f"against ≤ ~{all_on_gpu:,.0f} with every layer on the GPU."
         )
     _render_measured(out, check)
+    render_users(out, check.users, asked=check.users_asked, min_speed=min_speed if check.users_asked else None)
     if check.suggestion:
         hint = check.suggestion
         out.print(

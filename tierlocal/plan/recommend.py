@@ -103,11 +103,12 @@ def recommend_catalog(
     ctx_up_to_training: bool = False,
     licences: Mapping[str, LicenceTerms] | None = None,
     licence: str = "any",
+    users: int | None = None,
 ) -> CatalogRecommendation:
-    """Plan every entry (``models``: the spec and summary of its header, by entry key; one without: the rule of thumb) at ``ctx``
-    tokens per slot × ``parallel`` slots (with ``ctx_up_to_training``, no --ctx given: at most each model's trained context), and
-    rank them (module docstring) by ``quality`` (model → task → score) less ``quant_losses`` (by upper-case type), weighed against
-    speed as ``prefer`` (:data:`PREFERENCES`) says; ``licence`` (:data:`LICENCE_FILTERS`) leaves out what ``licences`` disallow."""
+    """Plan every entry (``models``: its header's spec and summary by key; none: the rule of thumb) at ``ctx`` tokens per slot ×
+    ``parallel`` slots (``ctx_up_to_training``: at most its trained context), judged by each user's speed with ``users`` at once, and
+    rank them (module docstring) by ``quality`` (model → task → score) less ``quant_losses``, weighed against speed as ``prefer``
+    (:data:`PREFERENCES`) says; ``licence`` (:data:`LICENCE_FILTERS`) leaves out what ``licences`` disallow."""
     budget = memory_budget(hardware, host)
     on_this_machine = partial(
         check_model,
@@ -120,6 +121,7 @@ def recommend_catalog(
         template=_PUBLISHED_TEMPLATE,
         host_is_here=not hardware.ram_overridden,
         up_to_training=ctx_up_to_training,
+        users=users,
     )
 
     def plan(entry: ModelEntry, detail: bool) -> SourceCheck:
@@ -173,7 +175,11 @@ def _quality_notes(ranked: Sequence[Candidate], purpose: str) -> tuple[str, ...]
 
 
 def _speed(check: SourceCheck) -> tuple[float | None, str]:
-    """The decode tokens/s a row is judged by and its basis (:class:`HeadlineSpeed`)."""
+    """The decode tokens/s a row is judged by and its basis: each user's when the plan was asked
+    for several users at once, else one stream's (:class:`HeadlineSpeed`)."""
+    shared = check.users_at(check.users_asked) if check.users_asked and check.users_asked > 1 else None
+    if shared is not None:
+        return shared.per_user_decode_tokens_per_s, shared.basis
     headline = check.headline
     return headline.decode_tokens_per_s, headline.basis
 

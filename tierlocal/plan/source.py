@@ -12,15 +12,17 @@ from ..engines.flags import planned_command
 from ..engines.ollama import OllamaSettings, ollama_settings
 from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
+from ..fit.concurrency import UsersSpeed
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunEstimate, RunRequest
 from ..fit.headline import HeadlineSpeed, headline_speed
 from ..fit.host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
 from ..fit.model import ModelSpec, model_spec
 from ..fit.search import max_context, max_parallel, plan_run
-from ..fit.speed import TTFT_PROMPTS, DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
+from ..fit.speed import DecodeSpeed
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from .machine import without_gpu
+from .speeds import plan_speeds
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_model", "check_source", "default_template", "parse_ctx", "parse_parallel"]
 
@@ -86,6 +88,15 @@ class SourceCheck:
     host_is_here: bool = True
     #: Why this CPU's calibration went unused (filed under another engine build), if it did.
     calibration_note: str | None = None
+    #: Users at once on the planned slots (:mod:`tierlocal.fit.concurrency`): per-user decode,
+    #: aggregate and first token for each count of the table (``users`` asked included).
+    users: tuple[UsersSpeed, ...] = ()
+    #: The users the plan was asked for (``--users``; None: not asked).
+    users_asked: int | None = None
+
+    def users_at(self, count: int) -> UsersSpeed | None:
+        """The table's row for ``count`` users, if it has one."""
+        return next((row for row in self.users if row.users == count), None)
 
     @property
     def context_note(self) -> str | None:
@@ -172,6 +183,8 @@ class SourceCheck:
         payload["suggestion"] = self.suggestion.to_json() if self.suggestion else None
         payload["host_memory"] = {"cpu_features": list(self.cpu_features), "modes": [memory.to_json() for memory in self.host_memory]}
         payload["measured"] = self.measured
+        payload["users_asked"] = self.users_asked
+        payload["users"] = [row.to_json() for row in self.users]
         if request.projector is not None and estimate.projector is not None:
             payload["projector"] = {**request.projector.to_json(), **estimate.projector.to_json()}
         return payload
@@ -247,6 +260,7 @@ class PlanOptions(TypedDict, total=False):
     detail: bool
     up_to_training: bool
     cap_at_training: bool
+    users: int | None
 
 
 def check_source(source: str, headers: list[GGUFHeader], machine: Machine, **options: Unpack[PlanOptions]) -> SourceCheck:
@@ -272,6 +286,7 @@ def check_model(
     detail: bool = True,
     up_to_training: bool = False,
     cap_at_training: bool = False,
+    users: int | None = None,
 ) -> SourceCheck:
     """Plan ``source`` (``spec`` and ``summary`` of its header) on ``machine``: honour what the user set, solve for ``max``; serve with
     ``template`` (None: :func:`default_template`); price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no
@@ -279,19 +294,16 @@ def check_model(
     tokens per slot (None: the most that fit). Without ``detail`` the plan leaves out what only a shown plan prints: the times to first
     token and the q8_0 cache suggestion (a ranking of the catalog plans every entry, and shows a few). With ``up_to_training`` (no
     --ctx given: ``ctx`` is the default) each slot gets at most the context the model was trained on; with ``cap_at_training``
-    (one model to serve) an explicit ``ctx`` past it too, as llama-server caps each slot there, and the plan says so."""
+    (one model to serve) an explicit ``ctx`` past it too, as llama-server caps each slot there, and the plan says so. ``users``: the
+    concurrent users to price (:mod:`tierlocal.fit.concurrency`); with ``detail`` the table of :data:`USER_COUNTS` is priced too."""
     spec = _checked_pair(spec, request)
     ctx, ctx_asked = _per_slot(ctx, spec.n_ctx_train, up_to_training=up_to_training, cap_at_training=cap_at_training)
     base, reason = _base_request(request, ctx, parallel)
     estimate, plan, machine, host_only = _plan_here(spec, base, machine, ctx, parallel, keep_gpu=bool(request.ngl))
     template = template or default_template(summary)
     model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
-    memory = _host_memory(spec, estimate, machine)
-    cache_ram = prompt_cache_cap(memory[0].in_use_bytes, machine.host_free_bytes, machine.margin_bytes) if memory else None
-    memory = tuple(replace(mode, grows_by_bytes=cache_ram) for mode in memory if cache_ram is not None)
-    command = (
-        planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args, cache_ram_bytes=cache_ram) if estimate else []
-    )
+    memory, command = _memory_and_command(spec, estimate, machine, model_path, template, host_only=host_only)
+    speed, table = plan_speeds(spec, estimate, machine, host_speed, gpu_speed, detail=detail, users=users) if estimate else (None, ())
     return SourceCheck(
         source=source,
         architecture=spec.architecture,
@@ -301,7 +313,7 @@ def check_model(
         reason=None if estimate is not None and estimate.fits else reason,
         command=command,
         ollama=ollama_settings(estimate) if estimate else None,
-        speed=decode_speed(estimate, machine, _calibrated(spec, estimate, machine, host_speed, gpu_speed, first_tokens=detail)) if estimate else None,
+        speed=speed,
         suggestion=_cache_suggestion(estimate, plan) if estimate and detail else None,
         host_only=host_only,
         chat_template=summary.chat_template,
@@ -313,10 +325,24 @@ def check_model(
         n_ctx_train=spec.n_ctx_train,
         ctx_asked=ctx_asked,
         host_is_here=host_is_here,
+        users=table,
+        users_asked=users,
     )
 
 
 _Planner = Callable[[RunRequest], RunEstimate | None]
+
+
+def _memory_and_command(
+    spec: ModelSpec, estimate: RunEstimate | None, machine: Machine, model_path: str, template: TemplateChoice, *, host_only: bool
+) -> tuple[tuple[HostMemory, ...], list[str]]:
+    """System RAM per load mode (with what the prompt cache may add) and the llama-server command of the plan."""
+    memory = _host_memory(spec, estimate, machine)
+    cache_ram = prompt_cache_cap(memory[0].in_use_bytes, machine.host_free_bytes, machine.margin_bytes) if memory else None
+    memory = tuple(replace(mode, grows_by_bytes=cache_ram) for mode in memory if cache_ram is not None)
+    if estimate is None:
+        return memory, []
+    return memory, planned_command(model_path, estimate, host_only=host_only, template_args=template.engine_args, cache_ram_bytes=cache_ram)
 
 
 def _per_slot(ctx: int | None, n_ctx_train: int, *, up_to_training: bool, cap_at_training: bool) -> tuple[int | None, int]:
@@ -367,19 +393,6 @@ def _checked_pair(spec: ModelSpec, request: RunRequest) -> ModelSpec:
             hint="use the mmproj file published with this model",
         )
     return spec
-
-
-def _calibrated(
-    spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, *, first_tokens: bool = True
-) -> SpeedEstimate | None:
-    """The speed from the devices' figures (with the times to first token when ``first_tokens``); a host not calibrated is priced at
-    its memory bandwidth (``bound``) where a GPU's figures carry the rest. None: no figures at all."""
-    if host is None:
-        if gpu is None or not estimate.layers_offloaded:
-            return None
-        note = f"{machine.host_bandwidth / 1e9:,.0f} GB/s memory bandwidth (not calibrated)"
-        host = bound_speed("host CPU", machine.host_bandwidth, note)
-    return estimate_speed(spec, estimate, host, gpu, max_tensor_bytes=machine.max_tensor_bytes, prompts=TTFT_PROMPTS if first_tokens else ())
 
 
 def _host_memory(spec: ModelSpec, estimate: RunEstimate | None, machine: Machine) -> tuple[HostMemory, ...]:

@@ -1,0 +1,57 @@
+"""The speeds of a plan from the devices' figures: one stream's (decode, prefill, first token) and
+many users' at once (:mod:`tierlocal.fit.concurrency`). Pure."""
+
+from __future__ import annotations
+
+from ..fit.concurrency import USER_COUNTS, UsersSpeed, batch_costs, cpu_kernels, users_table
+from ..fit.device_speed import DeviceSpeed
+from ..fit.estimate import Machine, RunEstimate
+from ..fit.host_memory import repack_rules
+from ..fit.model import ModelSpec
+from ..fit.speed import TTFT_PROMPTS, DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
+
+__all__ = ["host_figures", "users_speeds", "calibrated_speed", "plan_speeds"]
+
+
+def host_figures(estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> DeviceSpeed | None:
+    """The host's figures: its calibration, else (where a GPU's figures carry the rest) its memory bandwidth (``bound``)."""
+    if host is None:
+        if gpu is None or not estimate.layers_offloaded:
+            return None
+        note = f"{machine.host_bandwidth / 1e9:,.0f} GB/s memory bandwidth (not calibrated)"
+        host = bound_speed("host CPU", machine.host_bandwidth, note)
+    return host
+
+
+def users_speeds(
+    spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, counts: list[int], basis: str
+) -> tuple[UsersSpeed, ...]:
+    """Each of ``counts`` users at once on the planned slots (none without prefill figures for every device with work)."""
+    host = host_figures(estimate, machine, host, gpu)
+    if host is None:
+        return ()
+    kernels = cpu_kernels(machine.cpu_arch, frozenset(repack_rules(machine.cpu_arch, machine.cpu_features)))
+    costs = batch_costs(spec, estimate.request, {"host": host, "gpu": gpu}, cpu=kernels, max_tensor_bytes=machine.max_tensor_bytes)
+    return users_table(costs, estimate.params.n_seq_max, counts=counts, basis=basis) if costs is not None else ()
+
+
+def calibrated_speed(
+    spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, *, first_tokens: bool = True
+) -> SpeedEstimate | None:
+    """The speed from the devices' figures (with the times to first token when ``first_tokens``); a host not calibrated is priced at
+    its memory bandwidth (``bound``) where a GPU's figures carry the rest. None: no figures at all."""
+    host = host_figures(estimate, machine, host, gpu)
+    if host is None:
+        return None
+    return estimate_speed(spec, estimate, host, gpu, max_tensor_bytes=machine.max_tensor_bytes, prompts=TTFT_PROMPTS if first_tokens else ())
+
+
+def plan_speeds(
+    spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, *, detail: bool, users: int | None
+) -> tuple[DecodeSpeed, tuple[UsersSpeed, ...]]:
+    """One stream's speed (times to first token with ``detail``) and the users table: :data:`USER_COUNTS` with ``detail``, and
+    ``users`` when asked."""
+    fitted = calibrated_speed(spec, estimate, machine, host, gpu, first_tokens=detail)
+    counts = sorted({*(USER_COUNTS if detail else ()), *((users,) if users else ())})
+    table = users_speeds(spec, estimate, machine, host, gpu, counts, fitted.basis if fitted else "bound") if counts else ()
+    return decode_speed(estimate, machine, fitted), table
