@@ -47,3 +47,32 @@ def test_bench_attaches_to_the_running_serve(assets: Assets, tmp_path: Path) -> 
         assert json.loads(done.stdout)["url"] == f"http://127.0.0.1:{port}"
     nothing = run_cli("bench", env=_env(assets, tmp_path / "empty"))
     assert nothing.returncode == 1 and nothing.stderr.startswith("error: no tierlocal serve is running")  # as `status` exits
+
+
+def test_bench_users_measures_users_at_once_records_it_and_check_uses_it(assets: Assets, tmp_path: Path) -> None:
+    """Real concurrent streaming clients against `serve --users 2` (two slots, one KV cache):
+    two users wait longer for their first token than one (both prompts go in one batch) and
+    each decodes no faster than one alone; check then shows the measured rows."""
+    env = _env(assets, tmp_path)
+    args = ("--users", "1,2", "--prompt", "256", "--tokens", "16", "--ctx", "512", "--threads", ENGINE_THREADS, "--json")
+    done = run_cli("bench", str(assets.gemma_gguf), *args, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert_documented("bench-users", result)
+    one, two = result["users"]
+    assert (one["users"], two["users"], result["slots"]) == (1, 2, 2)
+    assert one["prompt_tokens"] == two["prompt_tokens"] == 256 and one["tokens"] == two["tokens"] == 16
+    assert two["first_token_p50_s"] > one["first_token_p50_s"]
+    assert two["per_user_decode_tokens_per_s"] < one["per_user_decode_tokens_per_s"] * 1.1
+    assert two["aggregate_decode_tokens_per_s"] > one["aggregate_decode_tokens_per_s"]  # batched: more in all
+    assert [row["users"] for row in result["estimate"]] == [1, 2, 4, 8, 16]  # the plan's table, for 256-token prompts
+    (record,) = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert record["kind"] == "users" and record["key"]["model"] == str(assets.gemma_gguf.resolve())
+    plan = json.loads(run_cli("check", str(assets.gemma_gguf), "--users", "2", "--ctx", "512", "--json", env=env).stdout)
+    assert plan["request"]["kv_unified"] is True and "-kvu" in plan["command"]
+    assert plan["measured"] is None  # a users record is not a single-stream one
+    rows = {row["users"]: row for row in plan["users"]}
+    assert [rows[1]["basis"], rows[2]["basis"], rows[4]["basis"]] == ["measured", "measured", "derived"]
+    assert rows[2]["per_user_decode_tokens_per_s"] == two["per_user_decode_tokens_per_s"]
+    # 4 users on 2 slots: two wait, so the median first token comes later than with 2
+    assert rows[4]["queued"] == 2 and rows[4]["first_token_p50_s"] > rows[2]["first_token_p50_s"]

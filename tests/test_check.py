@@ -335,3 +335,27 @@ def test_a_licence_that_restricts_use_is_on_the_recommended_line_and_licence_fil
     assert {c["licence_terms"]["use"] for c in everything["candidates"]} == {"open", "conditions", "non-commercial"}  # type: ignore[index, union-attr]
     nothing = " ".join(run_cli("check", "exaone-4.0-1.2b", "--ram", "8GiB", "--licence", "commercial").stdout.split())
     assert "no catalog model of a licence --licence commercial allows fits" in nothing
+
+
+def test_users_at_once_plan_their_slots_one_kv_cache_and_judge_each_users_speed() -> None:
+    """`check --users 8 --min-speed 20 --gpu "RTX 4090"`: eight slots sharing one KV cache, the
+    best plan's table with 8 users, and every entry judged by each user's speed at 8."""
+    env = {"TIERLOCAL_LLAMA_SERVER": "/nonexistent"}
+    alone = json.loads(run_cli("check", "--gpu", "RTX 4090", "--ram", "64GiB", "--parallel", "8", "--json", env=env).stdout)
+    shared = json.loads(run_cli("check", "--gpu", "RTX 4090", "--ram", "64GiB", "--users", "8", "--min-speed", "20", "--json", env=env).stdout)
+    assert shared["users"] == 8 and shared["parallel"] == 8 and shared["min_tokens_per_s"] == 20
+    plan = shared["plan"]
+    assert plan["users_asked"] == 8 and plan["request"]["kv_unified"] is True and "-kvu" in plan["command"]
+    rows = {row["users"]: row for row in plan["users"]}
+    assert sorted(rows) == [1, 2, 4, 8, 16] and rows[16]["queued"] == 8
+    assert rows[8]["per_user_decode_tokens_per_s"] < rows[1]["per_user_decode_tokens_per_s"]
+    assert rows[8]["aggregate_decode_tokens_per_s"] > 3 * rows[1]["aggregate_decode_tokens_per_s"]  # a GPU batches; an MoE reads more experts
+    best = shared["recommendation"]
+    assert best["est_decode_tokens_per_s"] == rows[8]["per_user_decode_tokens_per_s"] >= 20
+    # the same entry alone (8 slots, one user) is judged faster than each of 8 users
+    same = next(c for c in alone["candidates"] if (c["model"], c["quant"]) == (best["model"], best["quant"]))
+    assert same["est_decode_tokens_per_s"] > best["est_decode_tokens_per_s"]
+    slow = [c for c in shared["candidates"] if c["status"] == "too slow"]
+    assert all(c["est_decode_tokens_per_s"] < 20 for c in slow)
+    human = " ".join(run_cli("check", "--gpu", "RTX 4090", "--ram", "64GiB", "--users", "8", "--min-speed", "20", env=env).stdout.split())
+    assert "8 users at once:" in human and "meets the per-user floor of 20 tok/s" in human and "each user's with 8 at once" in human

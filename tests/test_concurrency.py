@@ -158,3 +158,41 @@ def test_the_batch_share_changes_only_the_further_sequences() -> None:
     assert slow.step_s == fast.step_s
     assert slow.sequence_s > fast.sequence_s
     assert CpuKernels().kind("Q6_K") == "shared"
+
+
+def test_a_measured_curve_replaces_the_estimate_and_scales_the_rest() -> None:
+    from tierlocal.fit.users_measured import with_measured
+
+    costs = BatchCosts(step_s=0.02, sequence_s=0.005, prompt_token_s=0.001)
+    rows = users_table(costs, 4, counts=(1, 2, 4, 8))
+    measured = {
+        "slots": 4,
+        "prompt_tokens": 256,
+        "users": [
+            {
+                "users": 1,
+                "per_user_decode_tokens_per_s": 40.0,
+                "aggregate_decode_tokens_per_s": 40.0,
+                "first_token_p50_s": 0.5,
+                "first_token_p95_s": 0.5,
+            },
+            {
+                "users": 4,
+                "per_user_decode_tokens_per_s": 20.0,
+                "aggregate_decode_tokens_per_s": 80.0,
+                "first_token_p50_s": 2.0,
+                "first_token_p95_s": 2.1,
+            },
+        ],
+    }
+    merged = {row.users: row for row in with_measured(rows, measured)}
+    assert (merged[1].basis, merged[4].basis, merged[2].basis, merged[8].basis) == ("measured", "measured", "derived", "derived")
+    assert merged[4].per_user_decode_tokens_per_s == 20.0 and merged[4].first_token_p95_s == 2.1
+    estimated = {row.users: row for row in rows}
+    # 8 users on 4 slots decode as 4 do: scaled by the 4-user ratio; 2 users by the nearer (1 and 4 are both 1-2 away: the larger)
+    assert merged[8].per_user_decode_tokens_per_s == pytest.approx(
+        estimated[8].per_user_decode_tokens_per_s * 20.0 / estimated[4].per_user_decode_tokens_per_s
+    )
+    # another slot count or prompt length is another run: nothing replaced
+    assert with_measured(rows, {**measured, "slots": 2}) == rows
+    assert with_measured(rows, {**measured, "users": [{"users": "four"}]}) == rows

@@ -112,6 +112,9 @@ class SparseArch:
 
 LLAMA3_8B = SparseArch("llama-3-8b-q4k", "llama", 32, 4096, 32, 8, 128, 14336, 128256, 131072, extra={"llama.rope.freq_base": 500000.0})
 QWEN3_8B = SparseArch("qwen3-8b-q4k", "qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 40960, qk_norm=True)
+# Qwen/Qwen3-1.7B config.json: hidden_size 2048, intermediate_size 6144, 28 layers, 16 heads, 8 KV heads,
+# head_dim 128, vocab_size 151936, tie_word_embeddings true, max_position_embeddings 40960.
+QWEN3_1_7B = SparseArch("qwen3-1.7b-q4k", "qwen3", 28, 2048, 16, 8, 128, 6144, 151936, 40960, tied_output=True, qk_norm=True)
 QWEN3_30B_A3B = SparseArch("qwen3-30b-a3b-q4k", "qwen3moe", 48, 2048, 32, 4, 128, 6144, 151936, 40960, qk_norm=True, experts=(128, 8, 768))
 # LFM2-1.2B: 10 short-convolution blocks with a fixed-size recurrent state, 6 attention blocks.
 LFM2_1_2B = SparseArch(

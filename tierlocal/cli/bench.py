@@ -7,17 +7,22 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 from rich.table import Table
 
 from ..errors import EngineFailed, TierlocalError, UsageError
 from ..serve.bench import BenchRun, bench_path, bench_server, record_bench
+from ..serve.bench_users import UsersRun, measure_users, parse_users, record_users
 from ..serve.state import running_servers
 from ..units import format_bytes
 from .common import console, json_option, print_json
 
 __all__ = ["bench"]
+
+T = TypeVar("T")
 
 
 @click.command()
@@ -26,8 +31,29 @@ __all__ = ["bench"]
 @click.option("--ctx", default="4096", show_default=True, help="With SOURCE: the context to serve it with.")
 @click.option("--llama-server", "llama_server", metavar="PATH", help="With SOURCE: the llama-server binary.")
 @click.option("--threads", type=click.IntRange(1, 1024), help="With SOURCE: CPU threads.")
+@click.option(
+    "--users",
+    "users_text",
+    metavar="N,N,…",
+    help="Measure users at once instead: for each count, that many streaming clients start together, each with a prompt of its own "
+    "(with SOURCE, served with that many slots at most).",
+)
+@click.option(
+    "--prompt", "prompt_tokens", type=click.IntRange(16, 32768), default=256, show_default=True, help="With --users: prompt tokens per user."
+)
+@click.option("--tokens", type=click.IntRange(2, 4096), default=64, show_default=True, help="With --users: tokens each user is given.")
 @json_option
-def bench(source: str | None, port: int | None, ctx: str, llama_server: str | None, threads: int | None, as_json: bool) -> None:
+def bench(
+    source: str | None,
+    port: int | None,
+    ctx: str,
+    llama_server: str | None,
+    threads: int | None,
+    users_text: str | None,
+    prompt_tokens: int,
+    tokens: int,
+    as_json: bool,
+) -> None:
     """Measure prefill and decode tokens/s and time to first token at a few prompt lengths,
     and the engine's peak memory, on a running `tierlocal serve` — or, with SOURCE, on one
     started for it and stopped after — and print them beside the estimate. Each result is
@@ -38,21 +64,22 @@ def bench(source: str | None, port: int | None, ctx: str, llama_server: str | No
     Examples:
       tierlocal bench                     # the running tierlocal serve
       tierlocal bench ./gemma-3-270m-Q4_K_M.gguf --ctx 4096
+      tierlocal bench --users 1,2,4,8     # users at once, beside the plan's table
     """
-    if source is None:
-        servers = running_servers(port)
-        if not servers:  # a state, not a bad option: exit 1, as `status` says it
-            raise TierlocalError(
-                "no tierlocal serve is running" + (f" on port {port}" if port else ""),
-                hint="start one with `tierlocal serve MODEL`, or give a SOURCE to serve for the measurement",
-            )
-        if len(servers) > 1:
-            raise UsageError(f"{len(servers)} servers are running", hint="give --port to say which")
-        run = bench_server(servers[0], say=_say)
-    else:
-        run = _bench_source(source, ctx, llama_server, threads)
+    users = parse_users(users_text) if users_text else None
+    if users is not None:
+        slots = max(users)
+        measured = _with_server(source, port, ctx, llama_server, threads, slots, lambda state: _users(state, users, prompt_tokens, tokens))
+        record_users(measured)
+        print_json(measured.to_json()) if as_json else _render_users(measured)
+        return
+    run = _with_server(source, port, ctx, llama_server, threads, None, lambda state: bench_server(state, say=_say))
     record_bench(run)
     print_json(run.to_json()) if as_json else _render(run)
+
+
+def _users(state: dict[str, object], users: tuple[int, ...], prompt_tokens: int, tokens: int) -> UsersRun:
+    return measure_users(state, users, prompt_tokens=prompt_tokens, tokens=tokens, say=_say)
 
 
 def _say(message: str) -> None:
@@ -65,12 +92,39 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int | None) -> BenchRun:
+def _with_server(
+    source: str | None,
+    port: int | None,
+    ctx: str,
+    llama_server: str | None,
+    threads: int | None,
+    parallel: int | None,
+    measure: Callable[[dict[str, object]], T],
+) -> T:
+    """``measure`` the running `tierlocal serve` (the only one, or the one on ``port``), or with
+    ``source`` one started for the measurement (planned for ``parallel`` users) and stopped after."""
+    if source is not None:
+        return _on_source(source, ctx, llama_server, threads, parallel, measure)
+    servers = running_servers(port)
+    if not servers:  # a state, not a bad option: exit 1, as `status` says it
+        raise TierlocalError(
+            "no tierlocal serve is running" + (f" on port {port}" if port else ""),
+            hint="start one with `tierlocal serve MODEL`, or give a SOURCE to serve for the measurement",
+        )
+    if len(servers) > 1:
+        raise UsageError(f"{len(servers)} servers are running", hint="give --port to say which")
+    return measure(servers[0])
+
+
+def _on_source(
+    source: str, ctx: str, llama_server: str | None, threads: int | None, parallel: int | None, measure: Callable[[dict[str, object]], T]
+) -> T:
     """`tierlocal serve SOURCE` started for the measurement (its plan, template check and first
     answer included), measured, and stopped."""
     argv = [sys.executable, "-m", "tierlocal", "serve", source, "--port", str(_free_port()), "--ctx", ctx, "--json"]
     argv += ["--llama-server", llama_server] if llama_server else []
     argv += ["--threads", str(threads)] if threads else []
+    argv += ["--users", str(parallel)] if parallel else []
     _say(f"starting tierlocal serve {source} for the measurement")
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -84,7 +138,7 @@ def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int 
             _, stderr = process.communicate(timeout=30)
             error = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr.strip()[-300:])
             raise EngineFailed(f"tierlocal serve {source} did not start: {error.removeprefix('error: ')}", hint="run it alone to see why")
-        return bench_server(json.loads(text), say=_say)
+        return measure(json.loads(text))
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -92,6 +146,35 @@ def _bench_source(source: str, ctx: str, llama_server: str | None, threads: int 
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def _render_users(run: UsersRun) -> None:
+    out = console()
+    estimated = {int(row["users"]): row for row in run.estimate if isinstance(row.get("users"), int)}  # type: ignore[call-overload]
+    title = f"{run.model} on {run.device}: users at once, {run.slots} slot(s), {run.prompt_tokens}-token prompts, {run.tokens} tokens each"
+    table = Table(title=title, title_justify="left")
+    for column in ("users", "each, tok/s", "estimated", "all, tok/s", "estimated", "first token p50", "estimated", "p95"):
+        table.add_column(column, justify="right")
+    for point in run.points:
+        row = estimated.get(point.users, {})
+        table.add_row(
+            str(point.users),
+            f"{point.per_user_decode_tokens_per_s:,.1f}",
+            _number(row.get("per_user_decode_tokens_per_s"), "{:,.1f}"),
+            f"{point.aggregate_decode_tokens_per_s:,.1f}",
+            _number(row.get("aggregate_decode_tokens_per_s"), "{:,.1f}"),
+            f"{point.first_token_quantile(0.5):,.2f} s",
+            _number(row.get("first_token_p50_s"), "{:,.2f} s"),
+            f"{point.first_token_quantile(0.95):,.2f} s",
+        )
+    out.print(table)
+    if run.estimate and run.estimate[0].get("prompt_tokens") != run.prompt_tokens:
+        out.print(f"The plan's estimate is for {run.estimate[0].get('prompt_tokens')}-token prompts.")
+    out.print(f"Recorded in {bench_path()}: `tierlocal check` shows it for this model, engine build and device.")
+
+
+def _number(value: object, form: str) -> str:
+    return form.format(value) if isinstance(value, int | float) else "-"
 
 
 def _render(run: BenchRun) -> None:

@@ -14,6 +14,7 @@ from ..catalog import ModelEntry, find_model, load_host_defaults, load_models
 from ..cpu_figures import host_speed_here
 from ..errors import UsageError
 from ..fit.estimate import RunRequest
+from ..fit.users_measured import with_measured
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
 from ..measure.calibration_cache import unused_calibration
@@ -22,6 +23,7 @@ from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES
 from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
+from ..serve.bench_users import measured_users
 from .common import gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
 from .recommend_view import render_catalog_recommendation
 from .source_view import render_source_check
@@ -146,6 +148,8 @@ def check(
     request = _request(ngl, n_cpu_moe, cache_type_k, cache_type_v, flash_attn, ubatch, mmproj)
     if users is not None and click.get_current_context().get_parameter_source("parallel") is click.core.ParameterSource.DEFAULT:
         parallel = str(users)  # one slot per user unless --parallel says otherwise
+    if users is not None and users > 1:
+        request = replace(request, kv_unified=True)  # one batch for every user (llama-server's -kvu)
     if source is not None and not named:
         result = _check_one_source(source, hardware, ctx, parallel, request, users)
         print_json(result.to_json()) if as_json else render_source_check(result, min_speed=choices["min_speed"])
@@ -248,7 +252,8 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
         users=users,
     )
     unused = unused_calibration(version) if not hardware.ram_overridden else None
-    return replace(result, measured=_measured(source, result, version), calibration_note=unused)
+    table = with_measured(result.users, _measured_users(source, result, version))
+    return replace(result, measured=_measured(source, result, version), calibration_note=unused, users=table)
 
 
 def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
@@ -257,3 +262,10 @@ def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str
     if result.estimate is None or not bench_path().is_file():
         return None
     return measured_speed(bench_key(source, version, bench_device(result.to_json()))) if version else None
+
+
+def _measured_users(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
+    """What `tierlocal bench --users` recorded for this model file, engine build and planned device."""
+    if result.estimate is None or not version or not bench_path().is_file():
+        return None
+    return measured_users(bench_key(source, version, bench_device(result.to_json())))

@@ -179,6 +179,12 @@ def serve_options(command: _F) -> _F:
                 help="Slots, each with --ctx tokens of its own; 'auto' (4 sharing one KV of --ctx) or 'max'.",
             ),
             click.option(
+                "--users",
+                type=click.IntRange(1, 256),
+                help="Users at once to plan for: that many slots (unless --parallel says otherwise) sharing one KV cache (-kvu, so every "
+                "user's token is in each step), and each user's speed in the plan.",
+            ),
+            click.option(
                 "--host", default=constants.DEFAULT_HOST, show_default=True, help="Address to bind; anything but loopback needs --api-key-file."
             ),
             click.option("--port", type=click.IntRange(1, 65535), default=constants.LLAMA_SERVER_PORT, show_default=True),
@@ -221,6 +227,7 @@ SERVE_OPTION_FIELDS = (
     "llama_server",
     "ctx",
     "parallel",
+    "users",
     "host",
     "port",
     "gpus",
@@ -251,6 +258,7 @@ def serve_argv(options: ServeOptions) -> list[str]:
         *(["--ctx", options.ctx] if options.ctx is not None else []),
         "--parallel",
         options.parallel,
+        *(["--users", str(options.users)] if options.users else []),
         "--host",
         options.host,
         "--port",

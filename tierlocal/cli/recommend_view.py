@@ -61,7 +61,8 @@ def render_catalog_recommendation(
     shown = recommendation.candidates if show_all else recommendation.candidates[:_ROWS]
     legend = _basis_legend({c.speed_basis for c in shown if c.decode_tokens_per_s is not None}, recommendation)
     if legend:
-        out.print(f"tok/s: {legend}.")
+        each = f"each user's with {recommendation.users} at once; " if recommendation.users and recommendation.users > 1 else ""
+        out.print(f"tok/s: {each}{legend}.")
     out.print(
         f"score: the {recommendation.purpose} benchmarks each model's publisher reports, made comparable (docs/how-it-works/quality.md; "
         "* from all its figures, none for this task), less its quantisation's measured loss; - no published figures."

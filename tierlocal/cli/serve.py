@@ -59,6 +59,7 @@ def serve(
     \b
     Examples:
       tierlocal serve ./gemma-3-270m-Q4_K_M.gguf --ctx 8192 --parallel 2
+      tierlocal serve ./model.gguf --users 4          # four users at once, one KV cache they share
       tierlocal serve qwen3-8b --pull --ctx max
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3

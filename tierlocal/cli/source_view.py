@@ -59,6 +59,8 @@ def render_source_check(check: SourceCheck, *, min_speed: float | None = None) -
         )
     _render_measured(out, check)
     render_users(out, check.users, asked=check.users_asked, min_speed=min_speed if check.users_asked else None)
+    if check.users_note:
+        out.print(f"[bold yellow]Batching[/bold yellow]: {escape(check.users_note)}.")
     if check.suggestion:
         hint = check.suggestion
         out.print(

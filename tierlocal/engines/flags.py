@@ -123,7 +123,8 @@ def server_args(
     request, params = estimate.request, estimate.params
     args = ["-c", str(params.n_ctx_padded)]
     args += ["-dev", "none"] if host_only else []
-    args += ["-np", str(params.n_seq_max)] if not params.kv_unified else []
+    args += ["-np", str(params.n_seq_max)] if not params.kv_unified or request.kv_unified else []
+    args += ["-kvu"] if request.kv_unified and params.kv_unified else []
     args += ["-ngl", str(request.ngl)]
     args += ["-ts", ",".join(str(share) for share in estimate.tensor_split)] if estimate.tensor_split and not host_only else []
     if flash_attn_takes_value:

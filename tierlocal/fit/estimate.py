@@ -54,6 +54,10 @@ class RunRequest:
     #: ``projector_offload`` is False (``--no-mmproj-offload``).
     projector: ProjectorSpec | None = None
     projector_offload: bool = True
+    #: One KV cache every slot shares (``--kv-unified``; None: llama-server's default, unified
+    #: only for its auto slots). Without it, one batch holds only the requests of consecutive
+    #: slots (``split_equal`` in src/llama-batch.cpp), so users at once share fewer steps.
+    kv_unified: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,7 @@ def _context(spec: ModelSpec, request: RunRequest) -> ContextParams:
         swa_full=request.swa_full,
         all_outputs=request.all_outputs,
         flash_attn=request.flash_attn,
+        kv_unified=request.kv_unified,
     )
 
 

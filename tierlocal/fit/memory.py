@@ -105,14 +105,16 @@ def server_context(
     kv_offload: bool = True,
     all_outputs: bool = False,
     flash_attn: bool = True,
+    kv_unified: bool | None = None,
 ) -> ContextParams:
-    """The context llama-server creates for ``-c ctx -np parallel`` (0 / None: its defaults)."""
+    """The context llama-server creates for ``-c ctx -np parallel`` (0 / None: its defaults; ``kv_unified``
+    None: unified for its auto slots only, as llama-server decides)."""
     if parallel is not None and parallel < 1:
         raise UsageError(f"parallel slots must be at least 1, not {parallel}")
     return ContextParams(
         n_ctx=ctx or spec.n_ctx_train,
         n_seq_max=parallel or constants.AUTO_SLOTS,
-        kv_unified=parallel is None,
+        kv_unified=parallel is None if kv_unified is None else kv_unified,
         n_ubatch=n_ubatch,
         cache_type_k=cache_type_k,
         cache_type_v=cache_type_v,

@@ -114,6 +114,8 @@ class CatalogRecommendation:
     prefer: str = "balanced"
     #: ``--licence``: which licences the pick may have (any, commercial, open).
     licence: str = "any"
+    #: ``--users``: the users at once each entry's speed is judged for (None: one).
+    users: int | None = None
 
     @property
     def best(self) -> Candidate | None:
@@ -145,6 +147,7 @@ class CatalogRecommendation:
             "purpose": self.purpose,
             "prefer": self.prefer,
             "licence": self.licence,
+            "users": self.users,
             "min_tokens_per_s": self.min_tokens_per_s,
             "recommendation": best.to_json() if best else None,
             "alternatives": [{"role": role, **c.to_json()} for role, c in (("smaller", self.smaller), ("larger", self.larger)) if c is not None],

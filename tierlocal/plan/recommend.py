@@ -105,10 +105,9 @@ def recommend_catalog(
     licence: str = "any",
     users: int | None = None,
 ) -> CatalogRecommendation:
-    """Plan every entry (``models``: its header's spec and summary by key; none: the rule of thumb) at ``ctx`` tokens per slot ×
-    ``parallel`` slots (``ctx_up_to_training``: at most its trained context), judged by each user's speed with ``users`` at once, and
-    rank them (module docstring) by ``quality`` (model → task → score) less ``quant_losses``, weighed against speed as ``prefer``
-    (:data:`PREFERENCES`) says; ``licence`` (:data:`LICENCE_FILTERS`) leaves out what ``licences`` disallow."""
+    """Plan every entry (``models``: spec and summary by key, else the rule of thumb) at ``ctx`` per slot × ``parallel`` (``ctx_up_to_training``:
+    ≤ its trained context), speed per user at ``users``; rank (module docstring) by ``quality`` less ``quant_losses`` against speed
+    as ``prefer`` says; ``licence`` leaves out what ``licences`` disallow."""
     budget = memory_budget(hardware, host)
     on_this_machine = partial(
         check_model,
@@ -139,10 +138,9 @@ def recommend_catalog(
 
     ranked = _rank([judged(entry) for entry in entries if not entry.frontier], PREFERENCES[prefer], purpose)
     frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
-    recommendation = CatalogRecommendation(
-        hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, _quality_notes(ranked, purpose), prefer, licence
-    )
-    return _with_detail(recommendation, lambda entry: plan(entry, True))
+    notes = _quality_notes(ranked, purpose)
+    found = CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, notes, prefer, licence, users)
+    return _with_detail(found, lambda entry: plan(entry, True))
 
 
 def _with_detail(recommendation: CatalogRecommendation, plan: Callable[[ModelEntry], SourceCheck]) -> CatalogRecommendation:

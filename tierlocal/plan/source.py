@@ -22,7 +22,8 @@ from ..fit.search import max_context, max_parallel, plan_run
 from ..fit.speed import DecodeSpeed
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
 from .machine import without_gpu
-from .speeds import plan_speeds
+from .notes import context_note
+from .speeds import batching_note, plan_speeds
 
 __all__ = ["SourceCheck", "CacheSuggestion", "check_model", "check_source", "default_template", "parse_ctx", "parse_parallel"]
 
@@ -94,33 +95,19 @@ class SourceCheck:
     #: The users the plan was asked for (``--users``; None: not asked).
     users_asked: int | None = None
 
+    @property
+    def users_note(self) -> str | None:
+        """What the users table assumes that this plan's llama-server does not do (:func:`batching_note`)."""
+        return batching_note(self.estimate) if self.users and self.estimate is not None else None
+
     def users_at(self, count: int) -> UsersSpeed | None:
         """The table's row for ``count`` users, if it has one."""
         return next((row for row in self.users if row.users == count), None)
 
     @property
     def context_note(self) -> str | None:
-        """What a context past the trained one means: llama-server caps each slot at the trained
-        context (``n_ctx_slot()`` in its tools/server/server-context.cpp) unless RoPE is stretched
-        with YaRN, which raises the cap to ``--yarn-orig-ctx`` × ``--rope-scale`` (``llama_init_from_model``
-        in src/llama-context.cpp); past the trained context answers may degrade either way."""
-        if self.estimate is None or not self.n_ctx_train:
-            return None
-        asked = self.ctx_asked or self.estimate.params.n_ctx_seq
-        if asked <= self.n_ctx_train:
-            return None
-        factor = asked / self.n_ctx_train
-        stretch = f"-- --rope-scaling yarn --rope-scale {factor:.3g} --yarn-orig-ctx {self.n_ctx_train}"
-        if self.ctx_asked:
-            return (
-                f"{asked:,} tokens per slot asked; the model was trained for {self.n_ctx_train:,} and llama-server caps each slot there, so "
-                f"the cache is planned for {self.n_ctx_train:,} per slot (for {asked:,}, stretch RoPE: {stretch}; answers may degrade past "
-                f"{self.n_ctx_train:,})"
-            )
-        return (
-            f"{asked:,} tokens per slot is more than the {self.n_ctx_train:,} the model was trained for: llama-server caps each slot there "
-            f"unless RoPE is stretched ({stretch}), and past it answers may degrade"
-        )
+        """What a context past the trained one means (:func:`context_note`)."""
+        return context_note(self.estimate, self.n_ctx_train, self.ctx_asked) if self.estimate is not None else None
 
     @property
     def unverified_note(self) -> str | None:
@@ -184,6 +171,7 @@ class SourceCheck:
         payload["host_memory"] = {"cpu_features": list(self.cpu_features), "modes": [memory.to_json() for memory in self.host_memory]}
         payload["measured"] = self.measured
         payload["users_asked"] = self.users_asked
+        payload["users_note"] = self.users_note
         payload["users"] = [row.to_json() for row in self.users]
         if request.projector is not None and estimate.projector is not None:
             payload["projector"] = {**request.projector.to_json(), **estimate.projector.to_json()}

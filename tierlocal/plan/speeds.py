@@ -10,7 +10,7 @@ from ..fit.host_memory import repack_rules
 from ..fit.model import ModelSpec
 from ..fit.speed import TTFT_PROMPTS, DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
 
-__all__ = ["host_figures", "users_speeds", "calibrated_speed", "plan_speeds"]
+__all__ = ["host_figures", "users_speeds", "calibrated_speed", "plan_speeds", "batching_note"]
 
 
 def host_figures(estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> DeviceSpeed | None:
@@ -55,3 +55,15 @@ def plan_speeds(
     counts = sorted({*(USER_COUNTS if detail else ()), *((users,) if users else ())})
     table = users_speeds(spec, estimate, machine, host, gpu, counts, fitted.basis if fitted else "bound") if counts else ()
     return decode_speed(estimate, machine, fitted), table
+
+
+def batching_note(estimate: RunEstimate) -> str | None:
+    """With ``-np N`` and no ``--kv-unified`` one batch holds only the requests of consecutive slots
+    (``split_equal`` in src/llama-batch.cpp), so users at once share fewer steps than the table prices."""
+    params = estimate.params
+    if params.kv_unified or params.n_seq_max < 2:
+        return None
+    return (
+        f"with -np {params.n_seq_max} and no --kv-unified, llama-server batches only requests in consecutive slots, so users at once "
+        "may each get as little as one user's step: plan with --users N (it adds -kvu) for the figures above"
+    )

@@ -21,7 +21,18 @@ from .records import append_record, read_records
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["BenchRun", "PromptRun", "bench_server", "bench_device", "bench_key", "record_bench", "measured_speed", "bench_path", "PROMPT_LENGTHS"]
+__all__ = [
+    "BenchRun",
+    "PromptRun",
+    "bench_server",
+    "bench_device",
+    "bench_key",
+    "record_bench",
+    "measured_speed",
+    "bench_path",
+    "model_of",
+    "PROMPT_LENGTHS",
+]
 
 #: Prompt lengths measured (tokens), those that fit the slot's context.
 PROMPT_LENGTHS = (128, 512, 2048)
@@ -167,7 +178,7 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
     }
     return BenchRun(
         url,
-        _model_of(state),
+        model_of(state),
         str(state.get("engine_version") or "unknown"),
         bench_device(plan),
         tuple(runs),
@@ -193,7 +204,8 @@ def bench_device(plan: dict[str, object]) -> str:
     return str(first.get("name")) if first.get("backend") not in (None, "cpu") and plan.get("layers_offloaded") else "cpu"
 
 
-def _model_of(state: dict[str, object]) -> str:
+def model_of(state: dict[str, object]) -> str:
+    """The model file a serve's state names (its ``-m``)."""
     argv = state.get("argv")
     if isinstance(argv, list) and "-m" in argv:
         return str(argv[argv.index("-m") + 1])
@@ -218,6 +230,6 @@ def record_bench(run: BenchRun) -> None:
 def measured_speed(key: dict[str, object], path: Path | None = None) -> dict[str, object] | None:
     """The latest recorded measurement filed under ``key`` (None: none)."""
     for record in reversed(read_records(path or bench_path())):
-        if record.get("key") == key:
+        if record.get("key") == key and record.get("kind") != "users":  # `bench --users` files its own
             return {name: record.get(name) for name in ("time", "decode_tokens_per_s", "prefill_tokens_per_s", "runs")}
     return None

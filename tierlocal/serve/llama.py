@@ -57,7 +57,8 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         "engine": str(binary.resolve()),
         "engine_version": flags.version,
         "ctx_per_slot": options.ctx,  # named for its meaning: loads recorded when --ctx was the total do not match
-        "parallel": options.parallel,
+        "parallel": options.slots,
+        **({"kv_unified": True} if options.users and options.users > 1 else {}),
         "gpus": list(options.gpus),
     }
 

@@ -102,9 +102,9 @@ def serve_python(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         TierlocalError: the plan does not fit; the engine failed (EngineFailed).
     """
     version = _require_python_engine()
-    if options.parallel != "1":
+    if options.slots != "1":
         raise UsageError(
-            f"--parallel {options.parallel}: llama-cpp-python's server runs one request at a time",
+            f"--parallel {options.slots}: llama-cpp-python's server runs one request at a time",
             hint="use --parallel 1, or --engine llama-server for parallel slots",
         )
     if not options.model.is_file():

@@ -92,6 +92,14 @@ class ServeOptions:
     engine_args: tuple[str, ...] = ()
     #: A multimodal projector (mmproj GGUF) to load beside the model (``--mmproj``).
     mmproj: Path | None = None
+    #: Users at once to plan for (``--users``): that many slots when ``parallel`` is left at 1,
+    #: one KV cache they share (``-kvu``), and the plan's users table priced for them.
+    users: int | None = None
+
+    @property
+    def slots(self) -> str:
+        """``--parallel`` as planned: the users' count when ``--users`` is given and --parallel left at 1."""
+        return str(self.users) if self.users and self.parallel == "1" else self.parallel
 
     def run_request(self, base: RunRequest | None = None) -> RunRequest:
         """``base`` (an engine's defaults) with what the user asked for (the projector's
@@ -107,6 +115,7 @@ class ServeOptions:
             flash_attn=self.flash_attn != "off",
             n_ubatch=self.ubatch,
             swa_full=base.swa_full or "--swa-full" in self.engine_args,
+            kv_unified=True if self.users and self.users > 1 else base.kv_unified,
         )
 
 
@@ -197,11 +206,12 @@ def plan_for(
         up_to_training=options.ctx is None,
         # llama-server (Ollama's runner too) caps each slot at the trained context, unless told to stretch RoPE past it
         cap_at_training=options.engine != "python" and not stretches_rope(options.engine_args),
-        parallel=parse_parallel(options.parallel),
+        parallel=parse_parallel(options.slots),
         request=options.run_request(request),
         template=template,
         host_speed=host_speed,
         gpu_speed=machine_gpu_speed(machine),
+        users=options.users,
     )
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(
