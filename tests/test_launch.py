@@ -207,7 +207,7 @@ def test_yaml_is_the_same_spec_as_json() -> None:
         (["--gpu", "H100", "--nodes", "2"], "16 × H100 hold 1,280 GB, below the 1,680 GB this model needs to serve", "3 nodes of 8 × H100 clear it"),
         (["--gpu", "H200", "--gpus-per-node", "5", "--nodes", "3"], "5-way tensor parallelism does not divide the model's 96 attention heads", ""),
         (
-            ["--gpu", "H100", "--engine", "sglang"],
+            ["--gpu", "H100", "--engine", "sglang", "--nodes", "3"],
             "24-way expert parallelism does not divide the model's 896 routed experts",
             "4 nodes of 8 (32 GPUs) divide evenly",
         ),
@@ -227,6 +227,16 @@ def test_a_topology_that_cannot_work_is_refused_in_one_line(args: list[str], mes
     assert hint in "".join(rest)
 
 
+def test_the_default_cluster_is_one_the_engine_can_split_the_model_over() -> None:
+    """3 × 8 H100 hold Kimi K3, but sglang's 24-way expert parallelism cannot split its 896
+    experts: without --nodes the spec is for the fewest nodes that can (4 × 8), not a refusal."""
+    spec = emit("--emit", "skypilot", "--engine", "sglang", "--gpu", "H100")
+    assert spec["num_nodes"] == 4  # type: ignore[index]
+    launch = emit("--gpu", "H100")["launch"]  # type: ignore[index]
+    assert _value(launch["sglang"], "--ep-size") == "32" and _value(launch["sglang"], "--nnodes") == "4"
+    assert _value(launch["vllm"], "--nnodes") == "3"  # vllm's tensor × pipeline layout needs no such split
+
+
 def test_the_plan_report_shows_both_nodes_commands_and_points_to_emit() -> None:
     payload = emit("--gpu", "H200")
     launch = payload["launch"]  # type: ignore[index]
@@ -234,7 +244,7 @@ def test_the_plan_report_shows_both_nodes_commands_and_points_to_emit() -> None:
     assert _value(launch["vllm (other nodes)"], "--node-rank") == "1" and "--headless" in launch["vllm (other nodes)"]
     report = run_cli("plan", "kimi-k3", "--gpu", "H100")
     assert "As a launch spec for every node: tierlocal plan kimi-k3 --emit skypilot|lws" in report.stdout
-    assert "Not launched as planned: sglang: on 3 × 8 H100, 24-way expert parallelism" in report.stdout.replace("\n", " ")
+    assert "Not launched as planned" not in report.stdout and "--nnodes 4" in report.stdout.replace("\n", " ")  # sglang on 4 × 8
 
 
 # --- the launchers' own validators ---------------------------------------------------------

@@ -11,7 +11,7 @@ import click
 import yaml
 
 from ..errors import UsageError
-from ..tiers.launch import Topology, launch_recipe_from, plan_topology
+from ..tiers.launch import Topology, launch_recipe_from, plan_topology, runnable_topology
 from ..tiers.launch_specs import LaunchTarget, leaderworkerset, skypilot_task
 from ..tiers.plan import TierPlan
 
@@ -46,7 +46,7 @@ _Dumper.add_representer(str, _text)
 
 
 def topology_for(plan: TierPlan, options: EmitOptions) -> Topology:
-    """The cluster to write a spec for: the plan's cheapest one, or ``options.nodes`` nodes of its GPU.
+    """The cluster to write a spec for: the plan's cheapest one the engine can run, or ``options.nodes`` nodes of its GPU.
 
     Raises:
         UsageError: no GPU option clears the model's serving floor, or the topology cannot work.
@@ -54,9 +54,12 @@ def topology_for(plan: TierPlan, options: EmitOptions) -> Topology:
     if plan.chosen is None:
         raise UsageError(f"no cluster of the GPUs asked for serves {plan.facts.display_name}", hint="name a larger GPU with --gpu")
     per_node = options.gpus_per_node
-    nodes = options.nodes if options.nodes is not None else math.ceil(plan.chosen.count / per_node)
     recipe = plan.facts.launch_recipe or launch_recipe_from(None)
-    return plan_topology(recipe, options.engine, plan.chosen.gpu, plan.chosen.memory_bytes, nodes, per_node, options.layout, plan.serving_floor_bytes)
+    chosen, floor = plan.chosen, plan.serving_floor_bytes
+    if options.nodes is not None:  # as asked, or refused with what would work
+        return plan_topology(recipe, options.engine, chosen.gpu, chosen.memory_bytes, options.nodes, per_node, options.layout, floor)
+    nodes = math.ceil(chosen.count / per_node)  # the fewest that serve it, then the fewest the engine can split the model over
+    return runnable_topology(recipe, options.engine, chosen.gpu, chosen.memory_bytes, nodes, per_node, options.layout, floor)
 
 
 def recipe_repo(plan: TierPlan) -> str:

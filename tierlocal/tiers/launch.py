@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 
 __all__ = [
+    "runnable_topology",
     "ENGINES",
     "LAYOUTS",
     "EngineFamily",
@@ -376,3 +377,20 @@ def shell_line(argv: Sequence[str]) -> str:
     """``argv`` as one shell line: every word quoted, except the launcher's own variables and
     arithmetic (``${RANK}``, ``$((RANK * 8))``, ``${HEAD}:20000``), which the shell expands."""
     return " ".join(word if _SHELL_WORD.match(word) else shlex.quote(word) for word in argv)
+
+
+def runnable_topology(
+    recipe: LaunchRecipe, engine: str, gpu: str, gpu_memory_bytes: int, nodes: int, gpus_per_node: int, layout: str, floor_bytes: int
+) -> Topology:
+    """:func:`plan_topology` on the fewest nodes from ``nodes`` up whose parallel sizes divide the
+    model's experts and heads: the default cluster must be one the engine can run (3 × 8 H100
+    hold Kimi K3, but 24-way expert parallelism does not divide its 896 experts; 4 × 8 do).
+
+    Raises:
+        UsageError: as :func:`plan_topology` says for ``nodes``, when no larger count up to
+            4 × ``nodes`` + 8 divides either.
+    """
+    for count in range(nodes, 4 * nodes + 9):
+        if not _indivisible(recipe, *_sizes(engine, layout, count, gpus_per_node)[4:2:-1]):
+            return plan_topology(recipe, engine, gpu, gpu_memory_bytes, count, gpus_per_node, layout, floor_bytes)
+    return plan_topology(recipe, engine, gpu, gpu_memory_bytes, nodes, gpus_per_node, layout, floor_bytes)

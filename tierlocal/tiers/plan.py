@@ -27,7 +27,7 @@ from .arithmetic import (
     weights_by_precision,
     weights_bytes,
 )
-from .launch import ENGINES, LaunchRecipe, launch_recipe_from, node_command, plan_topology
+from .launch import ENGINES, LaunchRecipe, launch_recipe_from, node_command, runnable_topology
 
 __all__ = ["ModelFacts", "PlanOptions", "ServingConfig", "TierPlan", "build_plan", "headline", "KV_MEASURE_PROCEDURE", "deployable_count"]
 
@@ -247,16 +247,17 @@ def _launch(facts: ModelFacts, options: PlanOptions, chosen: ServingConfig, floo
     """Each engine's command on ``chosen`` (the head's, and the other nodes' when there are
     several), from the published recipe; or why the recipe cannot start it there."""
     recipe = facts.launch_recipe or launch_recipe_from(None)
-    nodes = math.ceil(chosen.count / _GPUS_PER_NODE)
-    per_node = chosen.count // nodes
+    fewest = math.ceil(chosen.count / _GPUS_PER_NODE)
+    per_node = chosen.count // fewest
     launch: dict[str, list[str]] = {}
     refusals: list[str] = []
     for engine in ENGINES:
         try:
-            top = plan_topology(recipe, engine, chosen.gpu, chosen.memory_bytes, nodes, per_node, "tensor", floor)
+            top = runnable_topology(recipe, engine, chosen.gpu, chosen.memory_bytes, fewest, per_node, "tensor", floor)
         except UsageError as refused:
             refusals.append(f"{engine}: {refused} ({refused.hint})")
             continue
+        nodes = top.nodes
         launch[engine] = node_command(top, recipe, "head", model_path=options.model_path, port=options.port, head="<head-node-ip>").argv
         if nodes > 1:
             rank = "1" if nodes == 2 else f"<1..{nodes - 1}>"
