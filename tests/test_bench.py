@@ -34,6 +34,8 @@ def test_bench_starts_a_server_measures_records_and_check_shows_it(assets: Asset
     assert record["key"]["model"] == str(assets.gemma_gguf.resolve()) and record["decode_tokens_per_s"] == result["decode_tokens_per_s"]
     check = json.loads(run_cli("check", str(assets.gemma_gguf), "--json", env=env).stdout)
     assert check["measured"]["decode_tokens_per_s"] == result["decode_tokens_per_s"]
+    # the users table keeps the model's shape at the measured scale
+    assert {row["basis"] for row in check["users"]} == {"derived"}
     human = run_cli("check", str(assets.gemma_gguf), env=env).stdout
     assert "Measured by tierlocal bench" in " ".join(human.split())
     assert not list((tmp_path / "run").glob("serve-*.json"))  # the server it started is gone

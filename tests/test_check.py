@@ -359,3 +359,37 @@ def test_users_at_once_plan_their_slots_one_kv_cache_and_judge_each_users_speed(
     assert all(c["est_decode_tokens_per_s"] < 20 for c in slow)
     human = " ".join(run_cli("check", "--gpu", "RTX 4090", "--ram", "64GiB", "--users", "8", "--min-speed", "20", env=env).stdout.split())
     assert "8 users at once:" in human and "meets the per-user floor of 20 tok/s" in human and "each user's with 8 at once" in human
+
+
+def test_a_local_token_is_priced_at_the_machines_hour_beside_the_api() -> None:
+    """A named GPU at the median on-demand price of its offers (recipes/gpu_rental.toml), a
+    machine at --price-per-hour, and none without a price: USD per million output tokens is the
+    hour's price over the tokens all users are given in an hour."""
+    import statistics
+    import tomllib
+
+    from tierlocal.catalog import recipes_dir
+
+    offers = tomllib.loads((recipes_dir() / "gpu_rental.toml").read_text())["offer"]
+    hourly = []
+    for offer in offers:
+        if offer.get("card") == "RTX 4090" and offer.get("billing") == "on-demand" and not offer.get("aggregator"):
+            hourly.append(
+                offer.get("per_gpu_usd_per_hour") or offer.get("per_gpu_derived") or offer["price_usd_per_hour"] / offer["gpus_per_instance"]
+            )
+    env = {"TIERLOCAL_LLAMA_SERVER": "/nonexistent"}
+    args = ("--gpu", "RTX 4090", "--ram", "64GiB", "--users", "8", "--api-price", "0.6", "--json")
+    plan = json.loads(run_cli("check", *args, env=env).stdout)["plan"]
+    cost = plan["cost"]
+    assert cost["usd_per_hour"] == pytest.approx(statistics.median(hourly), abs=1e-4) and "rental" in cost["basis"]
+    rows = {row["users"]: row for row in plan["users"]}
+    per_million = {entry["users"]: entry["usd"] for entry in cost["usd_per_million_output_tokens"]}
+    assert per_million[8] == pytest.approx(cost["usd_per_hour"] / (rows[8]["aggregate_decode_tokens_per_s"] * 3600) * 1e6, rel=1e-3)
+    assert per_million[8] < per_million[1]  # eight users share the hour
+    assert cost["break_even_tokens_per_day"] == pytest.approx(cost["usd_per_hour"] * 24 / 0.6 * 1e6, rel=1e-4)
+    assert cost["cheaper"] == ("local" if cost["capacity_tokens_per_day"] > cost["break_even_tokens_per_day"] else "api")
+    cpu = json.loads(run_cli("check", "--ram", "16GiB", "--users", "2", "--price-per-hour", "0.05", "--json", env=env).stdout)["plan"]
+    assert cpu["cost"]["usd_per_hour"] == 0.05 and cpu["cost"]["basis"].startswith("given")
+    assert json.loads(run_cli("check", "--ram", "16GiB", "--users", "2", "--json", env=env).stdout)["plan"]["cost"] is None
+    human = " ".join(run_cli("check", *args[:-1], env=env).stdout.split())
+    assert "a million output tokens costs $" in human and "the API at $0.60 per million costs as much at" in human

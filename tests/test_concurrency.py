@@ -15,7 +15,16 @@ import pytest
 from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
 from tierlocal.catalog import _read_compact, load_batch_shares, recipes_dir
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.concurrency import BatchCosts, CpuKernels, batch_costs, cpu_kernels, distinct_expert_share, users_speed, users_table
+from tierlocal.fit.concurrency import (
+    CPU_ROW_COMPUTE_SHARE,
+    BatchCosts,
+    CpuKernels,
+    batch_costs,
+    cpu_kernels,
+    distinct_expert_share,
+    users_speed,
+    users_table,
+)
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import RunRequest
 from tierlocal.fit.model import model_spec
@@ -42,10 +51,11 @@ def test_the_share_of_experts_a_step_reads_grows_with_its_sequences_towards_all(
 
 
 def test_a_repacked_weight_costs_a_gemv_per_sequence_until_four_share_one_gemm() -> None:
-    costs = BatchCosts(step_s=1.0, sequence_s=0.0, repacked_gemv_s=0.8, repacked_block_s=1.2)
+    costs = BatchCosts(step_s=1.0, sequence_s=0.0, repacked_matvec_s=0.8, repacked_row_s=0.4, repacked_block_s=1.2)
     steps = [costs.decode_step_s(b) for b in range(1, 9)]
-    # 1 row: the step (one gemv); 2, 3: a gemv more each; 4: one 4-row gemm in place of the gemv; 5: gemm + gemv …
-    assert steps == pytest.approx([1.0, 1.8, 2.6, 1.4, 2.2, 3.0, 3.8, 2.6])  # 8 rows: two gemms
+    # 1 row: the step (one gemv, 0.8); 2, 3: a row's compute more each; 4: one 4-row gemm in place of
+    # the gemv; 5–7: the gemm and a row's compute per row left; 8: two gemms
+    assert steps == pytest.approx([1.0, 1.4, 1.8, 1.4, 1.8, 2.2, 2.6, 2.6])
 
 
 def test_more_sequences_read_more_of_a_mixtures_experts() -> None:
@@ -91,8 +101,9 @@ def test_the_cpu_kernels_are_the_engines_for_each_type(tmp_path: Path) -> None:
     assert costs is not None
     single = estimate_speed(spec, _estimate(spec), CPU, depth=256 + 32, prefill_prompt=256)
     assert costs.step_s == pytest.approx(1 / single.decode_tokens_per_s)  # type: ignore[operator]
-    assert costs.repacked_gemv_s + costs.row_gemv_s < costs.step_s
-    assert costs.decode_step_s(2) == pytest.approx(costs.step_s + costs.sequence_s + costs.row_gemv_s + costs.repacked_gemv_s)
+    assert costs.repacked_matvec_s < costs.step_s and costs.repacked_row_s == pytest.approx(CPU_ROW_COMPUTE_SHARE * costs.repacked_matvec_s)
+    assert costs.row_s > 0  # the Q6_K output, row by row
+    assert costs.decode_step_s(2) == pytest.approx(costs.step_s + costs.sequence_s + costs.row_s + costs.repacked_row_s)
 
 
 def _estimate(spec):  # type: ignore[no-untyped-def]
@@ -196,3 +207,13 @@ def test_a_measured_curve_replaces_the_estimate_and_scales_the_rest() -> None:
     # another slot count or prompt length is another run: nothing replaced
     assert with_measured(rows, {**measured, "slots": 2}) == rows
     assert with_measured(rows, {**measured, "users": [{"users": "four"}]}) == rows
+
+
+def test_a_single_stream_measurement_sets_the_scale_of_the_curve() -> None:
+    from tierlocal.fit.users_measured import anchored
+
+    rows = users_table(BatchCosts(step_s=0.02, sequence_s=0.005, prompt_token_s=0.001), 4, counts=(1, 4))
+    scaled = anchored(rows, 0.8, 1.5)
+    assert [row.basis for row in scaled] == ["derived", "derived"]
+    assert scaled[1].per_user_decode_tokens_per_s == pytest.approx(0.8 * rows[1].per_user_decode_tokens_per_s)
+    assert scaled[1].first_token_p95_s == pytest.approx(1.5 * rows[1].first_token_p95_s)  # type: ignore[operator]

@@ -32,10 +32,12 @@ from .published import (
     PublishedRow,
     QualityFigure,
     QuantLoss,
+    RentalOffer,
     weights_bytes,
 )
 
 __all__ = [
+    "load_rental_offers",
     "load_batch_shares",
     "load_licences",
     "load_cpu_rows",
@@ -440,6 +442,33 @@ def load_rental_defaults() -> RentalDefaults:
         return RentalDefaults(float(low), float(high), default, str(rental["date"]), str(rental["source"]))  # type: ignore[index]
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/gpus.toml [rental] lacks {exc}", hint="fix the file") from None
+
+
+@cache
+def load_rental_offers() -> tuple[RentalOffer, ...]:
+    """recipes/gpu_rental.toml's offers of the cards of recipes/gpus.toml, per GPU-hour (an
+    instance's price over its GPUs where the page states no per-GPU price)."""
+    offers = []
+    listed = _load("gpu_rental.toml").get("offer", [])
+    for entry in listed if isinstance(listed, list) else []:
+        if not isinstance(entry, dict) or "card" not in entry:
+            continue
+        per_gpu = entry.get("per_gpu_usd_per_hour") or entry.get("per_gpu_derived")
+        if per_gpu is None and entry.get("price_usd_per_hour") is not None:
+            per_gpu = float(entry["price_usd_per_hour"]) / max(int(entry.get("gpus_per_instance") or 1), 1)
+        if per_gpu is None or entry.get("aggregator"):
+            continue
+        offers.append(
+            RentalOffer(
+                str(entry["card"]),
+                float(per_gpu),
+                str(entry.get("billing", "")),
+                str(entry.get("provider", "")),
+                str(entry.get("date", "")),
+                str(entry.get("source", "")),
+            )
+        )
+    return tuple(offers)
 
 
 @cache

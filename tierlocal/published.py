@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "RentalOffer",
     "ModelShape",
     "PublishedRow",
     "CardInfo",
@@ -251,3 +252,16 @@ class QuantLoss:
             "source": self.source,
             "date": self.date,
         }
+
+
+@dataclass(frozen=True)
+class RentalOffer:
+    """One published rental offer of a card: USD per GPU-hour, billing (``on-demand``,
+    ``spot``, ``community``), provider, date and source."""
+
+    card: str
+    usd_per_gpu_hour: float
+    billing: str
+    provider: str
+    date: str
+    source: str

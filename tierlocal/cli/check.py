@@ -3,6 +3,7 @@ per-device plan for one model (SOURCE), as tables or ``--json``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from typing import TypedDict, Unpack
@@ -10,14 +11,16 @@ from typing import TypedDict, Unpack
 import click
 
 from .. import constants
-from ..catalog import ModelEntry, find_model, load_host_defaults, load_models
+from ..catalog import ModelEntry, find_model, load_host_defaults, load_models, load_rental_offers
 from ..cpu_figures import host_speed_here
 from ..errors import UsageError
-from ..fit.estimate import RunRequest
-from ..fit.users_measured import with_measured
+from ..fit.concurrency import UsersSpeed
+from ..fit.estimate import Machine, RunRequest
+from ..fit.users_measured import anchored, with_measured
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
 from ..measure.calibration_cache import unused_calibration
+from ..plan.local_cost import local_cost, rental_price
 from ..plan.machine import machine_for
 from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES
 from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
@@ -51,6 +54,17 @@ __all__ = ["check"]
     default=None,
     help="Plan for this many users at once: that many slots (unless --parallel says otherwise), each user's decode speed, the "
     "throughput and the wait for the first token; --min-speed is then each user's floor.",
+)
+@click.option(
+    "--price-per-hour",
+    type=click.FloatRange(0, min_open=True),
+    help="What the machine costs, USD per hour, for the cost of a local token (default: a named GPU's median on-demand rental price, "
+    "recipes/gpu_rental.toml).",
+)
+@click.option(
+    "--api-price",
+    type=click.FloatRange(0, min_open=True),
+    help="A hosted API's price, USD per million output tokens, to compare a local token with (the break-even volume per day).",
 )
 @ngl_option
 @planning_options
@@ -104,6 +118,8 @@ def check(
     ctx: str | None,
     parallel: str,
     users: int | None,
+    price_per_hour: float | None,
+    api_price: float | None,
     ngl: int | None,
     n_cpu_moe: int | None,
     cache_type_k: str,
@@ -150,11 +166,12 @@ def check(
         parallel = str(users)  # one slot per user unless --parallel says otherwise
     if users is not None and users > 1:
         request = replace(request, kv_unified=True)  # one batch for every user (llama-server's -kvu)
+    priced = partial(_with_cost, machine_for(hardware, load_host_defaults()), price_per_hour, api_price)
     if source is not None and not named:
-        result = _check_one_source(source, hardware, ctx, parallel, request, users)
+        result = priced(_check_one_source(source, hardware, ctx, parallel, request, users))
         print_json(result.to_json()) if as_json else render_source_check(result, min_speed=choices["min_speed"])
         return
-    _check_catalog(named, hardware, ctx, parallel, request, users, as_json=as_json, **choices)
+    _check_catalog(named, hardware, ctx, parallel, request, users, priced, as_json=as_json, **choices)
 
 
 class CatalogChoices(TypedDict):
@@ -189,6 +206,7 @@ def _check_catalog(
     parallel: str,
     request: RunRequest,
     users: int | None,
+    priced: Callable[[SourceCheck], SourceCheck],
     *,
     min_speed: float,
     purpose: str,
@@ -218,6 +236,9 @@ def _check_catalog(
     )
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
     shown = recommendation.best or (recommendation.candidates[0] if named and recommendation.candidates else None)
+    if shown is not None and shown.plan is not None:
+        shown = replace(shown, plan=priced(shown.plan))
+        recommendation = replace(recommendation, candidates=tuple(shown if c.entry == shown.entry else c for c in recommendation.candidates))
     if as_json:
         payload = recommendation.to_json()
         payload["plan"] = shown.plan.to_json() if shown and shown.plan else None
@@ -252,8 +273,21 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
         users=users,
     )
     unused = unused_calibration(version) if not hardware.ram_overridden else None
-    table = with_measured(result.users, _measured_users(source, result, version))
-    return replace(result, measured=_measured(source, result, version), calibration_note=unused, users=table)
+    measured = _measured(source, result, version)
+    users_record = _measured_users(source, result, version)
+    table = with_measured(result.users, users_record) if users_record else _anchored(result, measured)
+    return replace(result, measured=measured, calibration_note=unused, users=table)
+
+
+def _anchored(result: SourceCheck, measured: dict[str, object] | None) -> tuple[UsersSpeed, ...]:
+    """The users table scaled to a single-stream `tierlocal bench` of this file, engine and device (as it is without one)."""
+    fitted = result.speed.estimate if result.speed else None
+    decode, prefill = (measured or {}).get("decode_tokens_per_s"), (measured or {}).get("prefill_tokens_per_s")
+    if fitted is None or not fitted.decode_tokens_per_s or not fitted.prefill_tokens_per_s:
+        return result.users
+    if not isinstance(decode, int | float) or not isinstance(prefill, int | float) or decode <= 0 or prefill <= 0:
+        return result.users
+    return anchored(result.users, decode / fitted.decode_tokens_per_s, fitted.prefill_tokens_per_s / prefill)
 
 
 def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
@@ -269,3 +303,19 @@ def _measured_users(source: str, result: SourceCheck, version: str | None) -> di
     if result.estimate is None or not version or not bench_path().is_file():
         return None
     return measured_users(bench_key(source, version, bench_device(result.to_json())))
+
+
+def _with_cost(machine: Machine, price_per_hour: float | None, api_price: float | None, result: SourceCheck) -> SourceCheck:
+    """``result`` with what a local token costs: at ``price_per_hour``, else at the named GPU's median rental price."""
+    if not result.users:
+        return result
+    if price_per_hour is not None:
+        price: tuple[float, str] | None = (price_per_hour, "given (--price-per-hour)")
+    elif machine.gpu_name is not None and result.estimate is not None and result.estimate.layers_offloaded:
+        price = rental_price(machine.gpu_name, max(len(machine.gpu_devices), 1), load_rental_offers())
+    else:
+        price = None
+    if price is None:
+        return result
+    asked = result.users_asked or (result.estimate.params.n_seq_max if result.estimate else 1)
+    return replace(result, cost=local_cost(result.users, asked, price[0], price[1], api_price))

@@ -61,6 +61,7 @@ def render_source_check(check: SourceCheck, *, min_speed: float | None = None) -
     render_users(out, check.users, asked=check.users_asked, min_speed=min_speed if check.users_asked else None)
     if check.users_note:
         out.print(f"[bold yellow]Batching[/bold yellow]: {escape(check.users_note)}.")
+    _render_cost(out, check)
     if check.suggestion:
         hint = check.suggestion
         out.print(
@@ -180,3 +181,25 @@ def _render_host_memory(out: Console, check: SourceCheck) -> None:
             else " (--cache-ram)."
         )
     )
+
+
+def _render_cost(out: Console, check: SourceCheck) -> None:
+    """What a local output token costs at the machine's price, against the API's when given."""
+    cost = check.cost
+    if cost is None:
+        return
+    per = dict(cost.per_million)
+    at = per.get(cost.users)
+    one = f" (${per[1]:,.2f} with one)" if 1 in per and cost.users != 1 else ""
+    line = (
+        f"Cost: at ${cost.usd_per_hour:,.2f}/hour ({escape(cost.basis)}), a million output tokens costs "
+        f"${at:,.2f} with {cost.users} user(s) at once{one}; kept busy, {cost.capacity_tokens_per_day / 1e6:,.1f}M tokens a day"
+        if at is not None
+        else f"Cost: at ${cost.usd_per_hour:,.2f}/hour ({escape(cost.basis)})"
+    )
+    if cost.api_usd_per_million and cost.break_even_tokens_per_day:
+        even = cost.break_even_tokens_per_day / 1e6
+        line += f"; the API at ${cost.api_usd_per_million:,.2f} per million costs as much at {even:,.1f}M tokens a day: " + (
+            "more than this machine gives its users, so the API is cheaper" if cost.cheaper == "api" else "above that, this machine is cheaper"
+        )
+    out.print(line + ".")

@@ -65,6 +65,14 @@ def distinct_expert_share(used_share: float, sequences: int, pool_share: float =
     return pool * (1.0 - (1.0 - used_share / pool) ** max(sequences, 1))
 
 
+#: The share of a CPU mat-vec that a further row of the same batch pays: its compute, the rest
+#: being the weights' read, which the next row finds in cache (ggml runs each chunk of weight rows
+#: against every row of the batch). Fitted 2026-12-05 on this repository's 2-core Sapphire Rapids
+#: CPU to the 2- and 3-user points of a Qwen3-1.7B-shaped file (bench/concurrency_accuracy.py);
+#: the Llama-3-8B shape and Gemma 3 270M are held out. Cross-check: the weights' bytes at two
+#: threads × the one-thread RAM read `hw --calibrate` measures leave 0.47–0.60 for compute.
+CPU_ROW_COMPUTE_SHARE = 0.54
+
 #: Weight types llama.cpp's CPU backend multiplies with llamafile's tinyBLAS when a batch has two
 #: or more rows on x86 (``llamafile_sgemm`` in ggml/src/ggml-cpu/llamafile/sgemm.cpp: F32, BF16,
 #: F16, Q8_0, Q4_0, Q5_0, IQ4_NL; ``n < 2`` is refused): the sequences of a step share each
@@ -101,12 +109,13 @@ class BatchCosts:
     """Seconds llama-server's batches cost on the planned devices (summed over devices).
 
     ``step_s``: one sequence's decode step, of which ``expert_read_s`` reads its experts
-    (``used_share`` = k/E; 1: dense). Each further sequence in a step adds ``sequence_s`` (its
-    FLOPs where the weights' reads are shared, its KV read and sampling) and ``row_gemv_s`` (one
-    mat-vec of the weights the CPU multiplies row by row); the CPU's repacked weights cost
-    ``repacked_gemv_s`` a row, or ``repacked_block_s`` per block of 4 rows, and
-    ``repacked_token_s`` a row in a batch with a prompt. A prompt costs ``prompt_token_s`` a
-    token and ``prompt_once_s`` once (the output layer)."""
+    (``used_share`` = k/E; 1: dense) and ``repacked_matvec_s`` multiplies the CPU's repacked
+    weights. Each further sequence in a step adds ``sequence_s`` (its FLOPs where the weights'
+    reads are shared, its KV read and sampling) and ``row_s`` (the compute share of a mat-vec the
+    CPU runs row by row: the weights' chunk is already in cache). The repacked weights cost
+    ``repacked_row_s`` a further row, or ``repacked_block_s`` per block of 4 rows (a mat-vec's
+    read and four rows' FLOPs at the prefill rate), and ``repacked_token_s`` a row in a batch with a prompt. A prompt costs
+    ``prompt_token_s`` a token and ``prompt_once_s`` once (the output layer)."""
 
     step_s: float
     sequence_s: float
@@ -114,8 +123,9 @@ class BatchCosts:
     used_share: float = 1.0
     prompt_token_s: float = 0.0
     prompt_once_s: float = 0.0
-    row_gemv_s: float = 0.0
-    repacked_gemv_s: float = 0.0
+    row_s: float = 0.0
+    repacked_matvec_s: float = 0.0
+    repacked_row_s: float = 0.0
     repacked_block_s: float = 0.0
     repacked_token_s: float = 0.0
     #: The share of a layer's experts tokens spread over (:func:`distinct_expert_share`).
@@ -131,15 +141,18 @@ class BatchCosts:
         distinct = distinct_expert_share(self.used_share, sequences, self.expert_pool_share)
         growth = distinct / self.used_share - 1.0 if self.used_share < 1.0 else 0.0
         blocks, rest = divmod(sequences, 4)
-        repacked = blocks * self.repacked_block_s + (rest - 1) * self.repacked_gemv_s
-        return self.step_s + (sequences - 1) * (self.sequence_s + self.row_gemv_s) + repacked + self.expert_read_s * growth
+        if blocks:  # ggml's gemm on each block of 4 rows, its gemv on the rest (forward_mul_mat_one_chunk)
+            repacked = blocks * self.repacked_block_s + rest * self.repacked_row_s - self.repacked_matvec_s
+        else:
+            repacked = (rest - 1) * self.repacked_row_s
+        return self.step_s + (sequences - 1) * (self.sequence_s + self.row_s) + repacked + self.expert_read_s * growth
 
     def batch_s(self, decoding: int, prompt_tokens: int, prompts_ending: int) -> float:
         """One batch of ``decoding`` generating sequences and ``prompt_tokens`` prompt tokens, of
         which ``prompts_ending`` prompts end in it (seconds)."""
         if prompt_tokens <= 0:
             return self.decode_step_s(decoding)
-        further = self.sequence_s + self.row_gemv_s + self.repacked_token_s
+        further = self.sequence_s + self.row_s + self.repacked_token_s
         return prompt_tokens * self.prompt_token_s + prompts_ending * self.prompt_once_s + decoding * further
 
 
@@ -160,17 +173,18 @@ def _device_costs(run: RunFeatures, name: str, speed: DeviceSpeed, kernels: CpuK
     decode, prefill, once = run.decode[name], run.prefill[name], run.once[name]
     gemv, flops, output = _by_type(decode, ("bytes", "rows")), _by_type(prefill, ("flops", "xflops")), _by_type(once, ("flops", "xflops"))
     share = 1.0 if kernels is not None else max(speed.batch_flops_share, 1e-3)
-    costs = {"sequence_s": 0.0, "row_gemv_s": 0.0, "repacked_gemv_s": 0.0, "repacked_block_s": 0.0, "repacked_token_s": 0.0}
+    costs = {"sequence_s": 0.0, "row_s": 0.0, "repacked_matvec_s": 0.0, "repacked_row_s": 0.0, "repacked_block_s": 0.0, "repacked_token_s": 0.0}
     for ggml_type in set(gemv) | set(flops) | set(output):
         matvec = decode_seconds(gemv.get(ggml_type, {}), speed, unused)
         kind = kernels.kind(ggml_type) if kernels is not None else "shared"
         if kind == "per-row":
-            costs["row_gemv_s"] += matvec
+            costs["row_s"] += CPU_ROW_COMPUTE_SHARE * matvec
             continue
         token = sum(priced_seconds(part.get(ggml_type, {}), speed.prefill_flops_per_s, "flops", speed, unused) for part in (flops, output))
         if kind == "repacked":
-            costs["repacked_gemv_s"] += matvec
-            costs["repacked_block_s"] += matvec + 4 * token  # the weights streamed once, four rows' FLOPs
+            costs["repacked_matvec_s"] += matvec
+            costs["repacked_row_s"] += CPU_ROW_COMPUTE_SHARE * matvec
+            costs["repacked_block_s"] += matvec + 4 * token  # the weights read as one row reads them, then four rows' FLOPs
             costs["repacked_token_s"] += token
         else:
             costs["sequence_s"] += token / share

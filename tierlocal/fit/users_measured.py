@@ -1,6 +1,7 @@
 """A plan's users table with what `tierlocal bench --users` measured for the same model file,
 engine build and device put in its place: measured rows as measured, the others scaled by the
-measured/estimated ratio at the nearest count both have. Pure."""
+measured/estimated ratio at the nearest count both have; or, with only a single-stream
+measurement, every row scaled to it. Pure."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import replace
 
 from .concurrency import UsersSpeed
 
-__all__ = ["with_measured"]
+__all__ = ["with_measured", "anchored"]
 
 
 def with_measured(rows: Sequence[UsersSpeed], measured: Mapping[str, object] | None) -> tuple[UsersSpeed, ...]:
@@ -54,3 +55,20 @@ def _scaled(row: UsersSpeed, estimated: UsersSpeed, measured: UsersSpeed) -> Use
 
 
 _MEASURED_FIELDS = ("users", "per_user_decode_tokens_per_s", "aggregate_decode_tokens_per_s", "first_token_p50_s", "first_token_p95_s")
+
+
+def anchored(rows: Sequence[UsersSpeed], decode_ratio: float, prefill_ratio: float) -> tuple[UsersSpeed, ...]:
+    """``rows`` scaled to a single-stream measurement (`tierlocal bench`): decode by the measured ÷
+    estimated decode rate, first tokens by the estimated ÷ measured prefill rate (basis ``derived``);
+    the model keeps the shape of the curve, the engine sets its scale."""
+    return tuple(
+        replace(
+            row,
+            per_user_decode_tokens_per_s=row.per_user_decode_tokens_per_s * decode_ratio,
+            aggregate_decode_tokens_per_s=row.aggregate_decode_tokens_per_s * decode_ratio,
+            first_token_p50_s=None if row.first_token_p50_s is None else row.first_token_p50_s * prefill_ratio,
+            first_token_p95_s=None if row.first_token_p95_s is None else row.first_token_p95_s * prefill_ratio,
+            basis="derived",
+        )
+        for row in rows
+    )

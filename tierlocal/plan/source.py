@@ -21,6 +21,7 @@ from ..fit.model import ModelSpec, model_spec
 from ..fit.search import max_context, max_parallel, plan_run
 from ..fit.speed import DecodeSpeed
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
+from .local_cost import LocalCost
 from .machine import without_gpu
 from .notes import context_note
 from .speeds import batching_note, plan_speeds
@@ -94,6 +95,8 @@ class SourceCheck:
     users: tuple[UsersSpeed, ...] = ()
     #: The users the plan was asked for (``--users``; None: not asked).
     users_asked: int | None = None
+    #: What a local output token costs at the machine's price per hour (None: no price known).
+    cost: LocalCost | None = None
 
     @property
     def users_note(self) -> str | None:
@@ -173,6 +176,7 @@ class SourceCheck:
         payload["users_asked"] = self.users_asked
         payload["users_note"] = self.users_note
         payload["users"] = [row.to_json() for row in self.users]
+        payload["cost"] = self.cost.to_json() if self.cost else None
         if request.projector is not None and estimate.projector is not None:
             payload["projector"] = {**request.projector.to_json(), **estimate.projector.to_json()}
         return payload

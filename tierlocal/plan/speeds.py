@@ -26,10 +26,10 @@ def host_figures(estimate: RunEstimate, machine: Machine, host: DeviceSpeed | No
 def users_speeds(
     spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, counts: list[int], basis: str
 ) -> tuple[UsersSpeed, ...]:
-    """Each of ``counts`` users at once on the planned slots (none without prefill figures for every device with work)."""
-    host = host_figures(estimate, machine, host, gpu)
+    """Each of ``counts`` users at once on the planned slots; a host without figures at its memory bandwidth (decode only,
+    ``bound``)."""
     if host is None:
-        return ()
+        host, basis = bound_speed("host CPU", machine.host_bandwidth, "memory bandwidth (not calibrated)"), basis if gpu else "bound"
     kernels = cpu_kernels(machine.cpu_arch, frozenset(repack_rules(machine.cpu_arch, machine.cpu_features)))
     costs = batch_costs(spec, estimate.request, {"host": host, "gpu": gpu}, cpu=kernels, max_tensor_bytes=machine.max_tensor_bytes)
     return users_table(costs, estimate.params.n_seq_max, counts=counts, basis=basis) if costs is not None else ()
