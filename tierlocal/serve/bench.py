@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import constants
 from ..errors import EngineFailed, UsageError
@@ -31,6 +31,7 @@ __all__ = [
     "measured_speed",
     "bench_path",
     "model_of",
+    "llama_server_plan",
     "PROMPT_LENGTHS",
 ]
 
@@ -139,12 +140,12 @@ def _peak_bytes(pid: object) -> int | None:
     return None
 
 
-def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> BenchRun:
-    """Measure the running `tierlocal serve` whose state file is ``state``.
+def llama_server_plan(state: dict[str, object]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan a running `tierlocal serve` of llama-server was started with (its ``check --json``
+    object) and that plan's ``request``.
 
     Raises:
-        UsageError: it is not a llama-server.
-        EngineFailed: it does not answer as llama-server does.
+        UsageError: the serve runs another engine.
     """
     if state.get("engine") != "llama-server":
         raise UsageError(
@@ -154,6 +155,17 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
     assert isinstance(plan, dict)
     request = plan.get("request") if isinstance(plan.get("request"), dict) else {}
     assert isinstance(request, dict)
+    return plan, request
+
+
+def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> BenchRun:
+    """Measure the running `tierlocal serve` whose state file is ``state``.
+
+    Raises:
+        UsageError: it is not a llama-server.
+        EngineFailed: it does not answer as llama-server does.
+    """
+    plan, request = llama_server_plan(state)
     per_slot = int(request.get("ctx_per_slot") or 2048)
     lengths = [length for length in PROMPT_LENGTHS if length + DECODE_TOKENS + 16 <= per_slot] or [max(16, per_slot // 4)]
     url = str(state["url"])

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from .. import constants
 from ..errors import EngineFailed, UsageError
-from .bench import bench_device, bench_key, bench_path, model_of
+from .bench import bench_device, bench_key, bench_path, llama_server_plan, model_of
 from .records import append_record, read_records
 
 if TYPE_CHECKING:
@@ -233,14 +233,7 @@ def measure_users(state: dict[str, object], counts: Sequence[int], *, prompt_tok
         UsageError: it is not a llama-server.
         EngineFailed: it does not answer as llama-server does.
     """
-    if state.get("engine") != "llama-server":
-        raise UsageError(
-            f"tierlocal bench measures llama-server; this server runs {state.get('engine')}", hint="serve the model with --engine llama-server"
-        )
-    plan = state.get("plan") if isinstance(state.get("plan"), dict) else {}
-    assert isinstance(plan, dict)
-    request = plan.get("request") if isinstance(plan.get("request"), dict) else {}
-    assert isinstance(request, dict)
+    plan, request = llama_server_plan(state)
     per_slot = int(request.get("ctx_per_slot") or 2048)
     if prompt_tokens + tokens + 16 > per_slot:
         raise UsageError(f"a {prompt_tokens}-token prompt and {tokens} tokens do not fit a {per_slot}-token slot", hint="give a shorter --prompt")
