@@ -273,8 +273,8 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
         users=users,
     )
     unused = unused_calibration(version) if not hardware.ram_overridden else None
-    measured = _measured(source, result, version)
-    users_record = _measured_users(source, result, version)
+    key = _bench_key(source, result, version)
+    measured, users_record = (measured_speed(key), measured_users(key)) if key else (None, None)
     table = with_measured(result.users, users_record) if users_record else _anchored(result, measured)
     return replace(result, measured=measured, calibration_note=unused, users=table)
 
@@ -290,19 +290,12 @@ def _anchored(result: SourceCheck, measured: dict[str, object] | None) -> tuple[
     return anchored(result.users, decode / fitted.decode_tokens_per_s, fitted.prefill_tokens_per_s / prefill)
 
 
-def _measured(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
-    """What `tierlocal bench` recorded for this model file, the llama-server found here and the
-    planned device (None: nothing, or no binary to name the build)."""
-    if result.estimate is None or not bench_path().is_file():
-        return None
-    return measured_speed(bench_key(source, version, bench_device(result.to_json()))) if version else None
-
-
-def _measured_users(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
-    """What `tierlocal bench --users` recorded for this model file, engine build and planned device."""
+def _bench_key(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
+    """What `tierlocal bench` files a measurement of this model file, the llama-server found here
+    and the planned device under (None: no plan, no record yet, or no binary to name the build)."""
     if result.estimate is None or not version or not bench_path().is_file():
         return None
-    return measured_users(bench_key(source, version, bench_device(result.to_json())))
+    return bench_key(source, version, bench_device(result.to_json()))
 
 
 def _with_cost(machine: Machine, price_per_hour: float | None, api_price: float | None, result: SourceCheck) -> SourceCheck:
