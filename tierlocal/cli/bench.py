@@ -16,7 +16,7 @@ from rich.table import Table
 from ..errors import EngineFailed, TierlocalError, UsageError
 from ..serve.bench import BenchRun, bench_path, bench_server, record_bench
 from ..serve.bench_users import UsersRun, measure_users, parse_users, record_users
-from ..serve.state import running_servers
+from ..serve.state import ServeState, running_servers
 from ..units import format_bytes
 from .common import console, json_option, print_json
 
@@ -78,7 +78,7 @@ def bench(
     print_json(run.to_json()) if as_json else _render(run)
 
 
-def _users(state: dict[str, object], users: tuple[int, ...], prompt_tokens: int, tokens: int) -> UsersRun:
+def _users(state: ServeState, users: tuple[int, ...], prompt_tokens: int, tokens: int) -> UsersRun:
     return measure_users(state, users, prompt_tokens=prompt_tokens, tokens=tokens, say=_say)
 
 
@@ -99,7 +99,7 @@ def _with_server(
     llama_server: str | None,
     threads: int | None,
     parallel: int | None,
-    measure: Callable[[dict[str, object]], T],
+    measure: Callable[[ServeState], T],
 ) -> T:
     """``measure`` the running `tierlocal serve` (the only one, or the one on ``port``), or with
     ``source`` one started for the measurement (planned for ``parallel`` users) and stopped after."""
@@ -116,9 +116,7 @@ def _with_server(
     return measure(servers[0])
 
 
-def _on_source(
-    source: str, ctx: str, llama_server: str | None, threads: int | None, parallel: int | None, measure: Callable[[dict[str, object]], T]
-) -> T:
+def _on_source(source: str, ctx: str, llama_server: str | None, threads: int | None, parallel: int | None, measure: Callable[[ServeState], T]) -> T:
     """`tierlocal serve SOURCE` started for the measurement (its plan, template check and first
     answer included), measured, and stopped."""
     argv = [sys.executable, "-m", "tierlocal", "serve", source, "--port", str(_free_port()), "--ctx", ctx, "--json"]
@@ -138,7 +136,7 @@ def _on_source(
             _, stderr = process.communicate(timeout=30)
             error = next((line for line in stderr.splitlines() if line.startswith("error: ")), stderr.strip()[-300:])
             raise EngineFailed(f"tierlocal serve {source} did not start: {error.removeprefix('error: ')}", hint="run it alone to see why")
-        return measure(json.loads(text))
+        return measure(ServeState.from_json(json.loads(text)))
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ from ..errors import TierlocalError, UsageError
 from ..resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
-from ..serve.state import running_servers, starting_servers
+from ..serve.state import ServeState, running_servers, starting_servers
 from .common import machine, ollama_port, print_json, serve_options, serve_options_from
 
 __all__ = ["serve", "status"]
@@ -95,25 +95,24 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-def _on_ready(as_json: bool, render: Callable[[dict[str, object]], None]) -> Callable[[dict[str, object]], None]:
+def _on_ready(as_json: bool, render: Callable[[ServeState], None]) -> Callable[[ServeState], None]:
     """Once the engine is up: the JSON object on stdout (flushed: a supervisor may be reading
     it while we keep running), or the human summary."""
 
-    def on_ready(payload: dict[str, object]) -> None:
+    def on_ready(state: ServeState) -> None:
         if as_json:
-            print_json(payload)
+            print_json(state.to_json())
             sys.stdout.flush()
         else:
-            render(payload)
+            render(state)
 
     return on_ready
 
 
-def _render_ollama(payload: dict[str, object]) -> None:
-    actual, delta = payload["actual"], payload["delta"]
-    assert isinstance(actual, dict) and isinstance(delta, dict)
+def _render_ollama(state: ServeState) -> None:
+    actual, delta = state.actual, state.delta
     click.echo(
-        f"serving {actual['ollama_model']} through Ollama at {payload['url']}: context {actual['context_length']}, "
+        f"serving {actual['ollama_model']} through Ollama at {state.url}: context {actual['context_length']}, "
         f"{actual['size_vram_bytes'] / 2**20:.0f} of {actual['size_bytes'] / 2**20:.0f} MiB in VRAM"
     )
     click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
@@ -121,11 +120,9 @@ def _render_ollama(payload: dict[str, object]) -> None:
         click.echo(f"warning: {warning}", err=True)
 
 
-def _render_status(payload: dict[str, object]) -> None:
-    delta = payload["delta"]
-    actual = payload["actual"]
-    assert isinstance(delta, dict) and isinstance(actual, dict)
-    click.echo(f"serving {payload['url']}  ({payload['engine']} pid {payload['engine_pid']}, log {payload['log']})")
+def _render_status(state: ServeState) -> None:
+    delta, actual = state.delta, state.actual
+    click.echo(f"serving {state.url}  ({state.engine} pid {state.engine_pid}, log {state.log})")
     slots = f" = {actual['parallel']} slot(s) × {actual['n_ctx_per_slot']}" if actual.get("parallel") and actual.get("n_ctx_per_slot") else ""
     click.echo(
         f"layers on the GPU: {actual.get('layers_offloaded') or 0}/{actual.get('layers_total') or '-'}   context {actual.get('n_ctx') or '-'}{slots}"
@@ -173,18 +170,20 @@ def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None
             _render_live(engines)
         return
     if as_json:
-        print_json(running[0] if len(running) == 1 else running)  # several (no --port): a list of the same objects
+        print_json(
+            running[0].to_json() if len(running) == 1 else [server.to_json() for server in running]
+        )  # several (no --port): a list of the same objects
         return
     for index, server in enumerate(running):
         if index:
             click.echo("")
-        if server.get("engine") == "ollama":
+        if server.engine == "ollama":
             _render_ollama(server)
         else:
             _render_status(server)
 
 
-def _live(running: list[dict[str, object]], window_s: float) -> list[dict[str, object]]:
+def _live(running: list[ServeState], window_s: float) -> list[dict[str, object]]:
     """Two samples of every engine ``window_s`` apart, with the rates between them."""
     import asyncio
     import time

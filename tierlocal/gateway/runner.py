@@ -67,7 +67,7 @@ async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]
 def served_engines() -> tuple[str, ...]:
     """OpenAI base URLs of the servers `tierlocal serve` runs now (its state files whose
     process is alive)."""
-    urls = [str(state.get("url")) for state in running_servers()]
+    urls = [state.url for state in running_servers()]
     return tuple(url.rstrip("/") + "/v1" for url in urls if url.startswith("http://"))
 
 

@@ -238,7 +238,7 @@ class Dashboard:
 
             self._hardware = (await asyncio.to_thread(detect)).to_json()
         servers = await asyncio.to_thread(running_servers)
-        return {"hardware": self._hardware, "servers": [_without_argv(server) for server in servers]}
+        return {"hardware": self._hardware, "servers": [_without_argv(server.to_json()) for server in servers]}
 
     async def live(self) -> dict[str, Any]:
         """``status --live --json``'s engines (rates over the last 5 minutes of this dashboard's

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .. import constants
 from ..errors import EngineFailed, UsageError
 from .records import append_record, read_records
+from .state import ServeState
 
 if TYPE_CHECKING:
     import httpx2
@@ -30,7 +31,6 @@ __all__ = [
     "record_bench",
     "measured_speed",
     "bench_path",
-    "model_of",
     "llama_server_plan",
     "PROMPT_LENGTHS",
 ]
@@ -140,25 +140,19 @@ def _peak_bytes(pid: object) -> int | None:
     return None
 
 
-def llama_server_plan(state: dict[str, object]) -> tuple[dict[str, Any], dict[str, Any]]:
+def llama_server_plan(state: ServeState) -> tuple[dict[str, Any], dict[str, Any]]:
     """The plan a running `tierlocal serve` of llama-server was started with (its ``check --json``
     object) and that plan's ``request``.
 
     Raises:
         UsageError: the serve runs another engine.
     """
-    if state.get("engine") != "llama-server":
-        raise UsageError(
-            f"tierlocal bench measures llama-server; this server runs {state.get('engine')}", hint="serve the model with --engine llama-server"
-        )
-    plan = state.get("plan") if isinstance(state.get("plan"), dict) else {}
-    assert isinstance(plan, dict)
-    request = plan.get("request") if isinstance(plan.get("request"), dict) else {}
-    assert isinstance(request, dict)
-    return plan, request
+    if state.engine != "llama-server":
+        raise UsageError(f"tierlocal bench measures llama-server; this server runs {state.engine}", hint="serve the model with --engine llama-server")
+    return state.plan, state.request
 
 
-def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> BenchRun:
+def bench_server(state: ServeState, *, say: Callable[[str], None]) -> BenchRun:
     """Measure the running `tierlocal serve` whose state file is ``state``.
 
     Raises:
@@ -168,7 +162,7 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
     plan, request = llama_server_plan(state)
     per_slot = int(request.get("ctx_per_slot") or 2048)
     lengths = [length for length in PROMPT_LENGTHS if length + DECODE_TOKENS + 16 <= per_slot] or [max(16, per_slot // 4)]
-    url = str(state["url"])
+    url = state.url
     runs = []
     import httpx2  # the HTTP client loads when a server is measured, not when a record is read
 
@@ -181,21 +175,19 @@ def bench_server(state: dict[str, object], *, say: Callable[[str], None]) -> Ben
                 f"{runs[-1].prompt_tokens} prompt tokens: prefill {runs[-1].prefill_tokens_per_s:.1f} tok/s, decode "
                 f"{runs[-1].decode_tokens_per_s:.1f} tok/s ({time.monotonic() - started:.1f} s)"
             )
-    actual = state.get("actual") if isinstance(state.get("actual"), dict) else {}
-    assert isinstance(actual, dict)
     devices = {
         str(d["name"]): sum(int(d.get(k) or 0) for k in ("weights_bytes", "kv_bytes", "compute_bytes", "output_bytes"))
-        for d in actual.get("devices") or []
+        for d in state.actual.get("devices") or []
         if isinstance(d, dict)
     }
     return BenchRun(
         url,
-        model_of(state),
-        str(state.get("engine_version") or "unknown"),
+        state.model_file,
+        state.engine_version or "unknown",
         bench_device(plan),
         tuple(runs),
         plan.get("bound_decode_tokens_per_s") if isinstance(plan.get("bound_decode_tokens_per_s"), int | float) else None,
-        _peak_bytes(state.get("engine_pid")),
+        _peak_bytes(state.engine_pid),
         devices,
         _calibrated(plan),
     )
@@ -214,14 +206,6 @@ def bench_device(plan: dict[str, object]) -> str:
     assert isinstance(devices, list)
     first = devices[0] if devices and isinstance(devices[0], dict) else {}
     return str(first.get("name")) if first.get("backend") not in (None, "cpu") and plan.get("layers_offloaded") else "cpu"
-
-
-def model_of(state: dict[str, object]) -> str:
-    """The model file a serve's state names (its ``-m``)."""
-    argv = state.get("argv")
-    if isinstance(argv, list) and "-m" in argv:
-        return str(argv[argv.index("-m") + 1])
-    return "unknown"
 
 
 def bench_path() -> Path:

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 
 from .. import constants
 from ..errors import EngineFailed, UsageError
-from .bench import bench_device, bench_key, bench_path, llama_server_plan, model_of
+from .bench import bench_device, bench_key, bench_path, llama_server_plan
 from .records import append_record, read_records
+from .state import ServeState
 
 if TYPE_CHECKING:
     import httpx2
@@ -226,7 +227,7 @@ class UsersRun:
         }
 
 
-def measure_users(state: dict[str, object], counts: Sequence[int], *, prompt_tokens: int, tokens: int, say: Callable[[str], None]) -> UsersRun:
+def measure_users(state: ServeState, counts: Sequence[int], *, prompt_tokens: int, tokens: int, say: Callable[[str], None]) -> UsersRun:
     """:func:`bench_users` on the running `tierlocal serve` whose state file is ``state``.
 
     Raises:
@@ -237,13 +238,13 @@ def measure_users(state: dict[str, object], counts: Sequence[int], *, prompt_tok
     per_slot = int(request.get("ctx_per_slot") or 2048)
     if prompt_tokens + tokens + 16 > per_slot:
         raise UsageError(f"a {prompt_tokens}-token prompt and {tokens} tokens do not fit a {per_slot}-token slot", hint="give a shorter --prompt")
-    url = str(state["url"])
+    url = state.url
     points = bench_users(url, counts, prompt_tokens=prompt_tokens, tokens=tokens, say=say)
     rows = plan.get("users") if isinstance(plan.get("users"), list) else []
     assert isinstance(rows, list)
     estimate = tuple(row for row in rows if isinstance(row, dict))
-    version = str(state.get("engine_version") or "unknown")
-    return UsersRun(url, model_of(state), version, bench_device(plan), int(request.get("parallel") or 1), prompt_tokens, tokens, points, estimate)
+    version = state.engine_version or "unknown"
+    return UsersRun(url, state.model_file, version, bench_device(plan), int(request.get("parallel") or 1), prompt_tokens, tokens, points, estimate)
 
 
 def record_users(run: UsersRun) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import constants
 from .records import append_record, read_records
+from .state import ServeState
 
 __all__ = ["GpuCorrection", "history_path", "gpu_correction", "record_load"]
 
@@ -44,9 +45,10 @@ def gpu_correction(match: dict[str, object], path: Path | None = None) -> GpuCor
     return GpuCorrection(int(statistics.median(misses)), len(misses))
 
 
-def record_load(key: dict[str, object], payload: dict[str, object], planned_gpu: int, actual_gpu: int, correction: int) -> None:
-    """Append a verified load (``key``: what :func:`gpu_correction` matches on; ``payload``:
-    the state file's contents; GPU bytes planned, allocated, and the correction applied)."""
+def record_load(key: dict[str, object], state: ServeState, planned_gpu: int, actual_gpu: int, correction: int) -> None:
+    """Append a verified load (``key``: what :func:`gpu_correction` matches on; ``state``:
+    the serve's state; GPU bytes planned, allocated, and the correction applied)."""
+    payload = state.to_json()
     record = {
         "key": key,
         "gpu": {"planned_bytes": planned_gpu, "actual_bytes": actual_gpu, "correction_bytes": correction},

@@ -20,6 +20,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from .state import ServeState
+
 __all__ = ["engine_live", "Throughput", "live_report", "MAX_ANSWER_BYTES"]
 
 #: Largest /slots, /metrics or /api/ps answer read (bytes); a larger one is an error.
@@ -44,9 +46,9 @@ async def _get(session: aiohttp.ClientSession, url: str, headers: Mapping[str, s
         return response.status, body
 
 
-def _key_headers(server: Mapping[str, object]) -> tuple[dict[str, str], str | None]:
+def _key_headers(server: ServeState) -> tuple[dict[str, str], str | None]:
     """The bearer header from the server's key file, or why there is none we can use."""
-    path = server.get("api_key_file")
+    path = server.api_key_file
     if not path:
         return {}, None
     try:
@@ -56,7 +58,7 @@ def _key_headers(server: Mapping[str, object]) -> tuple[dict[str, str], str | No
     return ({"Authorization": f"Bearer {words[0]}"}, None) if words else ({}, f"{path} is empty")
 
 
-async def engine_live(session: aiohttp.ClientSession, server: Mapping[str, object], *, timeout_s: float = 3.0) -> dict[str, object]:
+async def engine_live(session: aiohttp.ClientSession, server: ServeState, *, timeout_s: float = 3.0) -> dict[str, object]:
     """One sample of a running ``tierlocal serve`` (an object ``status --json`` prints): slots
     total and busy, requests waiting, counters of prompt and predicted tokens, the time of the
     sample (seconds since the epoch), and ``error`` when the engine could not be read.
@@ -66,8 +68,7 @@ async def engine_live(session: aiohttp.ClientSession, server: Mapping[str, objec
     plus what each busy slot has done so far (/slots ``n_decoded`` and
     ``n_prompt_tokens_processed``). /metrics is read before /slots, so a request that finishes
     between the two is counted once at most (late, never twice: the counters only grow)."""
-    url = str(server.get("url", "")).rstrip("/")
-    engine = str(server.get("engine", ""))
+    url, engine = server.url.rstrip("/"), server.engine
     sample: dict[str, object] = {
         "url": url,
         "engine": engine,
@@ -207,7 +208,7 @@ class Throughput:
 
 
 async def live_report(
-    servers: list[dict[str, object]], history: dict[str, Throughput], *, window_s: float = 300.0, session: aiohttp.ClientSession | None = None
+    servers: list[ServeState], history: dict[str, Throughput], *, window_s: float = 300.0, session: aiohttp.ClientSession | None = None
 ) -> list[dict[str, object]]:
     """A sample of every server, each with its rates over ``window_s`` from ``history`` (keyed
     by URL; the new sample is added to it first)."""

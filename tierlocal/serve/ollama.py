@@ -30,7 +30,7 @@ from ..plan.source import SourceCheck
 from .exposure import check_ollama_exposure
 from .probe import crash_hint
 from .run import OnReady, Say, ServeOptions, ServeSession, detected_machine, plan_for, read_model, stop_on_signals
-from .state import clear_state, log_path, write_starting, write_state
+from .state import ServeState, clear_state, log_path, write_starting, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT, resolve_template
 
@@ -225,7 +225,9 @@ def _verify(check: SourceCheck, server: _Server, loaded: ollama.ProcessResponse.
     return problems, warnings
 
 
-def _payload(check: SourceCheck, server: _Server, name: str, loaded: ollama.ProcessResponse.Model) -> dict[str, object]:
+def _state(
+    check: SourceCheck, server: _Server, name: str, loaded: ollama.ProcessResponse.Model, template: dict[str, object], first_answer_s: float
+) -> ServeState:
     """The state file's contents (``tierlocal status``, ``serve --json``)."""
     assert check.estimate is not None
     problems, warnings = _verify(check, server, loaded)
@@ -233,22 +235,25 @@ def _payload(check: SourceCheck, server: _Server, name: str, loaded: ollama.Proc
     planned_gpu = None if first.backend == "cpu" else first.weights_bytes + first.kv_bytes + first.compute_bytes
     actual = server.parser.report().to_json() if server.child is not None else {}
     actual.update({"ollama_model": name, "size_bytes": loaded.size, "size_vram_bytes": loaded.size_vram, "context_length": loaded.context_length})
-    return {
-        "url": server.url,
-        "pid": os.getpid(),
-        "engine": "ollama",
-        "engine_pid": server.child.pid if server.child else None,
-        "log": str(server.log) if server.child else None,
-        "plan": check.to_json(),
-        "actual": actual,
-        "delta": {
-            "planned_gpu_bytes": planned_gpu,
-            "size_vram_bytes": loaded.size_vram,
-            "verified": not problems,
-            "problems": problems,
-            "warnings": warnings,
-        },
+    delta = {
+        "planned_gpu_bytes": planned_gpu,
+        "size_vram_bytes": loaded.size_vram,
+        "verified": not problems,
+        "problems": problems,
+        "warnings": warnings,
     }
+    return ServeState(
+        url=server.url,
+        pid=os.getpid(),
+        engine="ollama",
+        engine_pid=server.child.pid if server.child else None,
+        log=str(server.log) if server.child else None,
+        plan=check.to_json(),
+        actual=actual,
+        delta=delta,
+        first_answer_s=first_answer_s,
+        details={"chat_template": template},
+    )
 
 
 def _checked_template(session: ServeSession, server: _Server, client: ollama.Client, name: str) -> dict[str, object]:
@@ -294,11 +299,11 @@ def _first_answer(session: ServeSession, server: _Server, client: ollama.Client,
 def _create_load_verify(session: ServeSession, server: _Server, client: ollama.Client) -> int:
     name = session.options.ollama_tag or ollama_model_name(session.options.model)
     loaded = _create_and_load(session, server, client, name)
-    payload = {**_payload(session.check, server, name, loaded), "chat_template": _checked_template(session, server, client, name)}
-    payload["first_answer_s"] = _first_answer(session, server, client, name)
-    write_state(session.options.port, payload)
+    template = _checked_template(session, server, client, name)
+    state = _state(session.check, server, name, loaded, template, _first_answer(session, server, client, name))
+    write_state(session.options.port, state)
     notify("READY=1", f"STATUS=serving {name} through Ollama on {server.url}")
-    session.on_ready(payload)
+    session.on_ready(state)
     while not session.stop.is_set():
         if server.child is not None and server.child.process.poll() is not None:
             raise EngineFailed(f"ollama serve stopped unexpectedly (exit {server.child.process.returncode})", hint=f"see {server.log}")

@@ -34,19 +34,14 @@ def check_port_free(host: str, port: int, *, other_listener_ok: bool = False) ->
     Raises:
         UsageError: the port is taken, naming by whom where tierlocal knows.
     """
-    holder = next(iter(running_servers(port) + starting_servers(port)), None)
-    if holder is not None:
-        model = _model_of(holder)
+    running, starting = running_servers(port), starting_servers(port)
+    if running or starting:
+        pid, url, model = (
+            (running[0].pid, running[0].url, running[0].model_source) if running else (starting[0].get("pid"), starting[0].get("url"), None)
+        )
         raise UsageError(
-            f"port {port} is used by tierlocal serve (pid {holder.get('pid')}{f', {model}' if model else ''}, {holder.get('url')})",
+            f"port {port} is used by tierlocal serve (pid {pid}{f', {model}' if model else ''}, {url})",
             hint="choose another --port, or stop that serve first",
         )
     if not other_listener_ok and listening(host, port):
         raise UsageError(f"port {port} on {host} is in use by another program", hint="choose another --port, or stop what listens there")
-
-
-def _model_of(server: dict[str, object]) -> str | None:
-    plan = server.get("plan")
-    model = plan.get("model") if isinstance(plan, dict) else None
-    source = model.get("source") if isinstance(model, dict) else None
-    return source if isinstance(source, str) else None

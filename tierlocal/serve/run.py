@@ -36,7 +36,7 @@ from ..plan.source import SourceCheck, check_model, parse_ctx, parse_parallel
 from ..plan.verify import verify_load
 from .history import record_load
 from .probe import first_answer
-from .state import log_path, write_starting, write_state
+from .state import ServeState, log_path, write_starting, write_state
 from .systemd import notify
 from .template import TEMPLATE_HINT
 
@@ -49,13 +49,14 @@ __all__ = [
     "detected_machine",
     "launch",
     "supervise_verified",
+    "verify_ready",
     "stop_on_signals",
     "last_log_lines",
 ]
 
-#: Say something, or report the ready engine (its state-file payload).
+#: Say something, or report the ready engine (what its state file holds).
 Say = Callable[[str], None]
-OnReady = Callable[[dict[str, object]], None]
+OnReady = Callable[[ServeState], None]
 
 
 @dataclass(frozen=True)
@@ -322,9 +323,18 @@ def launch(
 
 
 def supervise_verified(session: ServeSession, launched: Launched, extra: dict[str, object] | None = None) -> int:
-    """Once an engine is ready: verify its load against the plan, send it one short chat (it
-    must answer), write the state file `tierlocal status` reads (with ``extra`` added), record
-    the load, notify systemd, and supervise it until stopped."""
+    """Once an engine is ready: :func:`verify_ready`, notify systemd, report the state, and
+    supervise the engine until stopped."""
+    state = verify_ready(session, launched, extra)
+    held = state.delta.get("verified") is True
+    notify("READY=1", f"STATUS=serving {session.options.model.name} on {launched.url}" + ("" if held else " (plan not held: see tierlocal status)"))
+    session.on_ready(state)
+    return supervise(session, launched)
+
+
+def verify_ready(session: ServeSession, launched: Launched, extra: dict[str, object] | None = None) -> ServeState:
+    """Verify a ready engine's load against the plan, send it one short chat (it must answer),
+    write the state file `tierlocal status` reads (with ``extra`` added) and record the load."""
     check, machine, options = session.check, session.machine, session.options
     assert check.estimate is not None
     planned = check.estimate
@@ -337,30 +347,26 @@ def supervise_verified(session: ServeSession, launched: Launched, extra: dict[st
     verification = verify_load(planned, report, speed_for_ngl=speed_for_ngl)
     first_answer_s = first_answer(launched.engine, launched.url, launched.child, planned, str(launched.log_path), headers=launched.headers)
     session.say(f"{launched.engine} answered a first short chat in {first_answer_s:.1f} s")
-    payload: dict[str, object] = {
-        "url": launched.url,
-        "pid": os.getpid(),
-        "engine": launched.engine,
-        "engine_pid": launched.child.pid,
-        "engine_version": launched.version,
-        "log": str(launched.log_path),
-        "argv": launched.argv,
-        "plan": check.to_json(),
-        "actual": report.to_json(),
-        "delta": verification.to_json(),
-        "estimate_correction_bytes": machine.gpu_compute_correction_bytes,
-        "first_answer_s": round(first_answer_s, 3),
-        **(extra or {}),
-    }
-    write_state(options.port, payload)
+    state = ServeState(
+        url=launched.url,
+        pid=os.getpid(),
+        engine=launched.engine,
+        engine_pid=launched.child.pid,
+        log=str(launched.log_path),
+        plan=check.to_json(),
+        actual=report.to_json(),
+        delta=verification.to_json(),
+        first_answer_s=round(first_answer_s, 3),
+        engine_version=launched.version,
+        argv=tuple(launched.argv),
+        estimate_correction_bytes=machine.gpu_compute_correction_bytes,
+        details=extra or {},
+    )
+    write_state(options.port, state)
     gpu_delta = next((delta for delta in verification.devices if delta.name != "host"), None)
     if session.history_key is not None and gpu_delta is not None and verification.layers_actual == verification.layers_planned:
-        record_load(session.history_key, payload, gpu_delta.planned_bytes, gpu_delta.actual_bytes, machine.gpu_compute_correction_bytes)
-    notify(
-        "READY=1", f"STATUS=serving {options.model.name} on {launched.url}" + ("" if verification.ok else " (plan not held: see tierlocal status)")
-    )
-    session.on_ready(payload)
-    return supervise(session, launched)
+        record_load(session.history_key, state, gpu_delta.planned_bytes, gpu_delta.actual_bytes, machine.gpu_compute_correction_bytes)
+    return state
 
 
 def supervise(session: ServeSession, launched: Launched) -> int:

@@ -74,7 +74,7 @@ def _progress_done(screen: FitsScreen, message: str, severity: str) -> None:
 def free_serve_port() -> int | None:
     """The first port from llama-server's default that no tierlocal serve holds and that
     binds on loopback now (None: none of :data:`PORTS_TRIED`)."""
-    taken = {server.get("url", "") for server in [*running_servers(), *starting_servers()]}
+    taken = {server.url for server in running_servers()} | {str(server.get("url", "")) for server in starting_servers()}
     for port in range(constants.LLAMA_SERVER_PORT, constants.LLAMA_SERVER_PORT + PORTS_TRIED):
         if any(str(url).endswith(f":{port}") for url in taken):
             continue

@@ -72,12 +72,12 @@ class LiveFeed:
         live, (gateway, gateway_error), (usage, usage_error) = await asyncio.gather(engines_task, gateway_task, usage_task)
         engines = []
         for server, sample in zip(servers, live, strict=True):
-            key = str(server.get("url"))
+            key = server.url
             for store, name in ((self.decode, "decode_tokens_per_s"), (self.prompt, "prompt_tokens_per_s")):
                 rate = sample.get(name)
                 if isinstance(rate, int | float):
                     store.setdefault(key, deque(maxlen=HISTORY_POINTS)).append(float(rate))
-            engines.append({**server, "live": sample})
+            engines.append({**server.to_json(), "live": sample})
         return LiveSample(
             engines=engines,
             starting=starting,
