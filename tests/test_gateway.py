@@ -40,6 +40,7 @@ from tests.support.faultproxy import (
     FaultProxy,
 )
 from tests.support.gatewayrun import RunningGateway, add_key, gateway, write_config
+from tierlocal.serve.state import ServeState, write_state
 
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
 # The issue's price table (USD per million tokens), read here independently of the gateway.
@@ -720,6 +721,45 @@ def test_default_configuration_serves_what_tierlocal_serve_runs(tmp_path: Path, 
     finally:
         serve.terminate()
         serve.wait(30)
+
+
+def test_a_local_engine_too_slow_for_a_route_is_passed_over_for_speed_and_counted(
+    tmp_path: Path, assets: Assets, local_engine: Engine, hosted_engine: Engine
+) -> None:
+    """Issue 48: the local llama-server stands behind a `tierlocal serve` state whose plan is a real
+    `check --users 2` of the Gemma file on this machine. A route whose per-user floor is twice what
+    that plan gives one more user passes the engine over for the hosted API — logged with the
+    figures, counted, kept in the usage row, shown on /health and the Live page; a route whose
+    floor is half of it is served locally."""
+    planned = run_cli("check", str(assets.gemma_gguf), "--users", "2", "--ctx", "2048", "--json")
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    one_user = next(row for row in plan["users"] if row["users"] == 1)["per_user_decode_tokens_per_s"]
+    engine_root = local_engine.url.removesuffix("/v1")
+    state = ServeState(engine_root, os.getpid(), "llama-server", None, None, plan, {}, {"verified": True})
+    write_state(local_engine.port, state)
+    local_target = f'{{ url = "{local_engine.url}", model = "gemma" }}'
+    body = (
+        f'[[routes]]\nmodel = "strict"\nmin_user_tokens_per_s = {one_user * 2:.3f}\ntargets = [ {local_target}, {hosted(hosted_engine.url)} ]\n'
+        f'[[routes]]\nmodel = "easy"\nmin_user_tokens_per_s = {one_user / 2:.3f}\ntargets = [ {local_target}, {hosted(hosted_engine.url)} ]\n'
+        + PRICES_TOML
+    )
+    with gateway(tmp_path, body, env=ENV) as gw:
+        root = gw.url.removesuffix("/v1")
+        health = httpx2.get(root + "/health").json()["routes"]
+        assert health["strict"][0]["next_user"]["users"] == 1 and health["strict"][0]["passed_over_for"] == "below_speed_floor"
+        assert health["strict"][0]["next_user"]["per_user_decode_tokens_per_s"] == pytest.approx(one_user, rel=0.01)
+        assert health["easy"][0]["passed_over_for"] is None
+        strict = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "strict"}, headers=gw.headers(), timeout=60)
+        assert strict.status_code == 200 and strict.headers["x-tierlocal-target"] == hosted_engine.url
+        easy = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "easy"}, headers=gw.headers(), timeout=60)
+        assert easy.status_code == 200 and easy.headers["x-tierlocal-target"] == local_engine.url
+        assert [row["fallback_reason"] for row in usage_rows(gw)] == ["below_speed_floor", None]
+        assert f"passed over for strict (below_speed_floor): {local_engine.url}#gemma: " in gw.log_text()
+        metrics = httpx2.get(root + "/metrics", headers=gw.headers()).text
+        assert 'tierlocal_gateway_fallbacks_total{model="strict",reason="below_speed_floor"} 1.0' in metrics
+        live = httpx2.get(root + "/ui/data/live.json", headers=gw.headers(), timeout=30).json()
+        assert live["data"]["fallbacks"] == {"strict · below_speed_floor": 1.0} and "below_speed_floor" in live["html"]
 
 
 def test_a_model_that_cannot_fit_has_no_local_target(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:

@@ -25,11 +25,13 @@ from tierlocal.gateway.config import GatewayConfig, Route, ServerConfig, Target,
 from tierlocal.gateway.logs import ClientErrorFilter
 from tierlocal.gateway.protocol import Verdict
 from tierlocal.gateway.runner import ensure_key, without_unfittable_local_targets
+from tierlocal.gateway.speed_floor import LoadSpeed, speed_at
 from tierlocal.gateway.store import SqliteStore, UsageRecord
 from tierlocal.gateway.targets import candidates, next_target, no_answer, passed_over_reasons
 from tierlocal.gateway.ui import dashboard_app
 from tierlocal.gateway.usage_report import usage_report
 from tierlocal.gateway.wire import AttemptFailed, Exchange
+from tierlocal.serve.state import UsersPoint
 
 LOCAL = Target("http://127.0.0.1:8080/v1", "local-model")
 BUSY = Target("http://127.0.0.1:8081/v1", "busy-model")
@@ -67,8 +69,35 @@ def test_each_target_skipped_on_the_way_is_a_fallback_counted_once_with_why() ->
     route = Route("m", (GONE, BUSY, LOCAL, HOSTED))
     states = _states()
     passed: set[Target] = set()
-    assert list(passed_over_reasons(route, states, states[LOCAL], set(), set(), passed)) == ["engine_down", "slots_full"]
+    assert list(passed_over_reasons(route, states, states[LOCAL], set(), set(), passed)) == [("engine_down", None), ("slots_full", None)]
     assert list(passed_over_reasons(route, states, states[HOSTED], set(), {LOCAL}, passed)) == []  # counted already; LOCAL failed with its own reason
+
+
+#: A serve's users table: 40 tok/s alone, 30 each for 2, 18 each for 4 (first tokens 0.5, 1.0, 2.0 s).
+CURVE = (UsersPoint(1, 40.0, 0.5, "measured"), UsersPoint(2, 30.0, 1.0, "derived"), UsersPoint(4, 18.0, 2.0, "derived"))
+
+
+def test_the_speed_at_a_load_is_the_row_between_rows_and_the_same_aggregate_past_them() -> None:
+    assert speed_at(CURVE, 2) == LoadSpeed(2, 30.0, 1.0, "derived")
+    assert speed_at(CURVE, 3) == LoadSpeed(3, 24.0, 1.5, "derived")  # halfway between 2 and 4 users
+    assert speed_at(CURVE, 8) == LoadSpeed(8, 9.0, 4.0, "derived")  # 4 × 18 = 72 tok/s shared by 8; the wait doubles
+    assert speed_at((), 1) is None
+
+
+def test_a_local_target_too_slow_at_its_load_is_passed_over_for_speed_and_counted_with_the_figures() -> None:
+    route = Route("m", (LOCAL, HOSTED), min_user_tokens_per_s=25.0)
+    states = _states()
+    states[LOCAL].curve = CURVE
+    states[LOCAL].in_flight = 1  # this request would be the second user: 30 tok/s each, above 25
+    assert [state.target for state in candidates(route, states, set())] == [LOCAL, HOSTED]
+    states[LOCAL].in_flight = 2  # the third: 24 tok/s, below 25
+    assert [state.target for state in candidates(route, states, set())] == [HOSTED, LOCAL]  # still tried when the API fails
+    ((reason, detail),) = passed_over_reasons(route, states, states[HOSTED], set(), set(), set())
+    assert reason == "below_speed_floor" and detail == f"{LOCAL.label}: 24.0 tok/s per user at 3 user(s) (derived), below the route's 25"
+    waiting = Route("m", (LOCAL, HOSTED), max_first_token_s=1.2)  # the first token after 1.5 s at 3 users
+    assert [reason for reason, _ in passed_over_reasons(waiting, states, states[HOSTED], set(), set(), set())] == ["first_token_over_limit"]
+    states[LOCAL].curve = ()  # no table known: never passed over blind
+    assert [state.target for state in candidates(route, states, set())] == [LOCAL, HOSTED]
 
 
 def test_when_nothing_answers_the_client_is_told_why_and_whether_to_retry() -> None:

@@ -28,6 +28,7 @@ def test_the_contract_example_loads(tmp_path: Path) -> None:
     config = load_config(_contract(tmp_path))
     route = config.route("qwen3-14b")
     assert route is not None and [t.url for t in route.targets] == ["http://127.0.0.1:8080/v1", "https://api.moonshot.ai/v1"]
+    assert (route.min_user_tokens_per_s, route.max_first_token_s) == (10.0, 5.0)
     assert [t.hosted for t in route.targets] == [False, True]
     assert route.targets[1].api_key_env == "MOONSHOT_API_KEY"
     assert config.prices["kimi-k3"].output == 15.0
@@ -46,6 +47,8 @@ def test_the_contract_example_loads(tmp_path: Path) -> None:
         (('budget_period = "month"', 'budget_period = "fortnight"'), "users[0].budget_period: 'fortnight' is not a period"),
         (('url = "http://127.0.0.1:8080/v1"', 'url = "127.0.0.1:8080"'), "routes[0].targets[0].url: '127.0.0.1:8080' is not an http(s) URL"),
         (("requests_per_minute = 60", "requests_per_minute = -1"), "users[0].requests_per_minute: must be a whole number above 0, not -1"),
+        (("min_user_tokens_per_s = 10", "min_user_tokens_per_s = 0"), "routes[0].min_user_tokens_per_s: must be a number above 0, not 0"),
+        (("max_first_token_s = 5", 'max_first_token_s = "soon"'), "routes[0].max_first_token_s: must be a number above 0, not 'soon'"),
     ],
 )
 def test_bad_config_is_one_precise_error(tmp_path: Path, edit: tuple[str, str], message: str) -> None:

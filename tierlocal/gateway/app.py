@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from ..serve.state import running_servers
 from .backends import UP, TargetState, now, resolve_key
 from .config import GatewayConfig, Route, Target, User
 from .health import poll_target
@@ -30,9 +31,10 @@ from .pricing import worst_case_input_tokens
 from .protocol import printable
 from .relay import Relay
 from .request_body import OutputLimits, output_limits, parse_json_object
+from .speed_floor import engine_key
 from .store import Store
 from .store_worker import StoreWorker
-from .targets import MAX_ATTEMPTS, UNFIXABLE_BY_RETRY, next_target, no_answer, passed_over_reasons
+from .targets import MAX_ATTEMPTS, UNFIXABLE_BY_RETRY, next_target, next_user_speed, no_answer, passed_over_reasons, too_slow
 from .ui import Dashboard
 from .wire import AttemptFailed, Exchange, Reject
 
@@ -122,6 +124,10 @@ class Gateway:
         assert self._session is not None
         local = [state for state in self.states.values() if not state.target.hosted]
         await asyncio.gather(*(poll_target(self._session, state) for state in local))
+        if any(route.min_user_tokens_per_s or route.max_first_token_s for route in self.config.routes):
+            curves = {engine_key(server.url): server.users_curve for server in await asyncio.to_thread(running_servers)}
+            for state in local:
+                state.curve = curves.get(engine_key(state.target.url), ())
 
     async def _poll_forever(self) -> None:
         while True:
@@ -219,8 +225,18 @@ class Gateway:
     def _health_report(self) -> dict[str, object]:
         """What ``GET /health`` answers: each route's targets and their state now."""
         moment = now()
-        routes = {route.model: [self.states[target].describe(moment) for target in route.targets] for route in self.config.routes}
+        routes = {route.model: [self._describe(route, target, moment) for target in route.targets] for route in self.config.routes}
         return {"status": "ok", "routes": routes}
+
+    def _describe(self, route: Route, target: Target, moment: float) -> dict[str, object]:
+        """A target's state now, and — where its serve's users table is known — its speed with one
+        more user and whether the route's floor passes it over at that load."""
+        state = self.states[target]
+        described = state.describe(moment)
+        if state.curve:
+            speed, slow = next_user_speed(state), too_slow(route, state)
+            described.update(next_user=None if speed is None else speed.to_json(), passed_over_for=None if slow is None else slow.reason)
+        return described
 
     async def _health(self, _request: web.Request) -> web.Response:
         return web.json_response(self._health_report())
@@ -332,9 +348,11 @@ class Gateway:
                 state = await next_target(route, self.states, excluded, failed, exchange.attempts, deadline)
                 if state is None:
                     break
-                for reason in passed_over_reasons(route, self.states, state, excluded, failed, passed_over):
+                for reason, detail in passed_over_reasons(route, self.states, state, excluded, failed, passed_over):
                     exchange.reasons.append(reason)
                     self.metrics.fallbacks.labels(route.model, reason).inc()
+                    if detail is not None:
+                        log.info("passed over for %s (%s): %s", printable(route.model), reason, printable(detail))
                 exchange.attempts += 1
                 try:
                     assert self.relay is not None  # the app has started

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from .. import constants
+from ..serve.state import UsersPoint
 from .config import Target
 
 __all__ = ["TargetState", "resolve_key", "credential", "now"]
@@ -45,7 +46,8 @@ def resolve_key(target: Target) -> str | None:
 
 @dataclass
 class TargetState:
-    """Live state of one target; ``slots`` None means unknown (no capacity limit)."""
+    """Live state of one target; ``slots`` None means unknown (no capacity limit); ``curve``:
+    the users table of the `tierlocal serve` behind a local target (empty: none known)."""
 
     target: Target
     key: str | None = None
@@ -54,6 +56,7 @@ class TargetState:
     in_flight: int = 0
     cooldown_until: float = 0.0
     last_error: str | None = None
+    curve: tuple[UsersPoint, ...] = ()
 
     @property
     def label(self) -> str:

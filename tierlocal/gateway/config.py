@@ -143,6 +143,13 @@ class Route:
     store_bodies: bool = False
     #: How many bytes of each body to keep when store_bodies is on (at most 1 MiB).
     max_stored_body_bytes: int = 16384
+    #: Each user's decode floor (tokens/s): a local target whose speed with this request added to
+    #: those in flight — as its `tierlocal serve` planned it, or `bench --users` measured it —
+    #: is below it is passed over for the next target (counted as below_speed_floor).
+    min_user_tokens_per_s: float | None = None
+    #: The longest wait for the first token (seconds) a local target may be predicted to give
+    #: at its load with this request; past it, the next target (first_token_over_limit).
+    max_first_token_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -323,13 +330,20 @@ def _route(raw: object, source: str, where: str, earlier: list[Route]) -> Route:
             source,
             f"{where}.{sorted(unknown)[0]}",
             "unknown key",
-            "a route has model, targets, and optionally store_bodies and max_stored_body_bytes",
+            "a route has model, targets, and optionally store_bodies, max_stored_body_bytes, min_user_tokens_per_s and max_first_token_s",
         )
     store_bodies = table.get("store_bodies", False)
     if not isinstance(store_bodies, bool):
         raise config_error(source, f"{where}.store_bodies", f"must be true or false, not {store_bodies!r}", "bodies are not stored unless it is true")
     cap = positive_int(table.get("max_stored_body_bytes"), source, f"{where}.max_stored_body_bytes") or Route.max_stored_body_bytes
-    return Route(model, tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets)), store_bodies, min(cap, 1 << 20))
+    return Route(
+        model,
+        tuple(_target(target, source, f"{where}.targets[{i}]") for i, target in enumerate(targets)),
+        store_bodies,
+        min(cap, 1 << 20),
+        positive_number(table.get("min_user_tokens_per_s"), source, f"{where}.min_user_tokens_per_s"),
+        positive_number(table.get("max_first_token_s"), source, f"{where}.max_first_token_s"),
+    )
 
 
 def load_config(path: Path) -> GatewayConfig:

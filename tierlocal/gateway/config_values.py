@@ -44,7 +44,7 @@ SERVER_KEYS = frozenset(
         "body_timeout_s",
     }
 )
-ROUTE_KEYS = frozenset({"model", "targets", "store_bodies", "max_stored_body_bytes"})
+ROUTE_KEYS = frozenset({"model", "targets", "store_bodies", "max_stored_body_bytes", "min_user_tokens_per_s", "max_first_token_s"})
 TARGET_KEYS = frozenset({"url", "model", "api_key_env", "api_key_credential", "tier", "usd_per_hour"})
 USER_KEYS = frozenset({"name", "requests_per_minute", "tokens_per_minute", "concurrent_requests", "budget_usd", "budget_period", "admin"})
 PRICE_KEYS = frozenset({"input_cache_hit", "input_cache_miss", "output"})

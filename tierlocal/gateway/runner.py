@@ -108,7 +108,7 @@ def without_unfittable_local_targets(config: GatewayConfig, memory_bytes: int) -
             "" if kept else ", and with no cluster or hosted target the route is dropped",
         )
         if kept:
-            routes.append(Route(route.model, kept))
+            routes.append(replace(route, targets=kept))
     return replace(config, routes=tuple(routes))
 
 

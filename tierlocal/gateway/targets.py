@@ -12,11 +12,23 @@ import random
 import time
 from collections.abc import Iterator, Mapping
 
-from .backends import DOWN, TargetState, now
+from .backends import DOWN, UP, TargetState, now
 from .config import Route, Target
+from .speed_floor import LoadSpeed, Shortfall, shortfall, speed_at
 from .wire import AttemptFailed, Exchange, Reject
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "MAX_ATTEMPTS", "UNFIXABLE_BY_RETRY", "candidates", "next_target", "no_answer", "passed_over_reasons"]
+__all__ = [
+    "BACKOFF_BASE_S",
+    "BACKOFF_CAP_S",
+    "MAX_ATTEMPTS",
+    "UNFIXABLE_BY_RETRY",
+    "candidates",
+    "next_target",
+    "no_answer",
+    "passed_over_reasons",
+    "next_user_speed",
+    "too_slow",
+]
 
 #: Backoff before trying a target again: base · 2^n seconds, jittered, capped; a target that
 #: asks for a longer wait than the cap is not retried within the request (the client is told
@@ -31,19 +43,39 @@ UNFIXABLE_BY_RETRY = frozenset({"dns_error", "no_key"})
 States = Mapping[Target, TargetState]
 
 
+def next_user_speed(state: TargetState) -> LoadSpeed | None:
+    """The target's speed with one more user than it serves now (None: no curve known)."""
+    return speed_at(state.curve, state.in_flight + 1)
+
+
+def too_slow(route: Route, state: TargetState) -> Shortfall | None:
+    """Why a healthy local target with a free slot misses the route's per-user floor or
+    first-token limit at its load with this request (None: it keeps them, or is not such a target)."""
+    if state.health != UP or state.full() or state.target.hosted:
+        return None
+    return shortfall(route, next_user_speed(state))
+
+
 def candidates(route: Route, states: States, excluded: set[Target]) -> list[TargetState]:
-    """Targets to try, best first: free and healthy, then full (spill over rather than
-    queue), then ones that looked down at the last poll. Cooling and keyless ones are out."""
+    """Targets to try, best first: free and healthy, then free but too slow for the route's
+    floor at their load, then full (spill over rather than queue), then ones that looked down
+    at the last poll. Cooling and keyless ones are out."""
     moment = now()
     ready: list[TargetState] = []
+    slow: list[TargetState] = []
     full: list[TargetState] = []
     down: list[TargetState] = []
     for target in route.targets:
         state = states[target]
         if target in excluded or state.missing_key or state.cooling(moment):
             continue
-        (down if state.health == DOWN else full if state.full() else ready).append(state)
-    return ready + full + down
+        if state.health == DOWN:
+            down.append(state)
+        elif state.full():
+            full.append(state)
+        else:
+            (slow if too_slow(route, state) else ready).append(state)
+    return ready + slow + full + down
 
 
 def _retry_waits(route: Route, states: States, excluded: set[Target]) -> list[tuple[float, TargetState]]:
@@ -77,10 +109,11 @@ async def next_target(route: Route, states: States, excluded: set[Target], faile
 
 def passed_over_reasons(
     route: Route, states: States, chosen: TargetState, excluded: set[Target], failed: set[Target], passed_over: set[Target]
-) -> Iterator[str]:
+) -> Iterator[tuple[str, str | None]]:
     """Why each target ahead of ``chosen`` in the route that this request skips without trying it
-    was skipped (the local engine down or busy, a target cooling down): a fallback too, to be
-    logged, counted and kept in the usage row. Each target once (``passed_over`` remembers)."""
+    was skipped (the local engine down, busy or too slow at its load, a target cooling down) and,
+    for speed, the figures: a fallback too, to be logged, counted and kept in the usage row.
+    Each target once (``passed_over`` remembers)."""
     moment = now()
     for target in route.targets:
         if target == chosen.target:
@@ -88,7 +121,9 @@ def passed_over_reasons(
         if target in failed or target in passed_over:
             continue  # its failed attempt was counted with its own reason
         passed_over.add(target)
-        yield states[target].passed_over_reason(target in excluded, moment)
+        state = states[target]
+        slow = None if target in excluded else too_slow(route, state)
+        yield (slow.reason, f"{state.label}: {slow.detail}") if slow else (state.passed_over_reason(target in excluded, moment), None)
 
 
 def no_answer(exchange: Exchange, states: States, excluded: set[Target], last_failure: AttemptFailed | None) -> Reject:

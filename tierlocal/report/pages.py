@@ -41,6 +41,20 @@ def _number(value: object, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, int | float) else "–"
 
 
+#: The Live page's columns for the gateway's targets.
+_TARGET_COLUMNS = ("route", "target", "upstream model", "state", "in flight", "slots", "cooldown s", "next user tok/s")
+
+
+def _next_user(target: Mapping[str, Any]) -> str:
+    """Each user's decode with one more user on a local target, and the reason when the route's
+    floor passes the target over at that load (``/health``'s ``next_user``, ``passed_over_for``)."""
+    speed = target.get("next_user")
+    if not isinstance(speed, Mapping):
+        return "–"
+    passed = target.get("passed_over_for")
+    return _number(speed.get("per_user_decode_tokens_per_s")) + (f' <span class="state down">{_text(passed)}</span>' if passed else "")
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, css: str = "") -> str:
     """A table from already escaped cells."""
     head = "".join(f"<th>{_text(header)}</th>" for header in headers)
@@ -187,11 +201,12 @@ def live_section(
                 _text(target.get("in_flight")),
                 _text(target.get("slots") if target.get("slots") is not None else "–"),
                 _number(target.get("cooldown_s")),
+                _next_user(target),
             ]
             for model, targets in routes.items()
             for target in targets
         ]
-        parts.append(_table(["route", "target", "upstream model", "state", "in flight", "slots", "cooldown s"], target_rows, css="targets"))
+        parts.append(_table(_TARGET_COLUMNS, target_rows, css="targets"))
         fallback_rows = [[_text(label), _number(count, 0)] for label, count in sorted(fallbacks.items())]
         parts.append("<h2>Fallbacks taken</h2>")
         parts.append(

@@ -68,12 +68,15 @@ def engine_text(engine: dict[str, Any]) -> Text:
 
 def gateway_table(health: dict[str, Any]) -> Table:
     """The gateway's routes: each target in the order it is tried (the first is primary; the
-    others are its fallbacks), its state, requests in flight, slots and cooldown left."""
+    others are its fallbacks), its state, requests in flight, slots, cooldown left, and — where a
+    route sets a speed floor — each user's decode with one more user (marked when it is passed over)."""
     table = Table(box=None, pad_edge=False, title="gateway routes (cool: seconds of cooldown left)", title_justify="left")
-    for column in ("route", "role", "target", "model", "state", "busy", "slots", "cool"):
-        table.add_column(column, justify="right" if column in ("busy", "slots", "cool") else "left")
-    for route, targets in (health.get("routes") or {}).items():
-        for index, target in enumerate(targets if isinstance(targets, list) else []):
+    routes = {route: targets for route, targets in (health.get("routes") or {}).items() if isinstance(targets, list)}
+    speeds = any(isinstance(target, dict) and target.get("next_user") for targets in routes.values() for target in targets)
+    for column in ("route", "role", "target", "model", "state", "busy", "slots", "cool", *(["next user"] if speeds else [])):
+        table.add_column(column, justify="right" if column in ("busy", "slots", "cool", "next user") else "left")
+    for route, targets in routes.items():
+        for index, target in enumerate(targets):
             state = str(target.get("state", ""))
             style = {"up": "green", "cooldown": "yellow", "down": "red", "no_key": "red"}.get(state, "")
             cooldown = target.get("cooldown_s") or 0
@@ -86,8 +89,19 @@ def gateway_table(health: dict[str, Any]) -> Table:
                 Text(str(target.get("in_flight", 0))),
                 Text(str(target.get("slots") if target.get("slots") is not None else "-")),
                 Text(f"{cooldown:g}" if cooldown else "-"),
+                *([_next_user(target)] if speeds else []),
             )
     return table
+
+
+def _next_user(target: dict[str, Any]) -> Text:
+    """Each user's decode with one more user (tok/s), red with the reason when the route passes it over."""
+    speed = target.get("next_user")
+    if not isinstance(speed, dict) or not isinstance(speed.get("per_user_decode_tokens_per_s"), int | float):
+        return Text("-")
+    passed = target.get("passed_over_for")
+    text = f"{speed['per_user_decode_tokens_per_s']:,.1f} tok/s" + (f" ({passed})" if passed else "")
+    return Text(text, style="red" if passed else "")
 
 
 def _without_credentials(url: str) -> str:
