@@ -19,6 +19,7 @@ from tierlocal.fit.concurrency import (
     CPU_ROW_COMPUTE_SHARE,
     BatchCosts,
     CpuKernels,
+    UsersSpeed,
     batch_costs,
     cpu_kernels,
     distinct_expert_share,
@@ -217,3 +218,9 @@ def test_a_single_stream_measurement_sets_the_scale_of_the_curve() -> None:
     assert [row.basis for row in scaled] == ["derived", "derived"]
     assert scaled[1].per_user_decode_tokens_per_s == pytest.approx(0.8 * rows[1].per_user_decode_tokens_per_s)
     assert scaled[1].first_token_p95_s == pytest.approx(1.5 * rows[1].first_token_p95_s)  # type: ignore[operator]
+
+
+def test_a_users_row_reads_back_from_its_json_and_anything_else_is_none() -> None:
+    row = UsersSpeed(4, 2, 12.5, 50.0, 1.25, 2.5, 256, "calibrated", queued=2)
+    assert UsersSpeed.from_json(row.to_json()) == row
+    assert UsersSpeed.from_json({"users": 4}) is None and UsersSpeed.from_json([4]) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -331,7 +332,10 @@ def test_a_second_serve_on_a_port_in_use_leaves_the_first_alone_and_status_shows
         assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 2, again.stderr  # the error and its hint
         assert f"error: port {first_port} is used by tierlocal serve (pid " in again.stderr and "choose another --port" in again.stderr
         assert log.stat().st_size >= log_bytes > 0 and state.is_file()
-        assert run_cli("status", "--port", str(first_port), env=home).returncode == 0
+        shown = run_cli("status", "--port", str(first_port), env=home)
+        assert shown.returncode == 0 and "Users at once (1 slot(s), 256-token prompts arriving together)" in shown.stdout, shown.stdout
+        planned = {row["users"]: row for row in ready["plan"]["users"]}  # issue 48: status shows the plan's users table
+        assert re.search(rf"│\s+4\s+│\s+{planned[4]['per_user_decode_tokens_per_s']:,.1f}\s+│", shown.stdout), shown.stdout
         with socket.socket() as other:  # a program tierlocal knows nothing of
             other.bind(("127.0.0.1", 0))
             other.listen()

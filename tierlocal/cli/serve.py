@@ -11,11 +11,13 @@ from typing import Any
 import click
 
 from ..errors import TierlocalError, UsageError
+from ..fit.concurrency import UsersSpeed
 from ..resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
 from ..serve.state import ServeState, running_servers, starting_servers
-from .common import machine, ollama_port, print_json, serve_options, serve_options_from
+from .common import console, machine, ollama_port, print_json, serve_options, serve_options_from
+from .users_view import users_table_view
 
 __all__ = ["serve", "status"]
 
@@ -118,6 +120,7 @@ def _render_ollama(state: ServeState) -> None:
     click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
     for warning in delta["warnings"]:
         click.echo(f"warning: {warning}", err=True)
+    _render_users_planned(state)
 
 
 def _render_status(state: ServeState) -> None:
@@ -135,6 +138,15 @@ def _render_status(state: ServeState) -> None:
     click.echo("plan held" if delta["verified"] else "PLAN NOT HELD: " + "; ".join(delta["problems"]))
     for warning in delta["warnings"]:
         click.echo(f"warning: {warning}", err=True)
+    _render_users_planned(state)
+
+
+def _render_users_planned(state: ServeState) -> None:
+    """The plan's users table (measured rows where `bench --users` recorded them)."""
+    rows = [row for row in map(UsersSpeed.from_json, state.plan.get("users") or []) if row is not None]
+    if rows:
+        asked = state.plan.get("users_asked")
+        console().print(users_table_view(rows, asked=asked if isinstance(asked, int) else None))
 
 
 @click.command()

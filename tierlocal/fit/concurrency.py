@@ -270,6 +270,27 @@ class UsersSpeed:
     basis: str = "derived"
     queued: int = field(default=0)
 
+    @classmethod
+    def from_json(cls, row: object) -> UsersSpeed | None:
+        """A row :meth:`to_json` wrote (a serve's state file, a record); None: not such a row."""
+        if not isinstance(row, dict):
+            return None
+        try:
+            p50, p95 = row.get("first_token_p50_s"), row.get("first_token_p95_s")
+            return cls(
+                int(row["users"]),
+                int(row["slots"]),
+                float(row["per_user_decode_tokens_per_s"]),
+                float(row["aggregate_decode_tokens_per_s"]),
+                None if p50 is None else float(p50),
+                None if p95 is None else float(p95),
+                int(row["prompt_tokens"]),
+                str(row.get("basis", "derived")),
+                int(row.get("queued") or 0),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def to_json(self) -> dict[str, object]:
         return {
             "users": self.users,
