@@ -755,6 +755,12 @@ def test_a_local_engine_too_slow_for_a_route_is_passed_over_for_speed_and_counte
         easy = httpx2.post(gw.url + "/chat/completions", json={**CHAT, "model": "easy"}, headers=gw.headers(), timeout=60)
         assert easy.status_code == 200 and easy.headers["x-tierlocal-target"] == local_engine.url
         assert [row["fallback_reason"] for row in usage_rows(gw)] == ["below_speed_floor", None]
+        # Item 5: the local answer's tokens at the price of the API the route falls back to.
+        local_row = usage_rows(gw)[1]
+        spent = json.loads(run_cli("usage", "--config", str(gw.config), "--json").stdout)["local"][f"{local_engine.url}#gemma"]
+        assert (spent["routes"], spent["api_model"], spent["completion_tokens"]) == (["strict", "easy"], "kimi-k3", local_row["completion_tokens"])
+        usage = {"prompt_tokens": local_row["prompt_tokens"], "completion_tokens": local_row["completion_tokens"]}
+        assert spent["api_usd"] == pytest.approx(cost(usage), abs=1e-6) and spent["api_usd"] > 0
         assert f"passed over for strict (below_speed_floor): {local_engine.url}#gemma: " in gw.log_text()
         metrics = httpx2.get(root + "/metrics", headers=gw.headers()).text
         assert 'tierlocal_gateway_fallbacks_total{model="strict",reason="below_speed_floor"} 1.0' in metrics

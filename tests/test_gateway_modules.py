@@ -32,6 +32,7 @@ from tierlocal.gateway.ui import dashboard_app
 from tierlocal.gateway.usage_report import usage_report
 from tierlocal.gateway.wire import AttemptFailed, Exchange
 from tierlocal.serve.state import UsersPoint
+from tierlocal.tiers.arithmetic import ApiPrices
 
 LOCAL = Target("http://127.0.0.1:8080/v1", "local-model")
 BUSY = Target("http://127.0.0.1:8081/v1", "busy-model")
@@ -148,6 +149,30 @@ def test_the_usage_report_sums_each_user_and_tier_and_sets_spend_against_budget(
     assert report["budgets"] == {"alice": {"budget_usd": 1.0, "budget_period": "day", "spent_usd": 0.25, "left_usd": 0.75}}
     clusters = report["clusters"]
     assert isinstance(clusters, dict) and (clusters[cluster.label]["tokens"], clusters[cluster.label]["requests"]) == (5000, 1)
+    store.close()
+
+
+def test_a_local_engines_tokens_are_priced_at_its_routes_hosted_api(tmp_path: Path) -> None:
+    """Issue 48 item 5: what the local tokens would have cost on the API the route falls back to."""
+    store = SqliteStore(tmp_path)
+    routes = (Route("qwen3-14b", (LOCAL, HOSTED)), Route("unpriced", (BUSY,)))
+    prices = {"kimi-k3": ApiPrices(input_cache_hit=0.30, input_cache_miss=3.00, output=15.00)}
+    config = GatewayConfig(ServerConfig(state_dir=tmp_path), routes, prices, (User("alice"),), "test")
+    store.settle(None, UsageRecord("alice", "qwen3-14b", "local-model", LOCAL.label, 200, 4000, 1000, 1000, 0.0, tier=2))
+    store.settle(None, UsageRecord("alice", "unpriced", "busy-model", BUSY.label, 200, 10, 0, 5, 0.0, tier=2))
+    local = usage_report(config, store, "day")["local"]
+    assert isinstance(local, dict)
+    # 1,000 cached at $0.30, 3,000 uncached at $3.00 and 1,000 out at $15.00 per million tokens
+    assert local[LOCAL.label] == {
+        "routes": ["qwen3-14b"],
+        "requests": 1,
+        "prompt_tokens": 4000,
+        "cached_tokens": 1000,
+        "completion_tokens": 1000,
+        "api_model": "kimi-k3",
+        "api_usd": 0.0243,
+    }
+    assert (local[BUSY.label]["api_model"], local[BUSY.label]["api_usd"]) == ("unpriced", None)
     store.close()
 
 

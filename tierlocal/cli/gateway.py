@@ -183,7 +183,7 @@ def revoke_key(user_or_prefix: str, config_path: Path | None) -> None:
     show_default=True,
     help="From the start of the current day/week/month (UTC), or everything.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users, models, targets, by_tier, clusters, budgets, break_even}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {period, since, users, models, targets, by_tier, clusters, local, budgets, break_even}.")
 def usage(config_path: Path | None, period: str, as_json: bool) -> None:
     """Requests, tokens (prompt, cached, completion) and spend per user and per model, and for a
     hosted frontier model (Kimi K3) whether renting its cluster would be cheaper at this volume."""
@@ -219,6 +219,8 @@ def _render_usage(report: dict[str, Any]) -> None:
         click.echo(f"{label}: {row['requests']} requests, {row['prompt_tokens'] + row['completion_tokens']} tokens, {format_usd(row['cost_usd'])}")
     for label, cluster in report["clusters"].items():
         click.echo(_cluster_line(label, cluster))
+    for label, local in report["local"].items():
+        click.echo(_local_line(label, local))
     for name, budget in report["budgets"].items():
         click.echo(
             f"budget {printable(name)}: {format_usd(budget['spent_usd'])} of {format_usd(budget['budget_usd'])} this {budget['budget_period']}"
@@ -231,6 +233,15 @@ def _render_usage(report: dict[str, Any]) -> None:
             f"{'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper"
             f" (break-even ~{verdict['break_even_tokens_per_month']:,.0f} tokens/month)"
         )
+
+
+def _local_line(label: str, local: dict[str, Any]) -> str:
+    """One local engine's tokens this period at the API price of its route."""
+    tokens = local["prompt_tokens"] + local["completion_tokens"]
+    line = f"local {printable(label)}: {tokens:,} tokens ({local['requests']} requests)"
+    if local["api_usd"] is None:
+        return line + f"; no API price for {printable(local['api_model'])} to compare with"
+    return line + f" would have cost {format_usd(local['api_usd'])} on {printable(local['api_model'])}'s API"
 
 
 def _cluster_line(label: str, cluster: dict[str, Any]) -> str:

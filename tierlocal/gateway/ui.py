@@ -266,6 +266,7 @@ class Dashboard:
             "targets": {},
             "by_tier": {},
             "clusters": {},
+            "local": {},
             "break_even": {},
         }
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from .config import TIER_NAMES, GatewayConfig
+from ..tiers.arithmetic import ApiPrices
+from .config import TIER_NAMES, GatewayConfig, Route
 from .pricing import Usage, cost_usd
 from .store import Store, period_start
 
@@ -19,7 +20,8 @@ def usage_report(config: GatewayConfig, store: Store, period: str, now: float | 
     """Requests, tokens and spend (USD) per user, per model and per target since the start of
     ``period``; the same per tier that answered (your cluster, local, hosted API); each
     budgeted user's spend in their own budget period (recorded plus held) against the budget;
-    each cluster of your own against what its tokens would have cost on the API; and, for
+    each cluster of your own against what its tokens would have cost on the API; what each local
+    engine's tokens would have cost there; and, for
     hosted frontier models, the break-even verdict at the measured volume. ``since`` in
     seconds since the epoch."""
     moment = time.time() if now is None else now
@@ -36,6 +38,7 @@ def usage_report(config: GatewayConfig, store: Store, period: str, now: float | 
         **totals,
         "by_tier": _by_tier(totals.get("tiers", {})),
         "clusters": _clusters(config, totals.get("targets", {}), since, moment),
+        "local": _local(config, totals.get("targets", {})),
         "budgets": _budgets(config, store),
         "break_even": verdicts,
     }
@@ -51,6 +54,43 @@ def _by_tier(tiers: dict[str, dict[str, float | int]]) -> dict[str, dict[str, ob
     return result
 
 
+def _route_prices(config: GatewayConfig, route: Route) -> tuple[str, ApiPrices | None]:
+    """The API a route's tokens are priced at: its hosted target's model, else the route's own."""
+    hosted = next((t for t in route.targets if t.tier == 3), None)
+    for model in (hosted.model if hosted else None, route.model):
+        if model is not None and model in config.prices:
+            return model, config.prices[model]
+    return (hosted.model if hosted else route.model), None
+
+
+def _local(config: GatewayConfig, targets: dict[str, dict[str, float | int]]) -> dict[str, dict[str, object]]:
+    """For each local engine (tier 2) that answered this period: the routes that name it, its
+    requests and tokens, and what they would have cost on the first such route's hosted API
+    (``api_usd`` at ``api_model``'s prices; None: the route has no price)."""
+    result: dict[str, dict[str, object]] = {}
+    for route in config.routes:
+        api_model, prices = _route_prices(config, route)
+        for target in route.targets:
+            row = targets.get(target.label)
+            if target.tier != 2 or not row:
+                continue
+            if target.label in result:
+                result[target.label]["routes"].append(route.model)  # type: ignore[attr-defined]
+                continue
+            usage = Usage(int(row.get("prompt_tokens", 0)), int(row.get("cached_tokens", 0)), int(row.get("completion_tokens", 0)))
+            api_usd = cost_usd(prices, usage) if prices else None
+            result[target.label] = {
+                "routes": [route.model],
+                "requests": int(row.get("requests", 0)),
+                "prompt_tokens": usage.prompt_tokens,
+                "cached_tokens": usage.cached_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "api_model": api_model,
+                "api_usd": None if api_usd is None else round(api_usd, 6),
+            }
+    return result
+
+
 def _clusters(config: GatewayConfig, targets: dict[str, dict[str, float | int]], since: float, now: float) -> dict[str, dict[str, object]]:
     """For each cluster of your own (a tier-1 target with ``usd_per_hour``): what it cost over
     the period, always on from ``since`` to ``now`` (seconds since the epoch), against what the
@@ -58,8 +98,7 @@ def _clusters(config: GatewayConfig, targets: dict[str, dict[str, float | int]],
     which the two cost the same, at this period's mix of input, cached input and output."""
     result: dict[str, dict[str, object]] = {}
     for route in config.routes:
-        hosted = next((t for t in route.targets if t.tier == 3), None)
-        prices = config.prices.get(hosted.model if hosted else route.model) or config.prices.get(route.model)
+        _, prices = _route_prices(config, route)
         for target in route.targets:
             if target.tier != 1 or target.usd_per_hour is None:
                 continue

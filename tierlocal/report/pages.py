@@ -266,6 +266,10 @@ def spend_section(report: Mapping[str, Any], *, user: str, everyone: bool) -> st
             parts.append("<h2>By tier</h2>" + _table(["tier", "requests", "tokens", "spend"], tier_rows, css="tiers"))
         for label, cluster in (report.get("clusters") or {}).items():
             parts.append(_cluster(label, cluster))
+        if local_rows := [_local_row(label, local) for label, local in (report.get("local") or {}).items()]:
+            parts.append(
+                "<h2>Local engines at the API price</h2>" + _table(["engine", "routes", "requests", "tokens", "at the API"], local_rows, css="local")
+            )
         for model, verdict in (report.get("break_even") or {}).items():
             parts.append(_break_even(model, verdict))
     return "".join(parts)
@@ -321,6 +325,14 @@ def _cluster(label: str, cluster: Mapping[str, Any]) -> str:
         f' <span data-field="cluster_usd">${float(cluster.get("cluster_usd") or 0):,.2f}</span>'
         f" for {float(cluster.get('tokens') or 0):,.0f} tokens; {_text(verdict)}.</p></section>"
     )
+
+
+def _local_row(label: str, local: Mapping[str, Any]) -> list[str]:
+    """A local engine's tokens this period and what its route's hosted API would have charged."""
+    api = local.get("api_usd")
+    at_api = f"no price for {_text(local.get('api_model'))}" if api is None else f'<span data-field="api_usd">${float(api):,.4f}</span>'
+    tokens = float(local.get("prompt_tokens") or 0) + float(local.get("completion_tokens") or 0)
+    return [_text(label), _text(", ".join(local.get("routes") or [])), _text(local.get("requests")), _number(tokens, 0), at_api]
 
 
 def _break_even(model: str, verdict: Mapping[str, Any]) -> str:
