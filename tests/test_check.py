@@ -393,3 +393,25 @@ def test_a_local_token_is_priced_at_the_machines_hour_beside_the_api() -> None:
     assert json.loads(run_cli("check", "--ram", "16GiB", "--users", "2", "--json", env=env).stdout)["plan"]["cost"] is None
     human = " ".join(run_cli("check", *args[:-1], env=env).stdout.split())
     assert "a million output tokens costs $" in human and "the API at $0.60 per million costs as much at" in human
+
+
+def test_parallel_max_with_a_per_user_floor_keeps_the_slots_that_hold_it(tmp_path: Path) -> None:
+    """Issue 48: `--parallel max` solved by memory alone gives an RTX 4090 dozens of Llama-3.1-8B
+    slots at 4k each; with `--min-speed 80` it plans the most users who each still decode at 80
+    tok/s — one more would not — and says why it has fewer slots than memory holds."""
+    model = write_compact_as_gguf(json.loads(header_path("llama-3.1-8b", "Q4_K_M").read_text()), tmp_path / "llama-3.1-8b-Q4_K_M.gguf")
+    env = {"TIERLOCAL_LLAMA_SERVER": "/nonexistent"}
+    base = ("check", str(model), "--gpu", "RTX 4090", "--ram", "64GiB", "--ctx", "4096", "--json")
+    by_memory = json.loads(run_cli(*base, "--parallel", "max", env=env).stdout)
+    kept = json.loads(run_cli(*base, "--parallel", "max", "--min-speed", "80", env=env).stdout)
+    memory_slots, slots = by_memory["request"]["parallel"], kept["request"]["parallel"]
+    assert by_memory["slots_note"] is None and 1 < slots < memory_slots / 2, (slots, memory_slots)
+    held = int(kept["slots_note"].split()[0])  # with one KV cache for every slot (-kvu), as the kept plan has
+    assert abs(held - memory_slots) <= 1
+    assert kept["slots_note"] == f"{held} slots fit in memory; {slots} keep each user at 80 tok/s or faster (--min-speed), so the plan has {slots}"
+    assert kept["request"]["kv_unified"] is True and kept["users_asked"] == slots
+    assert next(row for row in kept["users"] if row["users"] == slots)["per_user_decode_tokens_per_s"] >= 80
+    one_more = json.loads(run_cli(*base, "--parallel", str(slots + 1), "--users", str(slots + 1), env=env).stdout)
+    assert next(row for row in one_more["users"] if row["users"] == slots + 1)["per_user_decode_tokens_per_s"] < 80
+    human = " ".join(run_cli(*base[:-1], "--parallel", "max", "--min-speed", "80", env=env).stdout.split())
+    assert f"Slots: {held} slots fit in memory; {slots} keep each user" in human and "meets the per-user floor of 80 tok/s" in human

@@ -16,6 +16,7 @@ from ..cpu_figures import host_speed_here
 from ..errors import UsageError
 from ..fit.concurrency import UsersSpeed
 from ..fit.estimate import Machine, RunRequest
+from ..fit.model import model_spec
 from ..fit.users_measured import anchored, with_measured
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
@@ -24,6 +25,7 @@ from ..plan.local_cost import local_cost, rental_price
 from ..plan.machine import machine_for
 from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES
 from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
+from ..plan.speeds import most_users_at
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..serve.bench_users import measured_users
@@ -162,13 +164,13 @@ def check(
     if mmproj and (source is None or named):
         raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
     request = _request(ngl, n_cpu_moe, cache_type_k, cache_type_v, flash_attn, ubatch, mmproj)
-    if users is not None and click.get_current_context().get_parameter_source("parallel") is click.core.ParameterSource.DEFAULT:
+    if users is not None and not _given("parallel"):
         parallel = str(users)  # one slot per user unless --parallel says otherwise
-    if users is not None and users > 1:
-        request = replace(request, kv_unified=True)  # one batch for every user (llama-server's -kvu)
+    if users is not None and users > 1:  # one batch for every user (llama-server's -kvu)
+        request = replace(request, kv_unified=True)
     priced = partial(_with_cost, machine_for(hardware, load_host_defaults()), price_per_hour, api_price)
     if source is not None and not named:
-        result = priced(_check_one_source(source, hardware, ctx, parallel, request, users))
+        result = priced(_check_one_source(source, hardware, ctx, parallel, request, users, _slots_floor(parallel, choices["min_speed"])))
         print_json(result.to_json()) if as_json else render_source_check(result, min_speed=choices["min_speed"])
         return
     _check_catalog(named, hardware, ctx, parallel, request, users, priced, as_json=as_json, **choices)
@@ -248,7 +250,21 @@ def _check_catalog(
         render_catalog_recommendation(recommendation, show_all=show_all, render_plan=shown_plan, closest=shown)
 
 
-def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel: str, request: RunRequest, users: int | None) -> SourceCheck:
+def _slots_floor(parallel: str, min_speed: float) -> float | None:
+    """The per-user floor ``--parallel max`` keeps: ``--min-speed`` when given (tokens/s)."""
+    return (min_speed or None) if parallel == "max" and _given("min_speed") else None
+
+
+def _given(option: str) -> bool:
+    """Whether the command line gave ``option`` (not its default)."""
+    return click.get_current_context().get_parameter_source(option) is not click.core.ParameterSource.DEFAULT
+
+
+def _check_one_source(
+    source: str, hardware: Hardware, ctx: str | None, parallel: str, request: RunRequest, users: int | None, floor: float | None = None
+) -> SourceCheck:
+    """``check SOURCE``: its plan here; with ``floor`` (``--parallel max --min-speed``) the most
+    slots memory holds cut to the most users who each keep that speed."""
     from ..fetch.sources import read_headers  # the hub's client loads only when a file is read (~0.15 s)
 
     if "/" not in source and not source.endswith(".gguf"):
@@ -258,20 +274,29 @@ def _check_one_source(source: str, hardware: Hardware, ctx: str | None, parallel
     version = engine_version()
     # This CPU's calibration prices the host only when the host is this machine (no --ram).
     host_speed = host_speed_here(version, machine_) if not hardware.ram_overridden else None
-    result = check_source(
+    headers = read_headers(source)
+    if floor is not None:
+        request = replace(request, kv_unified=True)  # the slots are sized for users at once: one batch for all of them
+    plan = partial(
+        check_source,
         source,
-        read_headers(source),
+        headers,
         machine_,
         ctx=parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX,
-        parallel=parse_parallel(parallel),
         request=request,
         host_speed=host_speed,
         gpu_speed=machine_gpu_speed(machine_),
         host_is_here=not hardware.ram_overridden,
         up_to_training=ctx is None,
         cap_at_training=True,
-        users=users,
     )
+    result = plan(parallel=parse_parallel(parallel), users=users)
+    if floor is not None and result.estimate is not None and result.estimate.fits:
+        held = result.estimate.params.n_seq_max
+        kept = most_users_at(model_spec(headers), result.estimate, machine_, host_speed, machine_gpu_speed(machine_), floor)
+        if kept < held:
+            note = f"{held} slots fit in memory; {kept} keep each user at {floor:g} tok/s or faster (--min-speed), so the plan has {kept}"
+            result = replace(plan(parallel=kept, users=users or kept), slots_note=note)
     unused = unused_calibration(version) if not hardware.ram_overridden else None
     key = _bench_key(source, result, version)
     measured, users_record = (measured_speed(key), measured_users(key)) if key else (None, None)

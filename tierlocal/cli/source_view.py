@@ -61,6 +61,8 @@ def render_source_check(check: SourceCheck, *, min_speed: float | None = None) -
     render_users(out, check.users, asked=check.users_asked, min_speed=min_speed if check.users_asked else None)
     if check.users_note:
         out.print(f"[bold yellow]Batching[/bold yellow]: {escape(check.users_note)}.")
+    if check.slots_note:
+        out.print(f"[bold]Slots[/bold]: {escape(check.slots_note)}.")
     _render_cost(out, check)
     if check.suggestion:
         hint = check.suggestion

@@ -97,6 +97,8 @@ class SourceCheck:
     users_asked: int | None = None
     #: What a local output token costs at the machine's price per hour (None: no price known).
     cost: LocalCost | None = None
+    #: Why the plan has fewer slots than memory holds (``--parallel max`` with ``--min-speed``).
+    slots_note: str | None = None
 
     @property
     def users_note(self) -> str | None:
@@ -175,6 +177,7 @@ class SourceCheck:
         payload["measured"] = self.measured
         payload["users_asked"] = self.users_asked
         payload["users_note"] = self.users_note
+        payload["slots_note"] = self.slots_note
         payload["users"] = [row.to_json() for row in self.users]
         payload["cost"] = self.cost.to_json() if self.cost else None
         if request.projector is not None and estimate.projector is not None:

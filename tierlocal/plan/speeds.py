@@ -10,7 +10,7 @@ from ..fit.host_memory import repack_rules
 from ..fit.model import ModelSpec
 from ..fit.speed import TTFT_PROMPTS, DecodeSpeed, SpeedEstimate, bound_speed, decode_speed, estimate_speed
 
-__all__ = ["host_figures", "users_speeds", "calibrated_speed", "plan_speeds", "batching_note"]
+__all__ = ["host_figures", "users_speeds", "calibrated_speed", "plan_speeds", "batching_note", "most_users_at"]
 
 
 def host_figures(estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None) -> DeviceSpeed | None:
@@ -33,6 +33,23 @@ def users_speeds(
     kernels = cpu_kernels(machine.cpu_arch, frozenset(repack_rules(machine.cpu_arch, machine.cpu_features)))
     costs = batch_costs(spec, estimate.request, {"host": host, "gpu": gpu}, cpu=kernels, max_tensor_bytes=machine.max_tensor_bytes)
     return users_table(costs, estimate.params.n_seq_max, counts=counts, basis=basis) if costs is not None else ()
+
+
+def most_users_at(spec: ModelSpec, estimate: RunEstimate, machine: Machine, host: DeviceSpeed | None, gpu: DeviceSpeed | None, floor: float) -> int:
+    """The most users at once, up to the planned slots, each of whom still decodes at ``floor``
+    tokens/s or faster (1 when even one user does not: the plan then says it misses). Each user's
+    decode falls as users are added, so the count is found by bisection."""
+    basis = "calibrated" if host else "bound"
+
+    def keeps(users: int) -> bool:
+        rows = users_speeds(spec, estimate, machine, host, gpu, [users], basis)
+        return bool(rows) and rows[0].per_user_decode_tokens_per_s >= floor
+
+    low, high = 1, estimate.params.n_seq_max
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if keeps(middle) else (low, middle - 1)
+    return low
 
 
 def calibrated_speed(
