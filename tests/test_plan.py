@@ -284,3 +284,34 @@ def test_a_gpus_marketed_memory_reads_in_decimal_gb_in_the_sources_too() -> None
     assert "│ B300           │ 288 GB │" in table
     assert "B300: 288 GB (marketed)" in sources and "H100: 80 GB (marketed)" in sources
     assert "288 GiB" not in said and "288.0 GiB" not in said and "288.00 GB" not in said
+
+
+def test_kimi_k3s_cluster_is_priced_for_its_users_at_once() -> None:
+    """Issue 48 item 6: 8 × B300 (the cheapest cluster over the serving floor) with K3's 896
+    experts, 16 per token. One user is vLLM's published 111 tok/s at TP8; many users read the
+    experts their tokens route to, 1 − (1 − 16/896)^B of them, at 8 × 8 TB/s; an output token
+    costs the cluster's hour over the tokens that hour gives."""
+    throughput = _plan("kimi-k3")["throughput"]
+    assert (throughput["gpu"], throughput["gpus"], throughput["anchor"]["tokens_per_s"]) == ("B300", 8, 111.0)
+    rows = {row["users"]: row for row in throughput["users"]}
+    assert rows[1] == {
+        "users": 1,
+        "per_user_decode_tokens_per_s": 111.0,
+        "aggregate_decode_tokens_per_s": 111.0,
+        "usd_per_million_output_tokens": round(8 * 2.50 / (111 * 3600) * 1e6, 4),
+        "basis": "published",
+    }
+    # 128 users: the shared weights (104B active − 16 × 3.04B experts) and the routed share of
+    # 896 experts of (2,779.9B − 104B) ÷ 880 each, at 0.5 bytes a weight, plus 128 caches 4k deep.
+    per_expert = (K3_PARAMS - 104e9) / 880
+    shared = 104e9 - 16 * per_expert
+    experts_read = 896 * per_expert * (1 - (1 - 16 / 896) ** 128)
+    kv = _plan("kimi-k3")["kv_bytes_per_token"] * 4096 + _plan("kimi-k3")["fixed_state_bytes_per_user"]
+    step_s = ((shared + experts_read) * K3_WEIGHTS_MXFP4 / K3_PARAMS + 128 * kv) / (8 * 8000e9)
+    assert rows[128]["aggregate_decode_tokens_per_s"] == pytest.approx(128 / step_s, rel=1e-3)
+    assert rows[128]["basis"] == "derived" and rows[8]["per_user_decode_tokens_per_s"] == 111.0  # below the floor, the published step holds
+    human = " ".join(run_cli("plan", "kimi-k3").stdout.split())
+    assert (
+        "Users at once on 8 × B300" in human
+        and "The output-only break-even is 370 tok/s while the cluster runs: 8 users decoding at once make it." in human
+    )

@@ -245,6 +245,11 @@ class FrontierModel:
     launch: dict[str, object]
     #: ``[model.single_machine]`` as written: published GGUFs with the experts in RAM (plan.single_machine reads it).
     single_machine: dict[str, object]
+    #: Routed experts per MoE layer and per token (None: not published, or dense).
+    experts: int | None = None
+    experts_per_token: int | None = None
+    #: ``[[model.published_throughput]]`` as written: an engine's decode per user on N GPUs.
+    published_throughput: tuple[dict[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -779,6 +784,9 @@ def load_frontier() -> tuple[FrontierModel, ...]:
                     vllm_notes=dict(m.get("vllm", {})),
                     launch=dict(m.get("launch", {})),
                     single_machine=dict(m.get("single_machine", {})),
+                    experts=int(m["experts"]) if "experts" in m else None,
+                    experts_per_token=int(m["experts_per_token"]) if "experts_per_token" in m else None,
+                    published_throughput=tuple(dict(row) for row in m.get("published_throughput", [])),
                 )
             )
     except (KeyError, TypeError, ValueError) as exc:

@@ -313,9 +313,37 @@ def _print_costs(out: Console, plan: TierPlan) -> None:
         f"({even.input_share:.0%} input, {even.cache_hit:.0%} of it cached) {format_count(even.blended_tokens_per_month)} "
         f"tokens/month ({format_count(even.blended_tokens_per_day)}/day). Below that, the API is cheaper."
     )
+    _print_throughput(out, plan)
     if plan.volume_verdict is not None:
         verdict = plan.volume_verdict
         out.print(
             f"   At {format_count(float(verdict['tokens_per_month']))} tokens/month: API ${float(verdict['api_usd_per_month']):,.0f} vs "
             f"rent ${float(verdict['rent_usd_per_month']):,.0f} → {'the API' if verdict['cheaper'] == 'api' else 'renting'} is cheaper."
         )
+
+
+def _print_throughput(out: Console, plan: TierPlan) -> None:
+    """The chosen cluster's users at once, and how many it takes busy to make the break-even volume."""
+    throughput, even = plan.throughput, plan.break_even
+    if throughput is None:
+        return
+    anchor = throughput.anchor
+    kept = f"each step at least {anchor.engine}'s published one-user step on {anchor.gpus} GPUs" if anchor else "bandwidth only (a bound)"
+    out.print(
+        f"   Users at once on {throughput.gpus} × {throughput.gpu} ({throughput.max_users or '?'} caches of 4k tokens fit; {kept}; "
+        "decode after the first token):"
+    )
+    table = _table("users", "each, tok/s", "all, tok/s", "USD per M output", "basis")
+    for row in throughput.rows:
+        usd = "-" if row.usd_per_million_output_tokens is None else f"${row.usd_per_million_output_tokens:,.2f}"
+        table.add_row(str(row.users), f"{row.per_user_decode_tokens_per_s:,.1f}", f"{row.aggregate_decode_tokens_per_s:,.0f}", usd, row.basis)
+    out.print(table)
+    hours_per_day = plan.options.hours_per_day if plan.options.hours_per_day is not None else 24.0
+    if even is None or hours_per_day <= 0:
+        return
+    needed = even.output_tokens_per_month / (720 * 3600 * hours_per_day / 24)  # tokens/s over the hours it runs
+    busy = next((row for row in throughput.rows if row.aggregate_decode_tokens_per_s >= needed), None)
+    out.print(
+        f"   The output-only break-even is {needed:,.0f} tok/s while the cluster runs: "
+        + (f"{busy.users} users decoding at once make it." if busy else "more than the users above make: the API stays cheaper.")
+    )

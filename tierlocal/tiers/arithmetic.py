@@ -51,6 +51,8 @@ class GpuOption:
     name: str
     memory_bytes: int
     usable_bytes: int | None = None
+    #: Peak memory bandwidth per GPU, bytes/s (None: not known).
+    bandwidth_bytes_per_s: int | None = None
 
 
 @dataclass(frozen=True)

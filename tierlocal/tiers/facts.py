@@ -17,6 +17,7 @@ from ..hardware.override import parse_gpu_override
 from .arithmetic import GpuOption
 from .launch import LaunchRecipe, launch_recipe_from
 from .plan import ModelFacts
+from .throughput import PublishedThroughput
 
 __all__ = ["resolve_model_facts", "facts_from_config", "gpu_options"]
 
@@ -58,6 +59,12 @@ def _frontier_facts(model: FrontierModel) -> ModelFacts:
         guidance=model.guidance,
         vllm_notes=model.vllm_notes,
         launch_recipe=_launch_recipe(model),
+        experts=model.experts,
+        experts_per_token=model.experts_per_token,
+        published_throughput=tuple(
+            PublishedThroughput(str(p["engine"]), int(p["gpus"]), int(p["users"]), float(p["tokens_per_s"]), str(p["source"]))  # type: ignore[call-overload, arg-type]
+            for p in model.published_throughput
+        ),
         sources=(f"{model.display_name} facts: {model.source} ({model.facts_date})",)
         + ((f"{model.display_name} attention and state dimensions: {model.attention_dims_source}",) if model.attention_dims_source else ())
         + ((f"{model.display_name} launch flags: {model.launch['source']}",) if model.launch.get("source") else ()),
@@ -191,4 +198,4 @@ def gpu_options(values: tuple[str, ...]) -> tuple[tuple[GpuOption, ...], list[Gp
 
 def _option(spec: GpuSpec) -> GpuOption:
     """A recipes GPU as plans size with it: marketed memory, and usable memory where read."""
-    return GpuOption(spec.name, spec.marketed_bytes, spec.usable_bytes)
+    return GpuOption(spec.name, spec.marketed_bytes, spec.usable_bytes, spec.bandwidth_bytes_per_s)

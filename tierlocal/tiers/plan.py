@@ -28,6 +28,7 @@ from .arithmetic import (
     weights_bytes,
 )
 from .launch import ENGINES, LaunchRecipe, launch_recipe_from, node_command, runnable_topology
+from .throughput import ClusterShape, ClusterThroughput, PublishedThroughput, cluster_throughput
 
 __all__ = ["ModelFacts", "PlanOptions", "ServingConfig", "TierPlan", "build_plan", "headline", "KV_MEASURE_PROCEDURE", "deployable_count"]
 
@@ -65,6 +66,10 @@ class ModelFacts:
     #: The engines' published launch flags (None: a model without a recipe gets plain defaults).
     launch_recipe: LaunchRecipe | None = None
     sources: tuple[str, ...] = ()
+    #: Routed experts per layer and per token (None: dense or not published); engines' published decode per user.
+    experts: int | None = None
+    experts_per_token: int | None = None
+    published_throughput: tuple[PublishedThroughput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +131,8 @@ class TierPlan:
     options: PlanOptions
     #: Why the published recipe cannot launch the chosen cluster (None: it can, or none was chosen).
     launch_refused: str | None = None
+    #: What the chosen cluster gives its users at once (None: no cluster, bandwidth or cache size known).
+    throughput: ClusterThroughput | None = None
 
     def to_json(self) -> dict[str, object]:
         """The plan as one JSON object (sizes in bytes, money in USD, time in seconds)."""
@@ -147,6 +154,7 @@ class TierPlan:
             "launch": self.launch,
             "launch_refused": self.launch_refused,
             "health": self.health,
+            "throughput": None if self.throughput is None else self.throughput.to_json(),
             "sources": [*facts.sources, *options.sources],
             **self._kv_json(),
         }
@@ -346,7 +354,20 @@ def build_plan(facts: ModelFacts, options: PlanOptions, precisions: Sequence[Pre
         health=_health(options),
         options=options,
         launch_refused=refused,
+        throughput=_throughput(facts, options, chosen, weights),
     )
+
+
+def _throughput(facts: ModelFacts, options: PlanOptions, chosen: ServingConfig | None, weights: int) -> ClusterThroughput | None:
+    """The chosen cluster's users table, where its GPUs' bandwidth and the model's cache are known."""
+    gpu = next((g for g in options.gpus if chosen and g.name == chosen.gpu), None)
+    if chosen is None or gpu is None or not gpu.bandwidth_bytes_per_s or facts.kv_bytes_per_token is None:
+        return None
+    shape = ClusterShape(
+        weights, facts.params, facts.active_params, facts.experts, facts.experts_per_token, facts.kv_bytes_per_token, facts.fixed_state_bytes
+    )
+    hourly = chosen.count * options.rate_usd_per_gpu_hour
+    return cluster_throughput(shape, chosen.gpu, chosen.count, gpu.bandwidth_bytes_per_s, chosen.total_bytes, hourly, facts.published_throughput)
 
 
 def headline(plan: TierPlan) -> str:
