@@ -111,6 +111,8 @@ def test_live_shows_a_real_serve_and_gateway_updating_and_a_filter_changes_the_t
                 for line in _planned_lines(status):
                     assert line in screen
                 assert f"http://127.0.0.1:{port}" in screen and SECRET not in screen, screen
+                one = next(row for row in status["plan"]["users"] if row["users"] == 1)["per_user_decode_tokens_per_s"]
+                assert f"users at once (each user's decode, first token): 1: {one:,.1f} tok/s" in _flat(screen), screen  # issue 48
                 assert re.search(rf"gemma\s+primary\s+127\.0\.0\.1:{port}/v1\s+gemma\s+up\s+0\s+2\s+-", screen), screen
                 assert re.search(r"fallback 1\s+api\.moonshot\.ai/v1\s+kimi-k3\s+unknown\s+0\s+-\s+-", screen), screen
                 assert re.search(r"slots 0 busy / 2 idle", screen), screen

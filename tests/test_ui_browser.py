@@ -100,6 +100,10 @@ def test_a_browser_signs_in_and_sees_the_plan_live_slots_and_spend(assets: Asset
                     assert bar["actual"][part] == loaded[f"{part}_bytes"], (device["name"], part)
             layers = browser.find_element(By.CSS_SELECTOR, "[data-field=layers]").text
             assert layers == f"{payload['actual']['layers_offloaded']}/{payload['actual']['layers_total']}"
+            # Issue 48: the serve's users table, each user's decode as the plan gives it.
+            cells = [row.find_elements(By.TAG_NAME, "td") for row in browser.find_elements(By.CSS_SELECTOR, "table.users tbody tr")]
+            shown = {int(row[0].text): row[1].text for row in cells}
+            assert shown == {row["users"]: f"{row['per_user_decode_tokens_per_s']:,.1f}" for row in payload["plan"]["users"]}
 
             # A request through the gateway appears on the spend page …
             _chat(gw.url, gw.key)

@@ -15,7 +15,7 @@ from html import escape
 from typing import Any
 
 from ..units import format_usd
-from .plan_view import device_bars
+from .plan_view import USERS_COLUMNS, device_bars, users_rows
 from .svg import break_even_chart, memory_bars
 
 __all__ = ["ICON", "PAGES", "page", "login_page", "machine_section", "live_section", "spend_section", "SCRIPT", "STYLESHEET"]
@@ -146,6 +146,7 @@ def _server_plan(server: Mapping[str, Any]) -> str:
         f" <b data-field=n_ctx_per_slot>{_text(actual.get('n_ctx_per_slot'))}</b></p>"
         + memory_bars(device_bars(server), title="Memory per device: planned (top) and loaded (bottom)")
         + _table(["device", "planned", "loaded", "delta"], rows, css="delta")
+        + (f"<h3>Users at once</h3>{_table(USERS_COLUMNS, users, css='users')}" if (users := users_rows(plan)) else "")
         + "</section>"
     )
 

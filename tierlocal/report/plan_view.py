@@ -10,6 +10,7 @@ the reported accelerators as llama.cpp lists them, the host with the host.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from html import escape
 
 from .svg import PARTS, DeviceBar
 
@@ -52,3 +53,29 @@ def device_bars(status: Mapping[str, object]) -> list[DeviceBar]:
             )
         )
     return bars
+
+
+#: The columns of a serve's users table on the machine page.
+USERS_COLUMNS = ("users", "each user, tok/s", "all users, tok/s", "first token p50", "p95", "waiting for a slot", "basis")
+
+
+def users_rows(plan: Mapping[str, object]) -> list[list[str]]:
+    """A plan's users table (``check --json``'s ``users``) as escaped cells, one row per user count."""
+    rows = plan.get("users")
+    cells = []
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, Mapping) or not isinstance(row.get("per_user_decode_tokens_per_s"), int | float):
+            continue
+        p50, p95 = row.get("first_token_p50_s"), row.get("first_token_p95_s")
+        cells.append(
+            [
+                escape(str(row.get("users"))),
+                f"{row['per_user_decode_tokens_per_s']:,.1f}",
+                f"{row.get('aggregate_decode_tokens_per_s') or 0:,.1f}",
+                "–" if not isinstance(p50, int | float) else f"{p50:,.2f} s",
+                "–" if not isinstance(p95, int | float) else f"{p95:,.2f} s",
+                escape(str(row.get("queued") or "–")),
+                escape(str(row.get("basis"))),
+            ]
+        )
+    return cells

@@ -55,6 +55,8 @@ def engine_text(engine: dict[str, Any]) -> Text:
         "  plan held" if held else "  PLAN NOT HELD: " + "; ".join(str(p) for p in delta.get("problems", [])), style="green" if held else "bold red"
     )
     text.append("\n")
+    if users := _users_line(plan):
+        text.append(users + "\n")
     if live.get("error"):
         text.append(f"  now: {live['error']}", style="yellow")
         return text
@@ -64,6 +66,20 @@ def engine_text(engine: dict[str, Any]) -> Text:
     rates = f", decode {decode:,.1f} tok/s, prompt {prompt:,.1f} tok/s" if isinstance(decode, int | float) and isinstance(prompt, int | float) else ""
     text.append(f"  now: {slots}, {live.get('requests_deferred') or 0} waiting{rates}")
     return text
+
+
+def _users_line(plan: dict[str, Any]) -> str | None:
+    """The plan's users table in one line: each user's decode and the first-token wait per count."""
+    rows = [row for row in plan.get("users") or [] if isinstance(row, dict) and isinstance(row.get("per_user_decode_tokens_per_s"), int | float)]
+    if not rows:
+        return None
+    parts = []
+    for row in rows:
+        wait = row.get("first_token_p50_s")
+        parts.append(
+            f"{row.get('users')}: {row['per_user_decode_tokens_per_s']:,.1f} tok/s" + (f", {wait:,.1f} s" if isinstance(wait, int | float) else "")
+        )
+    return "  users at once (each user's decode, first token): " + " · ".join(parts)
 
 
 def gateway_table(health: dict[str, Any]) -> Table:
