@@ -49,6 +49,10 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
     assert all(rate > 1e8 for rate in result["speed"]["decode_bytes_per_s"].values())  # faster than 100 MB/s, slower than
     assert all(rate < 1e12 for rate in result["speed"]["decode_bytes_per_s"].values())  # 1 TB/s: a CPU
     assert result["memory_read_bytes_per_s"] > 1e8
+    # Issue 48: three sequences decoding at once on a Q6_K probe (x86 multiplies Q6_K row by row)
+    # give what a further sequence pays of a mat-vec; check prices users at once with it.
+    assert "batched decode: 3 sequences at once take" in done.stderr
+    assert 0.05 < result["speed"]["batch_row_share"] < 1.5
     filed = json.loads((isolated_env / "calibration.json").read_text())
     assert filed[-1]["key"] == result["key"] and len(filed[-1]["probes"]) == len(PROBES)
 

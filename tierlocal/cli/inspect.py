@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
 import click
 from rich.table import Table
 
@@ -99,12 +103,25 @@ def _calibrate(as_json: bool, *, repeats: int) -> None:
     say(f"calibrating {key['cpu']} ({key['cores']} cores) with {binary} — a few minutes; nothing is downloaded")
     bandwidth = memory_read_bytes_per_s()
     speed, raw = calibrate_cpu(binary, version, say=say, repeats=repeats)
+    speed = replace(speed, batch_row_share=_row_share(binary, speed, say))
     path = save_calibration(key, speed, raw, memory_bytes_per_s=bandwidth)
     if as_json:
         print_json({"key": key, "file": str(path), "memory_read_bytes_per_s": round(bandwidth), "speed": speed.to_json()})
         return
     render_calibration(speed, bandwidth)
     console().print(f"Saved to {path}; `tierlocal check SOURCE` uses it for this CPU and engine build.")
+
+
+def _row_share(binary: Path, speed: DeviceSpeed, say: Callable[[str], None]) -> float | None:
+    """This CPU's further-row share in a decode batch (:mod:`tierlocal.measure.calibrate_batch`)."""
+    import platform
+
+    from ..fit.host_memory import repack_rules
+    from ..hardware.detect import cpu_features
+    from ..measure.calibrate_batch import measure_row_share
+
+    arch = platform.machine().lower()
+    return measure_row_share(binary, speed, arch, frozenset(repack_rules(arch, cpu_features())), say=say)
 
 
 def render_calibration(speed: DeviceSpeed, memory_bytes_per_s: float) -> None:
@@ -123,6 +140,8 @@ def render_calibration(speed: DeviceSpeed, memory_bytes_per_s: float) -> None:
         "+ a cost per matrix row (by type); "
         f"one thread reads RAM at {memory_bytes_per_s / 1e9:,.1f} GB/s."
     )
+    if speed.batch_row_share is not None:
+        out.print(f"In a decode batch, each further sequence's row-by-row mat-vecs cost {speed.batch_row_share:.2f} of one sequence's.")
 
 
 def _heads(value: int | list[int] | None) -> str:

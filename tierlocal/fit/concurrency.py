@@ -173,17 +173,18 @@ def _device_costs(run: RunFeatures, name: str, speed: DeviceSpeed, kernels: CpuK
     decode, prefill, once = run.decode[name], run.prefill[name], run.once[name]
     gemv, flops, output = _by_type(decode, ("bytes", "rows")), _by_type(prefill, ("flops", "xflops")), _by_type(once, ("flops", "xflops"))
     share = 1.0 if kernels is not None else max(speed.batch_flops_share, 1e-3)
+    row_share = CPU_ROW_COMPUTE_SHARE if speed.batch_row_share is None else speed.batch_row_share
     costs = {"sequence_s": 0.0, "row_s": 0.0, "repacked_matvec_s": 0.0, "repacked_row_s": 0.0, "repacked_block_s": 0.0, "repacked_token_s": 0.0}
     for ggml_type in set(gemv) | set(flops) | set(output):
         matvec = decode_seconds(gemv.get(ggml_type, {}), speed, unused)
         kind = kernels.kind(ggml_type) if kernels is not None else "shared"
         if kind == "per-row":
-            costs["row_s"] += CPU_ROW_COMPUTE_SHARE * matvec
+            costs["row_s"] += row_share * matvec
             continue
         token = sum(priced_seconds(part.get(ggml_type, {}), speed.prefill_flops_per_s, "flops", speed, unused) for part in (flops, output))
         if kind == "repacked":
             costs["repacked_matvec_s"] += matvec
-            costs["repacked_row_s"] += CPU_ROW_COMPUTE_SHARE * matvec
+            costs["repacked_row_s"] += row_share * matvec
             costs["repacked_block_s"] += matvec + 4 * token  # the weights read as one row reads them, then four rows' FLOPs
             costs["repacked_token_s"] += token
         else:

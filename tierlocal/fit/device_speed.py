@@ -50,6 +50,9 @@ class DeviceSpeed:
     #: The share of its prefill FLOP/s a decode batch's further sequences run at
     #: (:mod:`tierlocal.fit.concurrency`): 1.0 unless fitted.
     batch_flops_share: float = 1.0
+    #: A CPU's share of a mat-vec that a further gemv row of the same decode batch pays
+    #: (:data:`tierlocal.fit.concurrency.CPU_ROW_COMPUTE_SHARE` unless `hw --calibrate` timed it).
+    batch_row_share: float | None = None
 
     def expert_factor(self, table: Mapping[str, float], ggml_type: str) -> float:
         """Expert tensors' rate relative to dense ones: measured for ``x:TYPE`` entries (a
@@ -92,6 +95,7 @@ class DeviceSpeed:
             "prefill_layer_overhead_s": self.prefill_layer_overhead_s,
             "prefill_element_s": self.prefill_element_s,
             "batch_flops_share": self.batch_flops_share,
+            "batch_row_share": self.batch_row_share,
         }
 
     @classmethod
@@ -144,4 +148,5 @@ class DeviceSpeed:
             prefill_layer_overhead_s=number("prefill_layer_overhead_s"),
             prefill_element_s=number("prefill_element_s"),
             batch_flops_share=number("batch_flops_share") or 1.0,
+            batch_row_share=number("batch_row_share") if data.get("batch_row_share") is not None else None,
         )

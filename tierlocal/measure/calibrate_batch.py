@@ -1,0 +1,129 @@
+"""`tierlocal hw --calibrate`'s batched probe: what a further user of the same decode step costs on
+this CPU. A probe of a weight type the engine multiplies row by row (a gemv per row of the batch:
+Q6_K on x86) is loaded by the real llama-server with ``-np 4 -kvu``; one request alone, then four
+at once (each prompt of its own), give one step's seconds for one and for four sequences; the
+share of a mat-vec that each further row pays (:data:`tierlocal.fit.concurrency.CPU_ROW_COMPUTE_SHARE`
+until now) is the one that makes the concurrency model's four-sequence step match the measured
+ratio. Other CPUs than x86 share the reads of every type: nothing to time there.
+
+I/O: a temporary probe file, the engine as a child process, HTTP on loopback, threads."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from ..engines.process import start_child
+from ..errors import EngineFailed
+from ..fit.concurrency import batch_costs, cpu_kernels
+from ..fit.device_speed import DeviceSpeed
+from ..fit.estimate import RunRequest
+from ..fit.model import model_spec
+from ..gguf.synthetic import ProbeShape, write_probe_gguf
+from .calibrate import LOAD_TIMEOUT_S, SCRATCH_PREFIX, _free_port
+
+__all__ = ["BATCH_PROBE", "BATCH_SEQUENCES", "row_share_from", "measure_row_share"]
+
+#: The batched probe: a wide Q6_K model (Q6_K is neither repacked nor tinyBLAS on x86).
+BATCH_PROBE = ProbeShape("batch-Q6_K", 8, 2048, 4 * 2048, 16, 4, 128, 4096, "Q6_K")
+#: Sequences decoding at once in the batched request.
+BATCH_SEQUENCES = 3
+#: Prompt tokens of each request (each its own) and tokens each generates.
+_PROMPT, _TOKENS = 32, 64
+#: The range a measured share is kept within (a busy machine can read anything).
+_SHARE_RANGE = (0.05, 1.5)
+
+
+def _decode_s(client: object, url: str, first: int) -> float:
+    """Seconds per decoded token of one request whose prompt starts with token ``first``."""
+    body = {
+        "prompt": [first, *(3 + i % 64 for i in range(_PROMPT - 1))],
+        "n_predict": _TOKENS,
+        "cache_prompt": False,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    response = client.post(f"{url}/completion", json=body)  # type: ignore[attr-defined]
+    if response.status_code != 200:
+        raise EngineFailed(f"the engine answered {response.status_code} to the batched probe: {response.text[:200]}")
+    timings = response.json().get("timings") or {}
+    try:
+        return float(timings["predicted_ms"]) / 1000 / int(timings["predicted_n"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise EngineFailed("the engine's /completion gave no timings", hint="calibration needs llama-server") from None
+
+
+def _steps(binary: Path, model: Path, log_dir: Path) -> tuple[float, float]:
+    """(seconds of a decode step of one sequence, of :data:`BATCH_SEQUENCES` at once)."""
+    port, ctx = _free_port(), BATCH_SEQUENCES * 512
+    argv = [str(binary), "-m", str(model), "-c", str(ctx), "-np", str(BATCH_SEQUENCES), "-kvu", "--host", "127.0.0.1", "--port", str(port)]
+    child = start_child([*argv, "--no-webui"], log_dir / f"{model.stem}.log")
+    try:
+        if not child.wait_ready(f"http://127.0.0.1:{port}/health", LOAD_TIMEOUT_S).ready:
+            raise EngineFailed(f"llama-server did not load the batched probe: {' | '.join(child.lines()[-3:])[:300]}")
+        import httpx2  # the HTTP client loads when probes run
+
+        url = f"http://127.0.0.1:{port}"
+        with httpx2.Client(timeout=600.0) as client:
+            _decode_s(client, url, 100)  # warm-up
+            alone = statistics.median(_decode_s(client, url, 200 + run) for run in range(3))
+            together: list[float] = []
+            errors: list[BaseException] = []
+
+            def one(first: int) -> None:
+                try:
+                    together.append(_decode_s(client, url, first))
+                except BaseException as exc:  # reported below, in the calling thread
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=one, args=(300 + index,)) for index in range(BATCH_SEQUENCES)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if errors:
+                raise errors[0]
+        return alone, statistics.median(together)
+    finally:
+        child.stop()
+
+
+def row_share_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], alone_s: float, together_s: float) -> float:
+    """The further-row share that makes the model's step of :data:`BATCH_SEQUENCES` sequences, as
+    a multiple of its one-sequence step, what the engine's was (the step is linear in the share)."""
+    from ..fetch.sources import read_headers  # only when probes run: the hub client is a slow import
+
+    spec = model_spec(read_headers(str(spec_path)))
+    request = RunRequest(ctx=BATCH_SEQUENCES * 512, parallel=BATCH_SEQUENCES, ngl=0, kv_unified=True)
+    kernels = cpu_kernels(cpu_arch, repacked)
+
+    def steps(share: float) -> tuple[float, float]:
+        costs = batch_costs(spec, request, {"host": replace(host, batch_row_share=share), "gpu": None}, cpu=kernels, prompt=_PROMPT)
+        assert costs is not None
+        return costs.decode_step_s(1), costs.decode_step_s(BATCH_SEQUENCES)
+
+    one, none = steps(0.0)
+    _, full = steps(1.0)
+    target = together_s / alone_s * one
+    share = (target - none) / (full - none) if full > none else _SHARE_RANGE[0]
+    return min(max(share, _SHARE_RANGE[0]), _SHARE_RANGE[1])
+
+
+def measure_row_share(binary: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], *, say: Callable[[str], None]) -> float | None:
+    """Time the batched probe and return this CPU's further-row share (None: not x86, where no
+    type is multiplied row by row)."""
+    if cpu_kernels(cpu_arch, repacked).kind(BATCH_PROBE.weight_type) != "per-row":
+        return None
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}batch-") as scratch:
+        path = write_probe_gguf(Path(scratch) / f"{BATCH_PROBE.name}.gguf", BATCH_PROBE)
+        alone, together = _steps(binary, path, Path(scratch))
+        share = row_share_from(path, host, cpu_arch, repacked, alone, together)
+    say(
+        f"batched decode: {BATCH_SEQUENCES} sequences at once take {together / alone:.2f}× one sequence's step; "
+        f"a further row pays {share:.2f} of a mat-vec"
+    )
+    return share
