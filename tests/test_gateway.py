@@ -759,7 +759,11 @@ def test_a_local_engine_too_slow_for_a_route_is_passed_over_for_speed_and_counte
         local_row = usage_rows(gw)[1]
         spent = json.loads(run_cli("usage", "--config", str(gw.config), "--json").stdout)["local"][f"{local_engine.url}#gemma"]
         assert (spent["routes"], spent["api_model"], spent["completion_tokens"]) == (["strict", "easy"], "kimi-k3", local_row["completion_tokens"])
-        usage = {"prompt_tokens": local_row["prompt_tokens"], "completion_tokens": local_row["completion_tokens"]}
+        usage = {
+            "prompt_tokens": local_row["prompt_tokens"],
+            "prompt_tokens_details": {"cached_tokens": local_row["cached_tokens"]},  # the engine may have the prompt cached
+            "completion_tokens": local_row["completion_tokens"],
+        }
         assert spent["api_usd"] == pytest.approx(cost(usage), abs=1e-6) and spent["api_usd"] > 0
         assert f"passed over for strict (below_speed_floor): {local_engine.url}#gemma: " in gw.log_text()
         metrics = httpx2.get(root + "/metrics", headers=gw.headers()).text
