@@ -39,6 +39,7 @@ from .published import (
 __all__ = [
     "load_rental_offers",
     "load_batch_shares",
+    "load_expert_batch_reads",
     "load_licences",
     "load_cpu_rows",
     "gpu_key",
@@ -487,6 +488,17 @@ def load_batch_shares() -> dict[str, float]:
         return {str(backend).lower(): float(share) for backend, share in shares.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CatalogError(f"recipes/batched_bench.toml [fit] lacks {exc}", hint="run python -m bench.concurrency_published --write") from None
+
+
+@cache
+def load_expert_batch_reads() -> float:
+    """recipes/batched_bench.toml's fitted times a GPU's prompt batch streams the experts it touches
+    (:attr:`tierlocal.fit.device_speed.DeviceSpeed.expert_batch_reads`; 0 when not fitted)."""
+    fit = _load("batched_bench.toml").get("fit")
+    value = fit.get("expert_batch_reads", 0.0) if isinstance(fit, dict) else 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise CatalogError("recipes/batched_bench.toml [fit] expert_batch_reads is not a number ≥ 0", hint="fix the entry")
+    return float(value)
 
 
 @cache

@@ -65,7 +65,7 @@ def fit_device_speed(runs: Iterable[TimedRun], *, device: str = "cpu", note: str
     decode = _solve(decode_rows, decode_names)
     prefill_rows = []
     for run in runs:
-        per_token = dict(run.prefill)
+        per_token = {name: amount for name, amount in run.prefill.items() if not name.startswith("xread:")}  # a GPU's, not fitted here
         for name, amount in run.once.items():
             per_token[name] = per_token.get(name, 0.0) + amount / run.prompt
         prefill_rows.append((per_token, run.prefill_s_per_token))

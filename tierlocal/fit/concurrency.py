@@ -226,6 +226,7 @@ def batch_costs(
         prompt=prompt,
         cache_type_k=request.cache_type_k,
         cache_type_v=request.cache_type_v,
+        ubatch=request.n_ubatch,
     )
     experts = expert_decode_features(spec, ngl=ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes)
     totals = {"step_s": 0.0, "expert_read_s": 0.0, "prompt_token_s": 0.0, "prompt_once_s": 0.0}

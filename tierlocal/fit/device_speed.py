@@ -53,6 +53,10 @@ class DeviceSpeed:
     #: A CPU's share of a mat-vec that a further gemv row of the same decode batch pays
     #: (:data:`tierlocal.fit.concurrency.CPU_ROW_COMPUTE_SHARE` unless `hw --calibrate` timed it).
     batch_row_share: float | None = None
+    #: How many times a GPU's expert mat-mul (mul_mat_id) streams the weights of the experts a
+    #: prompt batch touches, at its decode byte rate, beside the FLOPs: few rows per expert keep it
+    #: bound by the reads. 0: not counted (a CPU's experts are timed by its calibration's probe).
+    expert_batch_reads: float = 0.0
 
     def expert_factor(self, table: Mapping[str, float], ggml_type: str) -> float:
         """Expert tensors' rate relative to dense ones: measured for ``x:TYPE`` entries (a
@@ -96,6 +100,7 @@ class DeviceSpeed:
             "prefill_element_s": self.prefill_element_s,
             "batch_flops_share": self.batch_flops_share,
             "batch_row_share": self.batch_row_share,
+            "expert_batch_reads": self.expert_batch_reads,
         }
 
     @classmethod
@@ -149,4 +154,5 @@ class DeviceSpeed:
             prefill_element_s=number("prefill_element_s"),
             batch_flops_share=number("batch_flops_share") or 1.0,
             batch_row_share=number("batch_row_share") if data.get("batch_row_share") is not None else None,
+            expert_batch_reads=number("expert_batch_reads"),
         )

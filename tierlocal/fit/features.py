@@ -126,8 +126,11 @@ def run_features(
     prompt: int = PREFILL_PROMPT,
     cache_type_k: str = "f16",
     cache_type_v: str = "f16",
+    ubatch: int = 512,
 ) -> RunFeatures:
-    """The features of decoding at ``depth`` and prefilling ``prompt`` tokens with
+    """The features of decoding at ``depth`` and prefilling ``prompt`` tokens (in batches of
+    ``ubatch``: an MoE's prompt token also pays its share of reading the experts its batch
+    touches, ``xread:TYPE`` bytes) with
     ``-ngl ngl --n-cpu-moe n_cpu_moe``, per device. A matrix runs where
     :func:`~tierlocal.fit.memory.weights_split` puts it: on the GPU when its layer is offloaded,
     it is not an expert kept in RAM by ``--n-cpu-moe`` and the device can bind it."""
@@ -136,11 +139,16 @@ def run_features(
     prefill: dict[str, Features] = {"host": {}, "gpu": {}}
     once: dict[str, Features] = {"host": {}, "gpu": {}}
     _, ffn_width = matrix_groups(spec, max_tensor_bytes)
+    batch_touched = _batch_touched(spec, min(prompt, ubatch))
     for group, device in _placed_groups(spec, ngl, n_cpu_moe, max_tensor_bytes):
         for name, amount in group.decode.items():
             add_feature(decode[device], name, amount)
         for name, amount in group.flops.items():
             add_feature(once[device] if group.output_layer else prefill[device], name, amount)
+        if group.expert and batch_touched > 0:
+            for name, amount in group.decode.items():
+                if name.startswith("bytes:"):
+                    add_feature(prefill[device], "xread:" + name[6:], amount * batch_touched)
     for il, (kv_bytes, attn_flops) in enumerate(_layer_attention(spec, depth, prompt, cache_type_k, cache_type_v)):
         device = "gpu" if layer_on_gpu[il] else "host"
         add_feature(decode[device], "layer", 1)
@@ -155,6 +163,16 @@ def run_features(
     decode["host"]["vocab"] = spec.n_vocab
     prefill["host"]["token"] = 1
     return RunFeatures(depth, prompt, decode, prefill, once)
+
+
+def _batch_touched(spec: ModelSpec, tokens: int) -> float:
+    """Per prompt token, how many times one token's expert bytes a batch of ``tokens`` reads: the
+    experts its tokens route to, 1 − (1 − k/E)^tokens of them, over the batch's tokens, in units
+    of the k/E share a token uses (0: not an MoE)."""
+    if not spec.n_expert or not spec.n_expert_used or tokens <= 0:
+        return 0.0
+    used = spec.n_expert_used / spec.n_expert
+    return (1.0 - (1.0 - used) ** tokens) / used / tokens
 
 
 def _placed_groups(spec: ModelSpec, ngl: int, n_cpu_moe: int, max_tensor_bytes: int | None) -> list[tuple[MatrixGroup, str]]:

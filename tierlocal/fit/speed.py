@@ -84,8 +84,13 @@ def decode_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str
 
 
 def prefill_seconds(features: Features, speed: DeviceSpeed, uncalibrated: set[str]) -> float:
-    """Seconds of one prompt token's ``features`` (or a prompt's ``once`` features) on the device."""
+    """Seconds of one prompt token's ``features`` (or a prompt's ``once`` features) on the device.
+    An MoE's expert mat-muls also stream the weights of the experts each batch touches
+    (``xread:TYPE``, bytes per prompt token) ``expert_batch_reads`` times at the decode byte rate."""
     seconds = priced_seconds(features, speed.prefill_flops_per_s, "flops", speed, uncalibrated)
+    if speed.expert_batch_reads > 0:
+        reads = {f"bytes:{name[6:]}": amount for name, amount in features.items() if name.startswith("xread:")}
+        seconds += speed.expert_batch_reads * priced_seconds(reads, speed.decode_bytes_per_s, "bytes", speed, set())
     seconds += features.get("elems", 0.0) * speed.prefill_element_s
     if features.get("attn_flops"):
         seconds += features["attn_flops"] / speed.attention_flops_per_s
@@ -210,6 +215,7 @@ def estimate_speed(
         max_tensor_bytes=max_tensor_bytes,
         cache_type_k=request.cache_type_k,
         cache_type_v=request.cache_type_v,
+        ubatch=request.n_ubatch,
     )
     at_depth = features(prompt=prefill_prompt, depth=depth)
     step = _decode_step(at_depth, devices, uncalibrated)
