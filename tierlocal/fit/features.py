@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from .. import constants
 from .memory import cache_type_bytes
 from .model import ModelSpec, PlacedTensor
 from .placement import EXPERT_TENSOR, device_binds, expert_flags, gpu_layers, tensor_binds
@@ -126,7 +127,7 @@ def run_features(
     prompt: int = PREFILL_PROMPT,
     cache_type_k: str = "f16",
     cache_type_v: str = "f16",
-    ubatch: int = 512,
+    ubatch: int = constants.DEFAULT_UBATCH,
 ) -> RunFeatures:
     """The features of decoding at ``depth`` and prefilling ``prompt`` tokens (in batches of
     ``ubatch``: an MoE's prompt token also pays its share of reading the experts its batch

@@ -68,19 +68,21 @@ def _local(config: GatewayConfig, targets: dict[str, dict[str, float | int]]) ->
     requests and tokens, and what they would have cost on the first such route's hosted API
     (``api_usd`` at ``api_model``'s prices; None: the route has no price)."""
     result: dict[str, dict[str, object]] = {}
+    routes: dict[str, list[str]] = {}  # the same list object as each entry's "routes"
     for route in config.routes:
         api_model, prices = _route_prices(config, route)
         for target in route.targets:
             row = targets.get(target.label)
             if target.tier != 2 or not row:
                 continue
-            if target.label in result:
-                result[target.label]["routes"].append(route.model)  # type: ignore[attr-defined]
+            if target.label in routes:
+                routes[target.label].append(route.model)
                 continue
+            routes[target.label] = [route.model]
             usage = Usage(int(row.get("prompt_tokens", 0)), int(row.get("cached_tokens", 0)), int(row.get("completion_tokens", 0)))
             api_usd = cost_usd(prices, usage) if prices else None
             result[target.label] = {
-                "routes": [route.model],
+                "routes": routes[target.label],
                 "requests": int(row.get("requests", 0)),
                 "prompt_tokens": usage.prompt_tokens,
                 "cached_tokens": usage.cached_tokens,

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..engines.process import start_child
 from ..errors import EngineFailed
@@ -25,6 +26,9 @@ from ..fit.estimate import RunRequest
 from ..fit.model import model_spec
 from ..gguf.synthetic import ProbeShape, write_probe_gguf
 from .calibrate import LOAD_TIMEOUT_S, SCRATCH_PREFIX, _free_port
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = ["BATCH_PROBE", "BATCH_SEQUENCES", "row_share_from", "measure_row_share"]
 
@@ -38,7 +42,7 @@ _PROMPT, _TOKENS = 32, 64
 _SHARE_RANGE = (0.05, 1.5)
 
 
-def _decode_s(client: object, url: str, first: int) -> float:
+def _decode_s(client: httpx2.Client, url: str, first: int) -> float:
     """Seconds per decoded token of one request whose prompt starts with token ``first``."""
     body = {
         "prompt": [first, *(3 + i % 64 for i in range(_PROMPT - 1))],
@@ -47,7 +51,7 @@ def _decode_s(client: object, url: str, first: int) -> float:
         "temperature": 0,
         "ignore_eos": True,
     }
-    response = client.post(f"{url}/completion", json=body)  # type: ignore[attr-defined]
+    response = client.post(f"{url}/completion", json=body)
     if response.status_code != 200:
         raise EngineFailed(f"the engine answered {response.status_code} to the batched probe: {response.text[:200]}")
     timings = response.json().get("timings") or {}
