@@ -177,16 +177,22 @@ def test_other_work_is_what_the_calibration_did_not_run_itself() -> None:
     share is measured: the machine's busy time less the calibration's own and its finished
     engines'. A burner that is the calibration's child counts as its own; the same burner
     outside its process tree (daemonized) counts as other work: one core of all of them more.
-    Other tests' set-up may load the machine meanwhile; it adds the same to both."""
-    own = calibrate.OtherWork()
-    subprocess.run([sys.executable, "-c", _BURN], check=True)
-    as_own = own.percent()
-    other = calibrate.OtherWork()
-    subprocess.run(["sh", "-c", f'setsid {sys.executable} -c "{_BURN}" </dev/null >/dev/null 2>&1 &'], check=True)  # reparented: not ours
-    time.sleep(1.7)
-    as_other = other.percent()
+    Other tests' set-up may load the machine meanwhile (the other workers start up while this
+    serial test runs first: on 2 cores that read as half a core in one window and not the next),
+    so the pair of windows is measured up to three times and one clean pair must show it."""
     one_core = 100 / (os.cpu_count() or 1)
-    assert as_other - as_own > 0.6 * one_core, (as_own, as_other)
+    pairs = []
+    for _ in range(3):
+        own = calibrate.OtherWork()
+        subprocess.run([sys.executable, "-c", _BURN], check=True)
+        as_own = own.percent()
+        other = calibrate.OtherWork()
+        subprocess.run(["sh", "-c", f'setsid {sys.executable} -c "{_BURN}" </dev/null >/dev/null 2>&1 &'], check=True)  # reparented: not ours
+        time.sleep(1.7)
+        pairs.append((as_own, other.percent()))
+        if pairs[-1][1] - as_own > 0.6 * one_core:
+            break
+    assert pairs[-1][1] - pairs[-1][0] > 0.6 * one_core, pairs
 
 
 @pytest.mark.serial  # it needs the CPU idle, as far as the tests beside it let it be
