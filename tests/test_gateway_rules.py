@@ -9,8 +9,9 @@ import pytest
 
 from tests.support.faultproxy import LLAMA_CONTEXT, MOONSHOT_OVERLOADED, MOONSHOT_QUOTA, MOONSHOT_RATE_LIMIT
 from tierlocal.gateway.config import User
+from tierlocal.gateway.dialects.openai_chat import openai_usage as usage_from
 from tierlocal.gateway.limits import RateLimiter, Ticket
-from tierlocal.gateway.pricing import Usage, cost_usd, usage_from, worst_case_input_tokens
+from tierlocal.gateway.pricing import Usage, cost_usd, worst_case_input_tokens
 from tierlocal.gateway.protocol import classify, retry_after_s, sanitise, upstream_error_fields
 from tierlocal.tiers.arithmetic import ApiPrices
 

@@ -22,6 +22,7 @@ from aiohttp import web
 from ..serve.state import running_servers
 from .backends import UP, TargetState, now, resolve_key
 from .config import GatewayConfig, Route, Target, User
+from .dialects import DIALECTS, dialect_for_path
 from .health import poll_target
 from .ledger import Ledger
 from .limiter import limiter_for
@@ -38,12 +39,10 @@ from .targets import MAX_ATTEMPTS, UNFIXABLE_BY_RETRY, next_target, next_user_sp
 from .ui import Dashboard
 from .wire import AttemptFailed, Exchange, Reject
 
-__all__ = ["Gateway", "ENDPOINTS", "create_app"]
+__all__ = ["Gateway", "create_app"]
 
 log = logging.getLogger("tierlocal.gateway")
 
-#: Client path → upstream path below the target's base URL.
-ENDPOINTS = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions", "/v1/embeddings": "/embeddings"}
 #: Seconds between health polls of local targets; seconds an authenticated key is cached.
 POLL_INTERVAL_S = 2.0
 AUTH_CACHE_S = 2.0
@@ -90,7 +89,7 @@ class Gateway:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
-        for path in ENDPOINTS:
+        for path in DIALECTS:
             app.router.add_post(path, self._proxy)
         self.dashboard = dashboard = Dashboard(
             self.config,
@@ -173,7 +172,7 @@ class Gateway:
         try:
             return await handler(request)
         except Reject as reject:
-            return reject.response()
+            return reject.response(dialect_for_path(request.path))
         except web.HTTPRequestEntityTooLarge:
             limit = self.config.server.max_body_bytes
             return Reject(
@@ -182,10 +181,11 @@ class Gateway:
                 "invalid_request_error",
                 "request_too_large",
                 should_retry=False,
-            ).response()
+            ).response(dialect_for_path(request.path))
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return Reject(exc.status, exc.reason or "bad request", "invalid_request_error", should_retry=False).response()
+                refusal = Reject(exc.status, exc.reason or "bad request", "invalid_request_error", should_retry=False)
+                return refusal.response(dialect_for_path(request.path))
             raise
 
     async def user_for_key(self, key: str) -> str | None:
@@ -266,18 +266,20 @@ class Gateway:
             ) from None
         body, route = self._parse(raw)
         user = request[USER]
-        endpoint = ENDPOINTS[request.path]
-        stream = body.get("stream") is True and endpoint != "/embeddings"
-        options = body.get("stream_options")
-        exchange = Exchange(
-            user, route, stream, isinstance(options, dict) and options.get("include_usage") is True, worst_case_input_tokens(len(raw))
-        )
+        dialect = DIALECTS[request.path]
+        exchange = Exchange(user, route, dialect.stream_requested(body), dialect.usage_requested(body), worst_case_input_tokens(len(raw)), dialect)
         if route.store_bodies:
             exchange.request_body = self.ledger.redact(raw, route)
         limits = (
-            OutputLimits(0)
-            if endpoint == "/embeddings"
-            else output_limits(body, default_max_tokens=self.config.server.default_max_tokens, budgeted=user.budget_usd is not None)
+            output_limits(
+                body,
+                default_max_tokens=self.config.server.default_max_tokens,
+                budgeted=user.budget_usd is not None,
+                cap_fields=dialect.cap_fields,
+                choice_fields=dialect.choice_fields,
+            )
+            if dialect.generates
+            else OutputLimits(0)
         )
         exchange.adjusted = limits.adjusted
         output_bound = limits.tokens
@@ -286,7 +288,7 @@ class Gateway:
         try:
             if user.budget_usd is not None:
                 reservation = await self.ledger.reserve(user, route, exchange.input_bound, output_bound)
-            return await self._serve(request, body, endpoint, exchange, reservation)
+            return await self._serve(request, body, exchange, reservation)
         finally:
             tokens = None if exchange.usage is None else exchange.usage.prompt_tokens + exchange.usage.completion_tokens
             await self.limiter.release(ticket, tokens)
@@ -332,9 +334,7 @@ class Gateway:
             )
         return ticket
 
-    async def _serve(
-        self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, reservation: int | None
-    ) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, body: dict[str, object], exchange: Exchange, reservation: int | None) -> web.StreamResponse:
         """The one retry loop: targets in order, each failed one tried again only after the
         others, after its cooldown or a jittered backoff; no attempt after the deadline."""
         route = exchange.route
@@ -356,7 +356,7 @@ class Gateway:
                 exchange.attempts += 1
                 try:
                     assert self.relay is not None  # the app has started
-                    response = await self.relay.attempt(request, body, endpoint, exchange, state, reservation)
+                    response = await self.relay.attempt(request, body, exchange, state, reservation)
                     if state.target.hosted:
                         state.health = UP  # not polled: an answer is what says it is up
                     return response

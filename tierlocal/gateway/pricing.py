@@ -1,5 +1,6 @@
-"""What a request costs, in USD, from an upstream's ``usage`` and the dated price table, and
-the most it can cost before it is sent (what a budget reserves)."""
+"""What a request costs, in USD, from the tokens an upstream reported (each protocol reads its own
+usage fields: dialects/) and the dated price table, and the most it can cost before it is sent
+(what a budget reserves)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 
 from ..tiers.arithmetic import ApiPrices
 
-__all__ = ["Usage", "usage_from", "cost_usd", "worst_case_input_tokens"]
+__all__ = ["Usage", "count", "cost_usd", "worst_case_input_tokens"]
 
 #: Template tokens a chat template may add per request (role markers, BOS, generation prompt).
 TEMPLATE_TOKENS = 64
@@ -22,21 +23,10 @@ class Usage:
     completion_tokens: int = 0
 
 
-def _count(value: object) -> int:
+def count(value: object) -> int:
+    """A token count from an upstream's JSON: a non-negative integer below 2^40, else 0 (hostile
+    or missing values count as nothing)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 40 else 0
-
-
-def usage_from(document: object) -> Usage | None:
-    """The ``usage`` object of a response or stream chunk, if it has one. Cached tokens are in
-    ``prompt_tokens_details.cached_tokens`` (OpenAI, Moonshot) or ``cached_tokens`` (older
-    Moonshot); llama-server reports ``prompt_tokens`` and ``completion_tokens``."""
-    usage = document.get("usage") if isinstance(document, dict) else None
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else _count(usage.get("cached_tokens"))
-    prompt = _count(usage.get("prompt_tokens"))
-    return Usage(prompt, min(cached, prompt), _count(usage.get("completion_tokens")))
 
 
 def cost_usd(prices: ApiPrices, usage: Usage) -> float:

@@ -1,4 +1,5 @@
-"""OpenAI's wire conventions as the gateway needs them, as pure functions: the error body,
+"""How the gateway reads an upstream's failure, as pure functions (the same for every protocol:
+the error bodies of OpenAI, Anthropic and llama-server all carry ``error.type``/``error.message``):
 which upstream failures fall back and which go back to the client, the wait an upstream asks
 for, and scrubbing account ids and keys out of upstream text.
 
@@ -18,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Verdict", "error_body", "classify", "retry_after_s", "sanitise", "upstream_error_fields"]
+__all__ = ["Verdict", "classify", "retry_after_s", "sanitise", "upstream_error_fields"]
 
 #: Longest upstream error message passed on, in characters.
 MAX_MESSAGE_CHARS = 600
@@ -45,11 +46,6 @@ class Verdict:
     fall_back: bool
     cooldown_s: float
     reason: str
-
-
-def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
-    """OpenAI's error shape."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def upstream_error_fields(body: bytes) -> tuple[str, str, str | None]:

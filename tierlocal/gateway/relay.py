@@ -3,7 +3,8 @@ key, usage always asked for), the upstream's error classified (fall back, or pas
 200 relayed — whole, or as a stream event by event.
 
 Until a stream's first event reaches the client an upstream failure still falls back; after
-that, a failure ends the stream with exactly one error frame and ``data: [DONE]`` — nothing from
+that, a failure ends the stream with exactly one error event in the client's protocol and its end
+(``data: [DONE]`` for OpenAI's) — nothing from
 another upstream is spliced in.
 """
 
@@ -21,8 +22,8 @@ from . import protocol
 from .backends import TargetState
 from .config import GatewayConfig
 from .metrics import Metrics
-from .pricing import usage_from
-from .wire import AttemptFailed, Exchange, Reject, event_data, event_error, forward_batch, json_or_none, read_bounded, response_id, sse_batches
+from .sse import event_data, event_error, json_or_none, sse_batches
+from .wire import AttemptFailed, Exchange, Reject, read_bounded
 
 __all__ = ["Relay", "MAX_RESPONSE_BYTES", "MAX_ERROR_BYTES"]
 
@@ -46,18 +47,12 @@ class Relay:
         self.config, self.metrics, self.session, self.settle, self.secrets = config, metrics, session, settle, secrets
 
     def _upstream_request(self, body: dict[str, object], exchange: Exchange, state: TargetState) -> tuple[bytes, dict[str, str]]:
-        upstream = dict(body)
-        upstream["model"] = state.target.model
-        if exchange.stream:
-            options = upstream.get("stream_options")
-            upstream["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}  # always priced from usage
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if exchange.stream else "application/json"}
-        if state.key is not None:
-            headers["Authorization"] = f"Bearer {state.key}"
-        return json.dumps(upstream, ensure_ascii=False).encode(), headers
+        dialect = exchange.dialect
+        upstream = dialect.upstream_body(body, state.target.model, exchange.stream)
+        return json.dumps(upstream, ensure_ascii=False).encode(), dialect.upstream_headers(state.key, exchange.stream)
 
     async def attempt(
-        self, request: web.Request, body: dict[str, object], endpoint: str, exchange: Exchange, state: TargetState, reservation: int | None
+        self, request: web.Request, body: dict[str, object], exchange: Exchange, state: TargetState, reservation: int | None
     ) -> web.StreamResponse:
         """One attempt on ``state``'s target: its answer relayed (and settled), or the
         client's error passed on.
@@ -73,7 +68,9 @@ class Relay:
         started = time.monotonic()
         try:
             try:
-                upstream = await self.session.post(state.target.url + endpoint, data=payload, headers=headers, timeout=timeout, allow_redirects=False)
+                upstream = await self.session.post(
+                    state.target.url + exchange.dialect.upstream_path, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+                )
             except TimeoutError:
                 self.metrics.upstream.labels(state.label, "timeout").inc()
                 raise AttemptFailed(protocol.Verdict(True, self.config.server.error_cooldown_s, "timeout"), "no answer in time") from None
@@ -141,8 +138,8 @@ class Relay:
                 protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON"
             ) from None
         exchange.answered_by(state)
-        exchange.usage = usage_from(document)
-        exchange.request_id = response_id(document)
+        exchange.usage = exchange.dialect.usage_from(document)
+        exchange.request_id = exchange.dialect.response_id(document)
         exchange.keep_response(data)
         await self.settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
@@ -153,7 +150,7 @@ class Relay:
         batches = sse_batches(upstream)
         batch = await self._first_batch(batches)  # until the first event reaches the client, a failure still falls back
         exchange.answered_by(state)
-        exchange.request_id = response_id(json_or_none(event_data(batch[0]) or b""))
+        exchange.request_id = exchange.dialect.response_id(json_or_none(event_data(batch[0]) or b""))
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url}
         )
@@ -182,10 +179,7 @@ class Relay:
             exchange.estimate_usage()
         await self.settle(exchange, reservation)  # recorded before the client sees the end
         try:
-            if failure is not None:
-                frame = protocol.error_body(f"the upstream stream broke: {failure}", "upstream_error", "stream_interrupted")
-                await response.write(b"data: " + json.dumps(frame).encode() + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(exchange.dialect.stream_tail(failure))
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass
@@ -212,10 +206,11 @@ class Relay:
     async def _forward(
         self, response: web.StreamResponse, batches: AsyncIterator[list[bytes]], batch: list[bytes] | None, exchange: Exchange
     ) -> str | None:
-        """Relay batches until ``[DONE]``; the events that arrived together leave together.
-        Returns why the upstream stream broke, or None when it ended properly."""
+        """Relay batches until the protocol's end event; the events that arrived together leave together.
+        Returns why the upstream stream broke, or None when it ended properly (with the
+        protocol's end event)."""
         while batch is not None:
-            out, done, failure = forward_batch(batch, exchange, self._clean)
+            out, done, failure = exchange.dialect.forward_batch(batch, exchange, self._clean)
             if out:
                 chunk = b"".join(out)
                 exchange.keep_response(chunk)
@@ -226,4 +221,4 @@ class Relay:
                 batch = await anext(batches, None)
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                 return self._clean(str(exc) or type(exc).__name__) or "the upstream connection broke"
-        return "the upstream ended the stream without [DONE]"
+        return f"the upstream ended the stream without {exchange.dialect.end_event}"

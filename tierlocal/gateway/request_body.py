@@ -82,7 +82,7 @@ def _positive_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _choices(body: dict[str, object]) -> int:
+def _choices(body: dict[str, object], choice_fields: tuple[str, ...]) -> int:
     """The most completions the upstream may generate: ``n``, or ``best_of`` (generated server
     side and billed, though only ``n`` come back).
 
@@ -90,7 +90,7 @@ def _choices(body: dict[str, object]) -> int:
         Reject: 400 ``invalid_value`` for a count that is not an integer from 1 to :data:`MAX_CHOICES`.
     """
     counts = [1]
-    for name in CHOICE_FIELDS:
+    for name in choice_fields:
         if name not in body or body[name] is None:
             continue
         count = _positive_int(body[name])
@@ -100,20 +100,28 @@ def _choices(body: dict[str, object]) -> int:
     return max(counts)
 
 
-def output_limits(body: dict[str, object], *, default_max_tokens: int, budgeted: bool) -> OutputLimits:
+def output_limits(
+    body: dict[str, object],
+    *,
+    default_max_tokens: int,
+    budgeted: bool,
+    cap_fields: tuple[str, ...] = CAP_FIELDS,
+    choice_fields: tuple[str, ...] = CHOICE_FIELDS,
+) -> OutputLimits:
     """What a request may produce, and for a budgeted user the body capped to it.
 
     Per choice: the smallest positive cap the client gave (an upstream honours one field or the
     other, so both must fit what is reserved), at most :data:`MAX_OUTPUT_TOKENS`; without one, a
     budgeted user's default (``default_max_tokens``). For a budgeted user every cap field present
-    is rewritten to that number (``max_tokens`` added when none is), so whichever field the
-    upstream honours, it generates no more than was reserved.
+    is rewritten to that number (the first of ``cap_fields`` added when none is), so whichever
+    field the upstream honours, it generates no more than was reserved. ``cap_fields`` and
+    ``choice_fields`` are the protocol's (OpenAI chat's by default; a dialect names its own).
 
     Raises:
         Reject: 400 for ``n``/``best_of`` out of range.
     """
-    choices = _choices(body)
-    given = {name: body[name] for name in CAP_FIELDS if name in body and body[name] is not None}
+    choices = _choices(body, choice_fields)
+    given = {name: body[name] for name in cap_fields if name in body and body[name] is not None}
     valid = [count for value in given.values() if (count := _positive_int(value)) is not None]
     adjusted = [f"{name}={json.dumps(value)[:20]} is not a positive integer" for name, value in given.items() if _positive_int(value) is None]
     if valid:
@@ -125,6 +133,6 @@ def output_limits(body: dict[str, object], *, default_max_tokens: int, budgeted:
         if given:
             adjusted.append(f"reserved and sent the default {default_max_tokens}")
     if budgeted:
-        for name in given or {"max_tokens": None}:
+        for name in given or {cap_fields[-1]: None}:
             body[name] = per_choice
     return OutputLimits(per_choice, choices, tuple(adjusted) if budgeted else ())
