@@ -230,16 +230,19 @@ def test_an_old_database_is_migrated_without_losing_a_row(tmp_path: Path, schema
     store = SqliteStore(tmp_path / "state")
     try:
         assert store.authenticate(key) == "alice"
-        store.settle(None, UsageRecord("alice", "kimi-k3", "kimi-k3", "hosted", 200, 1, 0, 1, request_id="chatcmpl-after", tier=3))
+        record = UsageRecord("alice", "kimi-k3", "kimi-k3", "hosted", 200, 1, 0, 1, request_id="msg-after", tier=3, protocol="messages")
+        store.settle(None, record)
     finally:
         store.close()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
         columns = "time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms, fallback_reason"
         assert db.execute(f"SELECT {columns} FROM usage WHERE id <= 3 ORDER BY id").fetchall() == rows
-        assert db.execute("SELECT request_id FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), ("chatcmpl-after",)]
+        assert db.execute("SELECT request_id FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), ("msg-after",)]
         # Rows from before the tier was recorded say so (NULL); the new row names its tier.
         assert db.execute("SELECT tier FROM usage ORDER BY id").fetchall() == [(None,), (None,), (None,), (3,)]
+        # Likewise the protocol (migration 6): NULL before, the client's protocol after.
+        assert db.execute("SELECT protocol, upstream_protocol FROM usage ORDER BY id").fetchall() == [(None, None)] * 3 + [("messages", None)]
         assert db.execute("SELECT user, amount_usd FROM reservations").fetchall() == [("alice", 0.25)]
         # The old rows' cost, carried into the per-day totals budgets are checked against.
         days = db.execute("SELECT user, day, cost_usd FROM spend_by_day ORDER BY day").fetchall()
@@ -253,7 +256,7 @@ def test_a_database_newer_than_this_code_is_refused(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         db.execute("PRAGMA user_version = 99")
-    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 5"):
+    with pytest.raises(UsageError, match="schema version 99; this tierlocal knows 6"):
         SqliteStore(tmp_path / "state")
     with sqlite3.connect(tmp_path / "state" / "gateway.sqlite3") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == 99  # untouched: still in rollback-journal mode

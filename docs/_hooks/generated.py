@@ -76,7 +76,7 @@ def _type_name(annotation: Any) -> str:
         parts = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         return " or ".join(_type_name(part) for part in parts)
     if typing.get_origin(annotation) is tuple:
-        return "list of tables"
+        return "list of strings" if typing.get_args(annotation)[:1] == (str,) else "list of tables"
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 

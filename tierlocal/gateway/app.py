@@ -31,7 +31,7 @@ from .metrics import Metrics
 from .pricing import worst_case_input_tokens
 from .protocol import printable
 from .relay import Relay
-from .request_body import OutputLimits, output_limits, parse_json_object
+from .request_body import OutputLimits, output_limits, parse_request
 from .speed_floor import engine_key
 from .store import Store
 from .store_worker import StoreWorker
@@ -205,11 +205,11 @@ class Gateway:
         if request.path in ("/health", "/ui", "/favicon.ico") or request.path.startswith("/ui/"):
             return await handler(request)  # the dashboard signs its users in itself (ui.py)
         header = request.headers.get("Authorization", "")
-        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        key = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "").strip()  # Anthropic's clients
         if not key:
             raise Reject(
                 401,
-                "no API key: send a gateway key as the bearer token (tierlocal gateway keys add NAME)",
+                "no API key: send a gateway key as the bearer token or in x-api-key (tierlocal gateway keys add NAME)",
                 "invalid_request_error",
                 "missing_api_key",
                 should_retry=False,
@@ -264,9 +264,9 @@ class Gateway:
                 "request_timeout",
                 should_retry=True,
             ) from None
-        body, route = self._parse(raw)
-        user = request[USER]
         dialect = DIALECTS[request.path]
+        body, route = parse_request(raw, dialect, self.config)
+        user = request[USER]
         exchange = Exchange(user, route, dialect.stream_requested(body), dialect.usage_requested(body), worst_case_input_tokens(len(raw)), dialect)
         if route.store_bodies:
             exchange.request_body = self.ledger.redact(raw, route)
@@ -293,28 +293,6 @@ class Gateway:
             tokens = None if exchange.usage is None else exchange.usage.prompt_tokens + exchange.usage.completion_tokens
             await self.limiter.release(ticket, tokens)
 
-    def _parse(self, raw: bytes) -> tuple[dict[str, object], Route]:
-        """The request's JSON object and the route its model names.
-
-        Raises:
-            Reject: not JSON, not an object, no model (400), or a model with no route (404).
-        """
-        body = parse_json_object(raw)
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise Reject(400, "the request names no model", "invalid_request_error", "missing_model", should_retry=False)
-        route = self.config.route(model)
-        if route is None:
-            known = ", ".join(r.model for r in self.config.routes[:20]) or "none"
-            raise Reject(
-                404,
-                f"the gateway has no route for model {model[:100]!r} (it serves: {known})",
-                "invalid_request_error",
-                "model_not_found",
-                should_retry=False,
-            )
-        return body, route
-
     async def _admit(self, user: User, route: Route, tokens: int) -> object:
         """A rate-limit ticket (shared through Redis when the store offers it).
 
@@ -339,7 +317,8 @@ class Gateway:
         others, after its cooldown or a jittered backoff; no attempt after the deadline."""
         route = exchange.route
         deadline = time.monotonic() + self.config.server.retry_deadline_s
-        excluded: set[Target] = set()  # wrong for this request (e.g. its context is too small)
+        # wrong for this request: its protocol is not spoken there, its context is too small …
+        excluded = {target for target in route.targets if exchange.dialect.family not in target.speaks}
         failed: set[Target] = set()  # failed once; tried again only after the others, with backoff
         passed_over: set[Target] = set()  # earlier in the route, skipped without an attempt: counted once
         last_failure: AttemptFailed | None = None

@@ -31,6 +31,7 @@ from .config_values import (
     positive_number,
     variable_name,
 )
+from .dialects import FAMILIES
 
 __all__ = [
     "TIER_NAMES",
@@ -111,6 +112,21 @@ class Target:
     declared_tier: int | None = None
     #: What a tier-1 cluster costs per hour, whether it serves or not (tier = 1 only).
     usd_per_hour: float | None = None
+    #: The protocols it answers natively below ``url``: ``chat_completions`` (with completions and
+    #: embeddings), ``messages`` (Anthropic's, at ``url``/messages) and ``responses``. Left out: all
+    #: three for a local engine (llama-server and Ollama answer them), ``["chat_completions"]`` for a
+    #: hosted API or a cluster. A request in a protocol no target speaks is refused (400).
+    declared_speaks: tuple[str, ...] | None = None
+
+    @property
+    def speaks(self) -> tuple[str, ...]:
+        """The protocol families it answers natively: ``chat_completions`` (with completions and
+        embeddings), ``messages`` (Anthropic, at ``url``/messages) and ``responses``. Left out: all
+        three for a local engine (llama-server and Ollama answer them), chat completions only
+        for a hosted API or a cluster."""
+        if self.declared_speaks is not None:
+            return self.declared_speaks
+        return FAMILIES if self.tier == 2 else ("chat_completions",)
 
     @property
     def hosted(self) -> bool:
@@ -198,7 +214,7 @@ def _target(raw: object, source: str, where: str) -> Target:
             source,
             where,
             f"unknown key {sorted(unknown)[0]!r}",
-            "a target has url, model, and optionally api_key_env or api_key_credential, tier and usd_per_hour",
+            "a target has url, model, and optionally api_key_env or api_key_credential, tier, usd_per_hour and speaks",
         )
     url, model = table.get("url"), table.get("model")
     if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
@@ -215,7 +231,17 @@ def _target(raw: object, source: str, where: str) -> Target:
     )
     if keyless_remote and tier != 1:
         raise config_error(source, where, f"the hosted target {url} has no key", 'add api_key_env = "…" naming the variable that holds it')
-    return Target(url.rstrip("/"), model, key_env, credential, tier, usd_per_hour)  # type: ignore[arg-type]
+    speaks = _speaks(table.get("speaks"), source, f"{where}.speaks")
+    return Target(url.rstrip("/"), model, key_env, credential, tier, usd_per_hour, speaks)  # type: ignore[arg-type]
+
+
+def _speaks(value: object, source: str, where: str) -> tuple[str, ...] | None:
+    """A target's ``speaks``: a non-empty list of protocol families (None when not given)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or any(item not in FAMILIES for item in value):
+        raise config_error(source, where, f"{value!r} is not a list of protocols", f"list some of: {', '.join(FAMILIES)}")
+    return tuple(dict.fromkeys(value))
 
 
 def _tier(table: dict[str, object], source: str, where: str) -> tuple[int | None, float | None]:

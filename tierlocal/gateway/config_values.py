@@ -45,11 +45,11 @@ SERVER_KEYS = frozenset(
     }
 )
 ROUTE_KEYS = frozenset({"model", "targets", "store_bodies", "max_stored_body_bytes", "min_user_tokens_per_s", "max_first_token_s"})
-TARGET_KEYS = frozenset({"url", "model", "api_key_env", "api_key_credential", "tier", "usd_per_hour"})
+TARGET_KEYS = frozenset({"url", "model", "api_key_env", "api_key_credential", "tier", "usd_per_hour", "speaks"})
 USER_KEYS = frozenset({"name", "requests_per_minute", "tokens_per_minute", "concurrent_requests", "budget_usd", "budget_period", "admin"})
 PRICE_KEYS = frozenset({"input_cache_hit", "input_cache_miss", "output"})
 #: TOML key → dataclass field, where they differ.
-TOML_FIELDS = {"tier": "declared_tier"}
+TOML_FIELDS = {"tier": "declared_tier", "speaks": "declared_speaks"}
 #: Longest user name or model id.
 MAX_NAME_CHARS = 200
 

@@ -141,6 +141,8 @@ class Ledger:
             exchange.request_body,
             self.redact(b"".join(exchange.response_kept), route) if route.store_bodies else None,
             None if state is None else state.target.tier,
+            exchange.dialect.name,
+            exchange.upstream_protocol,
         )
         budgeted = exchange.user.budget_usd is not None
         spent = await self.book(Settle(reservation, record, exchange.user.budget_period if budgeted else None))
@@ -158,9 +160,11 @@ class Ledger:
         if cost:
             self.metrics.spend.labels(route.model).inc(cost)
         log.info(
-            "user=%s model=%s target=%s status=%d attempts=%d fallback=%s prompt=%d cached=%d completion=%d cost_usd=%.6f latency_ms=%.0f%s",
+            "user=%s model=%s protocol=%s target=%s status=%d attempts=%d fallback=%s prompt=%d cached=%d completion=%d cost_usd=%.6f "
+            "latency_ms=%.0f%s",
             printable(exchange.user.name),
             printable(route.model),
+            exchange.dialect.name if exchange.upstream_protocol is None else f"{exchange.dialect.name}->{exchange.upstream_protocol}",
             "-" if state is None else printable(state.label),
             exchange.status,
             exchange.attempts,

@@ -179,7 +179,7 @@ class Relay:
             exchange.estimate_usage()
         await self.settle(exchange, reservation)  # recorded before the client sees the end
         try:
-            await response.write(exchange.dialect.stream_tail(failure))
+            await response.write(exchange.dialect.stream_tail(failure, exchange))
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             pass

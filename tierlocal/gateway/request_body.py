@@ -8,9 +8,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from .config import GatewayConfig, Route
+from .dialects import Dialect
 from .wire import Reject
 
-__all__ = ["parse_json_object", "OutputLimits", "output_limits", "MAX_JSON_DEPTH", "MAX_CHOICES", "MAX_OUTPUT_TOKENS", "CAP_FIELDS", "CHOICE_FIELDS"]
+__all__ = [
+    "parse_json_object",
+    "parse_request",
+    "OutputLimits",
+    "output_limits",
+    "MAX_JSON_DEPTH",
+    "MAX_CHOICES",
+    "MAX_OUTPUT_TOKENS",
+    "CAP_FIELDS",
+    "CHOICE_FIELDS",
+]
 
 #: Deepest nesting of arrays and objects a request may have (OpenAI requests with tool schemas
 #: nest a few dozen levels at most).
@@ -61,6 +73,41 @@ def parse_json_object(raw: bytes) -> dict[str, object]:
     if _depth_exceeds(body, MAX_JSON_DEPTH):
         raise _invalid(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
     return body
+
+
+def parse_request(raw: bytes, dialect: Dialect, config: GatewayConfig) -> tuple[dict[str, object], Route]:
+    """A request to ``dialect``'s path: its JSON object and the route its model names.
+
+    Raises:
+        Reject: not JSON, not an object, no model, a field ``dialect`` cannot honour, a route
+            with no target that speaks it (400), or a model with no route (404).
+    """
+    body = parse_json_object(raw)
+    if (refused := dialect.unsupported(body)) is not None:
+        raise Reject(400, refused[1], "invalid_request_error", "unsupported_parameter", should_retry=False, param=refused[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise Reject(400, "the request names no model", "invalid_request_error", "missing_model", should_retry=False)
+    route = config.route(model)
+    if route is None:
+        known = ", ".join(r.model for r in config.routes[:20]) or "none"
+        raise Reject(
+            404,
+            f"the gateway has no route for model {model[:100]!r} (it serves: {known})",
+            "invalid_request_error",
+            "model_not_found",
+            should_retry=False,
+        )
+    if not any(dialect.family in target.speaks for target in route.targets):
+        raise Reject(
+            400,
+            f"no target of {route.model!r} speaks {dialect.name} (they speak {', '.join(route.targets[0].speaks)}): add "
+            f"\"{dialect.family}\" to a target's speaks in the gateway's config, if its upstream answers it",
+            "invalid_request_error",
+            "protocol_not_served",
+            should_retry=False,
+        )
+    return body, route
 
 
 @dataclass(frozen=True)

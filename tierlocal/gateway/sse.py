@@ -8,10 +8,12 @@ forwarded as it came, except that ``\\r\\n`` line ends become ``\\n``.
 from __future__ import annotations
 
 import json
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from . import protocol
+
+if TYPE_CHECKING:  # the config (and the CLI commands that read it) load the dialects, not the HTTP client
+    import aiohttp
 
 __all__ = ["sse_batches", "event_data", "json_or_none", "event_error", "MAX_SSE_EVENT_BYTES"]
 
@@ -58,7 +60,8 @@ def json_or_none(data: bytes) -> object:
 
 
 def event_error(event: bytes) -> str | None:
-    """An in-band error: an ``error:`` field, or a data document with an ``error`` member."""
+    """An in-band error: an ``error:`` field, a data document with an ``error`` member (OpenAI's
+    chat, Anthropic's ``event: error``), or one of ``"type": "error"`` (Responses' error event)."""
     for line in event.splitlines():
         if line.startswith(b"error:"):
             return line[6:].strip().decode("utf-8", "replace") or "error"
@@ -67,4 +70,7 @@ def event_error(event: bytes) -> str | None:
     if isinstance(document, dict) and "error" in document:
         _type, message, _code = protocol.upstream_error_fields(json.dumps(document).encode())
         return message or "error"
+    if isinstance(document, dict) and document.get("type") == "error":  # Responses' error event
+        text = document.get("message")
+        return text if isinstance(text, str) and text else "error"
     return None

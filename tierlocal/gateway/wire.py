@@ -68,6 +68,8 @@ class Exchange:
     input_bound: int
     #: The client's protocol (its usage fields, stream framing and error shape).
     dialect: Dialect = OPENAI_CHAT
+    #: The protocol the answering target was sent, where it is not the client's (translated).
+    upstream_protocol: str | None = None
     started: float = field(default_factory=time.monotonic)
     usage: Usage | None = None
     usage_estimated: bool = False

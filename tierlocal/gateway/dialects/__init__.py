@@ -3,15 +3,22 @@ clients send them to."""
 
 from __future__ import annotations
 
+from .anthropic_messages import AnthropicCountTokens, AnthropicMessages
 from .base import Dialect, Forwarded
 from .openai_chat import OpenAIChat, OpenAICompletions, OpenAIEmbeddings
+from .openai_responses import OpenAIResponses
 
-__all__ = ["Dialect", "Forwarded", "DIALECTS", "OPENAI_CHAT", "dialect_for_path"]
+__all__ = ["Dialect", "Forwarded", "DIALECTS", "FAMILIES", "OPENAI_CHAT", "dialect_for_path"]
 
 #: The protocol whose shape answers a path the gateway does not route (e.g. /v1/models, 404s).
 OPENAI_CHAT = OpenAIChat()
 #: Client path → its protocol, for every path the gateway proxies.
-DIALECTS: dict[str, Dialect] = {dialect.client_path: dialect for dialect in (OPENAI_CHAT, OpenAICompletions(), OpenAIEmbeddings())}
+DIALECTS: dict[str, Dialect] = {
+    dialect.client_path: dialect
+    for dialect in (OPENAI_CHAT, OpenAICompletions(), OpenAIEmbeddings(), AnthropicMessages(), AnthropicCountTokens(), OpenAIResponses())
+}
+#: The protocol families a target may list in ``speaks``.
+FAMILIES = tuple(sorted({dialect.family for dialect in DIALECTS.values()}))
 
 
 def dialect_for_path(path: str) -> Dialect:

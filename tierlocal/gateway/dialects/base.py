@@ -30,6 +30,9 @@ class Dialect:
 
     #: How usage rows, logs and metrics name the protocol (e.g. ``chat_completions``).
     name: str = ""
+    #: What a target lists in ``speaks`` to say it answers this protocol natively
+    #: (``chat_completions`` also covers completions and embeddings).
+    family: str = ""
     #: The gateway's path for it, and the path below a target's base URL an upstream answers it on.
     client_path: str = ""
     upstream_path: str = ""
@@ -45,6 +48,10 @@ class Dialect:
     def stream_requested(self, body: dict[str, object]) -> bool:
         """Whether the client asked for a stream."""
         return self.streams and body.get("stream") is True
+
+    def unsupported(self, body: dict[str, object]) -> tuple[str, str] | None:
+        """A field the gateway cannot honour for this protocol and why (a 400), or None."""
+        return None
 
     def usage_requested(self, body: dict[str, object]) -> bool:
         """Whether a streaming client asked to see the usage event (always, where the protocol
@@ -79,7 +86,7 @@ class Dialect:
         usage seen is kept on ``exchange``, and content events are counted there."""
         raise NotImplementedError
 
-    def stream_tail(self, failure: str | None) -> bytes:
+    def stream_tail(self, failure: str | None, exchange: Exchange) -> bytes:
         """The bytes that end a relayed stream: an error event first when the upstream broke
         (``failure`` says why), then the protocol's end, if it has one of its own."""
         raise NotImplementedError

@@ -50,6 +50,7 @@ class OpenAIChat(Dialect):
     """``POST /v1/chat/completions``."""
 
     name = "chat_completions"
+    family = "chat_completions"
     client_path = "/v1/chat/completions"
     upstream_path = "/chat/completions"
     end_event = "[DONE]"
@@ -97,7 +98,7 @@ class OpenAIChat(Dialect):
                 out.append(event)
         return out, False, None
 
-    def stream_tail(self, failure: str | None) -> bytes:
+    def stream_tail(self, failure: str | None, exchange: Exchange) -> bytes:
         frame = b""
         if failure is not None:
             body = openai_error_body(f"the upstream stream broke: {failure}", "upstream_error", "stream_interrupted")

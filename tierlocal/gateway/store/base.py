@@ -79,6 +79,10 @@ class UsageRecord:
     response_body: str | None = None
     #: Which tier answered: 1 your cluster, 2 a local engine, 3 a hosted API (None: none did).
     tier: int | None = None
+    #: The client's protocol (``chat_completions``, ``messages``, ``responses`` …), and the one
+    #: the answering target was sent when it did not speak the client's (None: natively).
+    protocol: str | None = None
+    upstream_protocol: str | None = None
 
 
 def new_key() -> str:

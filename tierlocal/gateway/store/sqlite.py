@@ -107,8 +107,25 @@ def _usage_tier(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE usage ADD COLUMN tier INTEGER")
 
 
+def _usage_protocol(db: sqlite3.Connection) -> None:
+    """6: each usage row keeps the client's protocol (``chat_completions``, ``messages``,
+    ``responses`` …) and, where the answering target did not speak it, the one it was translated
+    to (NULL in rows written before they were recorded)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for column in ("protocol", "upstream_protocol"):
+        if column not in columns:
+            db.execute(f"ALTER TABLE usage ADD COLUMN {column} TEXT")
+
+
 #: The schema, step by step; a database at user_version N has had the first N.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_tables, _usage_ids_and_bodies, _spend_by_day, _rate_limits, _usage_tier)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    _create_tables,
+    _usage_ids_and_bodies,
+    _spend_by_day,
+    _rate_limits,
+    _usage_tier,
+    _usage_protocol,
+)
 
 
 def migrate(db: sqlite3.Connection) -> int:
@@ -322,7 +339,8 @@ class SqliteStore:
         )
         db.execute(
             "INSERT INTO usage (time, user, model, route, target, status, prompt_tokens, cached_tokens, completion_tokens, cost_usd, latency_ms,"
-            " fallback_reason, request_id, request_body, response_body, tier) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " fallback_reason, request_id, request_body, response_body, tier, protocol, upstream_protocol)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 now,
                 record.user,
@@ -340,6 +358,8 @@ class SqliteStore:
                 record.request_body,
                 record.response_body,
                 record.tier,
+                record.protocol,
+                record.upstream_protocol,
             ),
         )
 

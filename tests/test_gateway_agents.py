@@ -1,0 +1,208 @@
+"""Coding agents' protocols through the gateway, end to end: the real ``anthropic`` SDK (Claude
+Code's protocol, Anthropic Messages) and the real ``openai`` SDK's Responses (Codex CLI's) against
+`tierlocal gateway`, in front of a real llama-server (local, which answers both natively) and a
+second real llama-server started with --api-key, standing in for Moonshot's Anthropic endpoint
+(it speaks the same protocol: x-api-key, /v1/messages, Anthropic's events)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import anthropic
+import httpx2
+import openai
+import pytest
+
+from tests.support.assets import Assets
+from tests.support.engines import free_port, llama_server_argv, running
+from tests.support.gatewayrun import RunningGateway, gateway
+
+HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
+ENV = {"HOSTED_KEY": HOSTED_KEY}
+# Moonshot's K3 prices (USD per million tokens) as the gateway's config gives them, read here
+# independently of the gateway to check what it charged.
+PRICES = {"input_cache_hit": 0.30, "input_cache_miss": 3.00, "output": 15.00}
+PRICES_TOML = '[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.00\noutput = 15.00\n'
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "The weather now in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+# A conversation in which the assistant called the tool and the tool answered.
+TOOL_TURNS: list[dict[str, object]] = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "18 degrees and sunny"}]},
+]
+
+
+class Engine:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(scope="module")
+def local_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=4096, parallel=2)
+    with running(argv, tmp_path_factory.mktemp("local") / "llama.log", f"http://127.0.0.1:{port}/health"):
+        yield Engine(port)
+
+
+@pytest.fixture(scope="module")
+def hosted_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--api-key", HOSTED_KEY, ctx=4096, parallel=4)
+    with running(argv, tmp_path_factory.mktemp("hosted") / "llama.log", f"http://127.0.0.1:{port}/health"):
+        yield Engine(port)
+
+
+def route(model: str, *targets: str) -> str:
+    return f'[[routes]]\nmodel = "{model}"\ntargets = [\n' + "".join(f"  {target},\n" for target in targets) + "]\n"
+
+
+def local(url: str, speaks: str = "") -> str:
+    return f'{{ url = "{url}", model = "qwen3-14b"{speaks} }}'
+
+
+def moonshot_anthropic(url: str) -> str:
+    """Moonshot's Anthropic endpoint as a target: its base, its key, Messages only."""
+    return f'{{ url = "{url}", model = "kimi-k3", api_key_env = "HOSTED_KEY", speaks = ["messages"] }}'
+
+
+def usage_rows(gw: RunningGateway) -> list[sqlite3.Row]:
+    with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+        db.row_factory = sqlite3.Row
+        return db.execute("SELECT * FROM usage ORDER BY id").fetchall()
+
+
+def claude(gw: RunningGateway, key: str | None = None) -> anthropic.Anthropic:
+    """The Anthropic SDK as Claude Code points it at the gateway (ANTHROPIC_BASE_URL is the root)."""
+    return anthropic.Anthropic(base_url=gw.url.removesuffix("/v1"), api_key=key or gw.key, max_retries=0)
+
+
+def cost(prompt: int, cached: int, completion: int) -> float:
+    return ((prompt - cached) * PRICES["input_cache_miss"] + cached * PRICES["input_cache_hit"] + completion * PRICES["output"]) / 1e6
+
+
+def test_messages_stream_with_a_tool_result_is_answered_natively_by_the_local_engine(tmp_path: Path, local_engine: Engine) -> None:
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url))) as gw:
+        api = claude(gw)
+        with api.messages.stream(model="qwen3-14b", max_tokens=8, tools=[WEATHER_TOOL], messages=TOOL_TURNS) as stream:  # type: ignore[arg-type]
+            kinds = [event.type for event in stream]
+            final = stream.get_final_message()
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_delta" in kinds
+        assert final.usage.output_tokens == 8 and final.usage.input_tokens > 20 and final.stop_reason == "max_tokens"
+        whole = api.messages.create(model="qwen3-14b", max_tokens=3, messages=[{"role": "user", "content": "Say hello"}])
+        assert whole.type == "message" and whole.usage.output_tokens == 3 and whole.content[0].type == "text"
+        counted = api.messages.count_tokens(model="qwen3-14b", tools=[WEATHER_TOOL], messages=TOOL_TURNS)  # type: ignore[arg-type]
+        assert counted.input_tokens > 20
+
+        rows = usage_rows(gw)
+        assert [row["protocol"] for row in rows] == ["messages", "messages", "count_tokens"]
+        assert all(row["upstream_protocol"] is None and row["status"] == 200 and row["tier"] == 2 for row in rows)
+        assert rows[0]["completion_tokens"] == 8 and rows[1]["completion_tokens"] == 3 and rows[2]["completion_tokens"] == 0
+        assert rows[0]["prompt_tokens"] == final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
+        assert rows[0]["request_id"] == final.id and rows[1]["request_id"] == whole.id
+        assert "protocol=messages" in gw.log_text()
+
+
+def test_responses_stream_is_answered_natively_and_server_state_is_refused(tmp_path: Path, local_engine: Engine) -> None:
+    with gateway(tmp_path, route("qwen3-14b", local(local_engine.url))) as gw:
+        api = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0)
+        events = list(api.responses.create(model="qwen3-14b", input="Say hello", max_output_tokens=6, stream=True))
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        completed = events[-1].response  # type: ignore[union-attr]
+        assert completed.usage is not None and completed.usage.output_tokens == 6
+        text = "".join(event.delta for event in events if event.type == "response.output_text.delta")  # type: ignore[union-attr]
+        assert text
+        whole = api.responses.create(model="qwen3-14b", input="Say hello", max_output_tokens=3)
+        assert whole.usage is not None and whole.usage.output_tokens == 3 and whole.output_text
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.responses.create(model="qwen3-14b", input="And then?", previous_response_id=whole.id, max_output_tokens=3)
+        error = refused.value.body
+        assert isinstance(error, dict) and error["param"] == "previous_response_id" and "keep" in error["message"]
+
+        rows = usage_rows(gw)
+        assert [row["protocol"] for row in rows] == ["responses", "responses"]  # the refusal was never admitted
+        assert rows[0]["completion_tokens"] == 6 and rows[0]["prompt_tokens"] == completed.usage.input_tokens
+        assert rows[0]["request_id"] == completed.id and rows[1]["request_id"] == whole.id
+
+
+def test_with_the_local_engine_down_messages_fall_back_to_moonshots_anthropic_endpoint(tmp_path: Path, hosted_engine: Engine) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    # (a route named kimi-k3 would have its local targets dropped here: K3 cannot fit this machine)
+    body = route("coder", local(dead), moonshot_anthropic(hosted_engine.url)) + PRICES_TOML
+    with gateway(tmp_path, body, env=ENV) as gw:
+        api = claude(gw)
+        with api.messages.stream(model="coder", max_tokens=6, tools=[WEATHER_TOOL], messages=TOOL_TURNS) as stream:  # type: ignore[arg-type]
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text and final.usage.output_tokens == 6
+        (row,) = usage_rows(gw)
+        assert row["protocol"] == "messages" and row["upstream_protocol"] is None and row["tier"] == 3
+        assert row["target"] == f"{hosted_engine.url}#kimi-k3" and row["fallback_reason"] == "engine_down"
+        prompt = final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
+        assert row["prompt_tokens"] == prompt and row["completion_tokens"] == 6
+        assert row["cost_usd"] == pytest.approx(cost(prompt, final.usage.cache_read_input_tokens or 0, 6), rel=1e-9)
+        assert HOSTED_KEY not in gw.log_text()
+
+
+def test_an_anthropic_client_gets_anthropic_errors(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
+    """A bad key, an exhausted budget, an upstream that fails and a route that cannot speak
+    Messages: each the Anthropic SDK's own exception, each body in Anthropic's shape."""
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    body = (
+        route("kimi-k3", moonshot_anthropic(hosted_engine.url))
+        + route("down", local(dead))
+        + route("chat-only", local(local_engine.url, ', speaks = ["chat_completions"]'))
+        + PRICES_TOML
+        + '[[users]]\nname = "alice"\nbudget_usd = 0.0000001\nbudget_period = "day"\n'
+    )
+    hello: list[dict[str, object]] = [{"role": "user", "content": "Say hello"}]
+    with gateway(tmp_path, body, env=ENV) as gw:
+        cases: list[tuple[type[anthropic.APIStatusError], str, str, anthropic.Anthropic]] = [
+            (anthropic.AuthenticationError, "kimi-k3", "authentication_error", claude(gw, "tlk-not-a-key")),
+            (anthropic.RateLimitError, "kimi-k3", "rate_limit_error", claude(gw)),
+            (anthropic.InternalServerError, "down", "overloaded_error", claude(gw)),
+            (anthropic.BadRequestError, "chat-only", "invalid_request_error", claude(gw)),
+        ]
+        for error_class, model, kind, api in cases:
+            with pytest.raises(error_class) as caught:
+                api.messages.create(model=model, max_tokens=4, messages=hello)  # type: ignore[arg-type]
+            error = caught.value.body
+            assert isinstance(error, dict) and error["type"] == "error" and error["error"]["type"] == kind, (model, error)
+            assert set(error["error"]) == {"type", "message"} and HOSTED_KEY not in json.dumps(error)
+        raw = httpx2.post(
+            gw.url + "/messages", json={"model": "down", "max_tokens": 4, "messages": hello, "stream": True}, headers=gw.headers(), timeout=60
+        )
+        assert raw.status_code == 503 and raw.json()["type"] == "error" and "[DONE]" not in raw.text
+        assert HOSTED_KEY not in gw.log_text()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fifty_concurrent_messages_never_overrun_a_budget(tmp_path: Path, hosted_engine: Engine, workers: int) -> None:
+    budget = 0.005
+    body = route("kimi-k3", moonshot_anthropic(hosted_engine.url)) + PRICES_TOML + f'[[users]]\nname = "bob"\nbudget_usd = {budget}\n'
+    request = {"model": "kimi-k3", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hello"}]}
+    with gateway(tmp_path, body, user="bob", env=ENV, workers=workers) as gw:
+        headers = {"x-api-key": gw.key, "anthropic-version": "2023-06-01"}
+        with ThreadPoolExecutor(50) as pool:
+            burst = list(pool.map(lambda _: httpx2.post(gw.url + "/messages", json=request, headers=headers, timeout=120), range(50)))
+        statuses = [answer.status_code for answer in burst]
+        assert set(statuses) == {200, 429} and statuses.count(429) > 0, statuses
+        assert all(answer.json()["error"]["type"] == "rate_limit_error" for answer in burst if answer.status_code == 429)
+        served = [answer.json() for answer in burst if answer.status_code == 200]
+        assert all(message["type"] == "message" for message in served)
+        rows = usage_rows(gw)
+        assert len(rows) == len(served) and all(row["protocol"] == "messages" for row in rows)
+        spent = sum(cost(row["prompt_tokens"], row["cached_tokens"], row["completion_tokens"]) for row in rows)
+        assert spent <= budget and spent == pytest.approx(sum(row["cost_usd"] for row in rows), rel=1e-9)
+        with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+            assert db.execute("SELECT COUNT(*) FROM reservations").fetchone()[0] == 0
