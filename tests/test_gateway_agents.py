@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.engines import free_port, llama_server_argv, running
+from tests.support.faultproxy import Fault, FaultProxy
 from tests.support.gatewayrun import RunningGateway, gateway
 
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
@@ -135,6 +136,51 @@ def test_responses_stream_is_answered_natively_and_server_state_is_refused(tmp_p
         assert rows[0]["request_id"] == completed.id and rows[1]["request_id"] == whole.id
 
 
+def test_messages_through_a_chat_only_target_are_translated_tool_calls_included(tmp_path: Path, local_engine: Engine) -> None:
+    """A chat-only target (the real engine behind a proxy that, where asked, turns its answer into
+    a tool call as a tool-calling model gives one): Messages in, chat to the target, Messages out."""
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as upstream:
+        with gateway(tmp_path, route("qwen3-14b", local(upstream.url + "/v1", ', speaks = ["chat_completions"]'))) as gw:
+            api = claude(gw)
+            with api.messages.stream(model="qwen3-14b", max_tokens=8, tools=[WEATHER_TOOL], messages=TOOL_TURNS, system="Be brief.") as stream:  # type: ignore[arg-type]
+                kinds = [event.type for event in stream]
+                final = stream.get_final_message()
+            assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"] and "content_block_delta" in kinds
+            assert final.model == "qwen3-14b" and final.usage.output_tokens == 8 and final.stop_reason == "max_tokens"
+            assert final.content[0].type == "text" and final.content[0].text
+            # What the target got: chat completions, the tool result a tool message after the call.
+            sent = upstream.seen[0]
+            assert sent.path == "/v1/chat/completions" and sent.body["stream_options"] == {"include_usage": True}
+            assert [message["role"] for message in sent.body["messages"]] == ["system", "user", "assistant", "tool"]
+            assert sent.body["messages"][2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+            assert sent.body["messages"][3] == {"role": "tool", "tool_call_id": "toolu_01", "content": "18 degrees and sunny"}
+            assert sent.body["tools"][0]["function"]["parameters"] == WEATHER_TOOL["input_schema"]
+            # A tool call comes back as a tool_use block, whole and streamed.
+            weather: list[dict[str, object]] = [{"role": "user", "content": "What is the weather in Paris?"}]
+            force = {"type": "tool", "name": "get_weather"}
+            upstream.queue(Fault(tool_call=("get_weather", {"city": "Paris"})))
+            whole = api.messages.create(model="qwen3-14b", max_tokens=16, tools=[WEATHER_TOOL], tool_choice=force, messages=weather)  # type: ignore[arg-type]
+            assert upstream.seen[-1].body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+            assert whole.stop_reason == "tool_use" and [(b.type, b.name, b.input) for b in whole.content] == [  # type: ignore[union-attr]
+                ("tool_use", "get_weather", {"city": "Paris"})
+            ]
+            upstream.queue(Fault(tool_call=("get_weather", {"city": "Paris"})))
+            with api.messages.stream(model="qwen3-14b", max_tokens=16, tools=[WEATHER_TOOL], messages=weather) as stream:  # type: ignore[arg-type]
+                streamed = stream.get_final_message()
+            assert streamed.stop_reason == "tool_use" and [(b.type, b.name, b.input) for b in streamed.content] == [  # type: ignore[union-attr]
+                ("tool_use", "get_weather", {"city": "Paris"})
+            ]
+            assert streamed.usage.output_tokens > 0
+
+            rows = usage_rows(gw)
+            assert [(row["protocol"], row["upstream_protocol"]) for row in rows] == [("messages", "chat_completions")] * 3
+            assert rows[0]["completion_tokens"] == 8 and rows[0]["prompt_tokens"] == final.usage.input_tokens + (
+                final.usage.cache_read_input_tokens or 0
+            )
+            assert rows[2]["completion_tokens"] == streamed.usage.output_tokens
+            assert "protocol=messages->chat_completions" in gw.log_text()
+
+
 def test_with_the_local_engine_down_messages_fall_back_to_moonshots_anthropic_endpoint(tmp_path: Path, hosted_engine: Engine) -> None:
     dead = f"http://127.0.0.1:{free_port()}/v1"
     # (a route named kimi-k3 would have its local targets dropped here: K3 cannot fit this machine)
@@ -171,11 +217,14 @@ def test_an_anthropic_client_gets_anthropic_errors(tmp_path: Path, local_engine:
             (anthropic.AuthenticationError, "kimi-k3", "authentication_error", claude(gw, "tlk-not-a-key")),
             (anthropic.RateLimitError, "kimi-k3", "rate_limit_error", claude(gw)),
             (anthropic.InternalServerError, "down", "overloaded_error", claude(gw)),
-            (anthropic.BadRequestError, "chat-only", "invalid_request_error", claude(gw)),
+            (anthropic.BadRequestError, "chat-only", "invalid_request_error", claude(gw)),  # a count needs the target's tokenizer
         ]
         for error_class, model, kind, api in cases:
             with pytest.raises(error_class) as caught:
-                api.messages.create(model=model, max_tokens=4, messages=hello)  # type: ignore[arg-type]
+                if model == "chat-only":
+                    api.messages.count_tokens(model=model, messages=hello)  # type: ignore[arg-type]
+                else:
+                    api.messages.create(model=model, max_tokens=4, messages=hello)  # type: ignore[arg-type]
             error = caught.value.body
             assert isinstance(error, dict) and error["type"] == "error" and error["error"]["type"] == kind, (model, error)
             assert set(error["error"]) == {"type", "message"} and HOSTED_KEY not in json.dumps(error)

@@ -64,6 +64,10 @@ class Fault:
     #: a non-streaming answer's completion_tokens multiplied by its number of choices.
     bill_all_choices: bool = False
     trickle: bool = False  # forward the response in 64-byte pieces, 10 ms apart
+    #: Answer with a call of this tool (name, arguments) as a hosted model that calls tools does
+    #: (the test model does not): the real engine's answer with its message (or its stream's
+    #: deltas) replaced by OpenAI's tool-call shape, its id and usage kept.
+    tool_call: tuple[str, dict] | None = None  # type: ignore[type-arg]
 
 
 @dataclass
@@ -153,6 +157,8 @@ class FaultProxy:
             await asyncio.sleep(fault.delay_s)
         headers = {name: value for name, value in request.headers.items() if name.lower() in ("authorization", "content-type", "accept")}
         async with self._session.request(request.method, self.upstream + request.path_qs, data=raw, headers=headers) as upstream:
+            if fault is not None and fault.tool_call is not None:
+                return await _tool_call_answer(request, upstream, bool(body.get("stream")), *fault.tool_call)
             if fault is not None and fault.bill_all_choices and not body.get("stream"):
                 answer = await upstream.json()
                 if isinstance(answer.get("usage"), dict):
@@ -178,3 +184,27 @@ class FaultProxy:
                 sent += len(chunk)
             await response.write_eof()
             return response
+
+
+async def _tool_call_answer(request: web.Request, upstream: aiohttp.ClientResponse, stream: bool, name: str, arguments: dict) -> web.StreamResponse:  # type: ignore[type-arg]
+    """The real answer, its content replaced by one call of ``name`` (see Fault.tool_call)."""
+    call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+    if not stream:
+        answer = await upstream.json()
+        answer["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+        answer["choices"][0]["finish_reason"] = "tool_calls"
+        return web.json_response(answer)
+    chunks = [json.loads(line[5:]) for line in (await upstream.text()).splitlines() if line.startswith("data: {")]
+    first, usage = chunks[0], next(chunk for chunk in chunks if chunk.get("usage"))
+    text = call["function"]["arguments"]  # type: ignore[index]
+    deltas = [{"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call, "function": {"name": name, "arguments": ""}}]}]
+    deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": text[start : start + 8]}}]} for start in range(0, len(text), 8)]
+    out = [{**first, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
+    out.append({**first, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    out.append({**usage, "choices": []})
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for chunk in out:
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    return response

@@ -23,6 +23,7 @@ from ..serve.state import running_servers
 from .backends import UP, TargetState, now, resolve_key
 from .config import GatewayConfig, Route, Target, User
 from .dialects import DIALECTS, dialect_for_path
+from .dialects.leg import leg_for
 from .health import poll_target
 from .ledger import Ledger
 from .limiter import limiter_for
@@ -318,7 +319,7 @@ class Gateway:
         route = exchange.route
         deadline = time.monotonic() + self.config.server.retry_deadline_s
         # wrong for this request: its protocol is not spoken there, its context is too small …
-        excluded = {target for target in route.targets if exchange.dialect.family not in target.speaks}
+        excluded = {target for target in route.targets if leg_for(exchange.dialect, target.speaks) is None}
         failed: set[Target] = set()  # failed once; tried again only after the others, with backoff
         passed_over: set[Target] = set()  # earlier in the route, skipped without an attempt: counted once
         last_failure: AttemptFailed | None = None

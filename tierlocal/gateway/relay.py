@@ -21,6 +21,9 @@ from aiohttp import web
 from . import protocol
 from .backends import TargetState
 from .config import GatewayConfig
+from .dialects.base import Forwarded
+from .dialects.leg import Leg, leg_for
+from .dialects.translation import TranslationError
 from .metrics import Metrics
 from .sse import event_data, event_error, json_or_none, sse_batches
 from .wire import AttemptFailed, Exchange, Reject, read_bounded
@@ -35,6 +38,8 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024
 
 
+#: What turns one batch of a target's stream events into the client's (dialects/leg.py).
+Forwarder = Callable[[list[bytes], Exchange, Callable[[str], str]], Forwarded]
 #: What the relay calls once an exchange has its answer (the books: ledger.Ledger.settle).
 Settle = Callable[[Exchange, int | None], Awaitable[None]]
 
@@ -46,10 +51,17 @@ class Relay:
     def __init__(self, config: GatewayConfig, metrics: Metrics, session: aiohttp.ClientSession, settle: Settle, secrets: tuple[str, ...]) -> None:
         self.config, self.metrics, self.session, self.settle, self.secrets = config, metrics, session, settle, secrets
 
-    def _upstream_request(self, body: dict[str, object], exchange: Exchange, state: TargetState) -> tuple[bytes, dict[str, str]]:
-        dialect = exchange.dialect
-        upstream = dialect.upstream_body(body, state.target.model, exchange.stream)
-        return json.dumps(upstream, ensure_ascii=False).encode(), dialect.upstream_headers(state.key, exchange.stream)
+    def _upstream_request(self, body: dict[str, object], exchange: Exchange, state: TargetState, leg: Leg) -> tuple[bytes, dict[str, str]]:
+        """The body and headers ``state``'s target is sent.
+
+        Raises:
+            Reject: 400, a request a chat-only target cannot be sent (translated legs).
+        """
+        try:
+            upstream = leg.request(body, state.target.model, exchange.stream)
+        except TranslationError as exc:
+            raise Reject(400, str(exc), "invalid_request_error", "untranslatable", should_retry=False, param=exc.param) from None
+        return json.dumps(upstream, ensure_ascii=False).encode(), leg.upstream.upstream_headers(state.key, exchange.stream)
 
     async def attempt(
         self, request: web.Request, body: dict[str, object], exchange: Exchange, state: TargetState, reservation: int | None
@@ -61,7 +73,9 @@ class Relay:
             AttemptFailed: nothing reached the client; the next target may be tried.
             Reject: an error that is not retried (it goes back to the client).
         """
-        payload, headers = self._upstream_request(body, exchange, state)
+        leg = leg_for(exchange.dialect, state.target.speaks)
+        assert leg is not None  # the retry loop excludes targets that cannot carry the request
+        payload, headers = self._upstream_request(body, exchange, state, leg)
         timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10, sock_read=self.config.server.upstream_timeout_s)
         state.in_flight += 1
         self.metrics.in_flight.labels(state.label).set(state.in_flight)
@@ -69,7 +83,7 @@ class Relay:
         try:
             try:
                 upstream = await self.session.post(
-                    state.target.url + exchange.dialect.upstream_path, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+                    state.target.url + leg.upstream.upstream_path, data=payload, headers=headers, timeout=timeout, allow_redirects=False
                 )
             except TimeoutError:
                 self.metrics.upstream.labels(state.label, "timeout").inc()
@@ -89,9 +103,10 @@ class Relay:
                 if upstream.status != 200:
                     return await self._upstream_error(upstream, exchange, state, reservation)
                 self.metrics.upstream.labels(state.label, "ok").inc()
+                exchange.upstream_protocol = leg.upstream.name if leg.translated else None
                 if exchange.stream:
-                    return await self._relay_stream(request, upstream, exchange, state, reservation)
-                return await self._relay_whole(upstream, exchange, state, reservation)
+                    return await self._relay_stream(request, upstream, exchange, state, reservation, leg)
+                return await self._relay_whole(upstream, exchange, state, reservation, leg)
         finally:
             state.in_flight -= 1
             self.metrics.in_flight.labels(state.label).set(state.in_flight)
@@ -123,7 +138,9 @@ class Relay:
             upstream.status, message or f"upstream answered HTTP {upstream.status}", type_ or "invalid_request_error", code, should_retry=False
         )
 
-    async def _relay_whole(self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None) -> web.Response:
+    async def _relay_whole(
+        self, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None, leg: Leg
+    ) -> web.Response:
         try:
             data, more = await read_bounded(upstream.content, MAX_RESPONSE_BYTES)
             if more:
@@ -138,25 +155,26 @@ class Relay:
                 protocol.Verdict(True, self.config.server.error_cooldown_s, "bad_response"), "the upstream's answer is not JSON"
             ) from None
         exchange.answered_by(state)
-        exchange.usage = exchange.dialect.usage_from(document)
-        exchange.request_id = exchange.dialect.response_id(document)
+        exchange.usage = leg.upstream.usage_from(document)
+        exchange.request_id = leg.upstream.response_id(document)
+        data = leg.answer(document, data, exchange.route.model)
         exchange.keep_response(data)
         await self.settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})
 
     async def _relay_stream(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None
+        self, request: web.Request, upstream: aiohttp.ClientResponse, exchange: Exchange, state: TargetState, reservation: int | None, leg: Leg
     ) -> web.StreamResponse:
         batches = sse_batches(upstream)
         batch = await self._first_batch(batches)  # until the first event reaches the client, a failure still falls back
         exchange.answered_by(state)
-        exchange.request_id = exchange.dialect.response_id(json_or_none(event_data(batch[0]) or b""))
+        exchange.request_id = leg.upstream.response_id(json_or_none(event_data(batch[0]) or b""))
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "x-tierlocal-target": state.target.url}
         )
         await response.prepare(request)
         try:
-            failure = await self._forward(response, batches, batch, exchange)
+            failure = await self._forward(response, batches, batch, exchange, leg.forwarder(exchange.route.model))
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             # The client went away: stop the upstream (closing it cancels generation) and
             # charge what we know.
@@ -204,13 +222,13 @@ class Relay:
         return batch
 
     async def _forward(
-        self, response: web.StreamResponse, batches: AsyncIterator[list[bytes]], batch: list[bytes] | None, exchange: Exchange
+        self, response: web.StreamResponse, batches: AsyncIterator[list[bytes]], batch: list[bytes] | None, exchange: Exchange, forward: Forwarder
     ) -> str | None:
         """Relay batches until the protocol's end event; the events that arrived together leave together.
         Returns why the upstream stream broke, or None when it ended properly (with the
         protocol's end event)."""
         while batch is not None:
-            out, done, failure = exchange.dialect.forward_batch(batch, exchange, self._clean)
+            out, done, failure = forward(batch, exchange, self._clean)
             if out:
                 chunk = b"".join(out)
                 exchange.keep_response(chunk)
@@ -221,4 +239,4 @@ class Relay:
                 batch = await anext(batches, None)
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                 return self._clean(str(exc) or type(exc).__name__) or "the upstream connection broke"
-        return f"the upstream ended the stream without {exchange.dialect.end_event}"
+        return "the upstream ended the stream before its end event"

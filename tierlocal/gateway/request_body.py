@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .config import GatewayConfig, Route
 from .dialects import Dialect
+from .dialects.leg import leg_for
 from .wire import Reject
 
 __all__ = [
@@ -98,7 +99,7 @@ def parse_request(raw: bytes, dialect: Dialect, config: GatewayConfig) -> tuple[
             "model_not_found",
             should_retry=False,
         )
-    if not any(dialect.family in target.speaks for target in route.targets):
+    if not any(leg_for(dialect, target.speaks) is not None for target in route.targets):
         raise Reject(
             400,
             f"no target of {route.model!r} speaks {dialect.name} (they speak {', '.join(route.targets[0].speaks)}): add "

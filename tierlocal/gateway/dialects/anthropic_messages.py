@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from ..pricing import Usage, count
 from ..sse import event_data, event_error, json_or_none
 from .base import Dialect, Forwarded
+from .translate_messages import ChatToMessagesStream, chat_to_message, messages_to_chat
+from .translation import Translation
 
 if TYPE_CHECKING:
     from ..wire import Exchange
@@ -72,8 +74,8 @@ class AnthropicMessages(Dialect):
     family = "messages"
     client_path = "/v1/messages"
     upstream_path = "/messages"
-    end_event = "message_stop"
     cap_fields: tuple[str, ...] = ("max_tokens",)
+    translation: Translation | None = Translation(messages_to_chat, chat_to_message, ChatToMessagesStream)
 
     def upstream_headers(self, key: str | None, stream: bool) -> dict[str, str]:
         headers = super().upstream_headers(key, stream)  # Bearer: Moonshot's endpoint and llama-server take it
@@ -136,6 +138,7 @@ class AnthropicCountTokens(AnthropicMessages):
     streams = False
     generates = False
     cap_fields = ()
+    translation = None  # a count needs the target's own tokenizer
 
     def usage_from(self, document: object) -> Usage | None:
         return None  # a count, not a use: nothing to charge

@@ -16,6 +16,7 @@ from ..pricing import Usage
 
 if TYPE_CHECKING:
     from ..wire import Exchange
+    from .translation import Translation
 
 __all__ = ["Dialect", "Forwarded"]
 
@@ -36,14 +37,15 @@ class Dialect:
     #: The gateway's path for it, and the path below a target's base URL an upstream answers it on.
     client_path: str = ""
     upstream_path: str = ""
-    #: The event that ends a stream properly (for messages that say it did not come).
-    end_event: str = ""
     #: Whether a request may ask for a stream; whether it generates tokens (an output cap).
     streams: bool = True
     generates: bool = True
     #: Fields that cap the output per choice, and fields that multiply it (choices).
     cap_fields: tuple[str, ...] = ()
     choice_fields: tuple[str, ...] = ()
+    #: How a request in this protocol reaches a target that speaks only chat completions (None:
+    #: it cannot).
+    translation: Translation | None = None
 
     def stream_requested(self, body: dict[str, object]) -> bool:
         """Whether the client asked for a stream."""

@@ -53,7 +53,6 @@ class OpenAIChat(Dialect):
     family = "chat_completions"
     client_path = "/v1/chat/completions"
     upstream_path = "/chat/completions"
-    end_event = "[DONE]"
     cap_fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
     choice_fields: tuple[str, ...] = ("n", "best_of")
 

@@ -53,7 +53,6 @@ class OpenAIResponses(Dialect):
     family = "responses"
     client_path = "/v1/responses"
     upstream_path = "/responses"
-    end_event = "response.completed"
     cap_fields: tuple[str, ...] = ("max_output_tokens",)
 
     def unsupported(self, body: dict[str, object]) -> tuple[str, str] | None:
