@@ -200,6 +200,82 @@ def test_with_the_local_engine_down_messages_fall_back_to_moonshots_anthropic_en
         assert HOSTED_KEY not in gw.log_text()
 
 
+FUNCTION_TOOL = {"type": "function", "name": "get_weather", "description": "The weather now in a city.", "parameters": WEATHER_TOOL["input_schema"]}
+# The same conversation in Responses' items: the call and its output.
+TOOL_ITEMS: list[dict[str, object]] = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"type": "function_call", "call_id": "call_01", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+    {"type": "function_call_output", "call_id": "call_01", "output": "18 degrees and sunny"},
+]
+
+
+def test_responses_through_a_chat_only_target_are_translated_tool_calls_included(tmp_path: Path, local_engine: Engine) -> None:
+    with FaultProxy(f"http://127.0.0.1:{local_engine.port}") as upstream:
+        with gateway(tmp_path, route("qwen3-14b", local(upstream.url + "/v1", ', speaks = ["chat_completions"]'))) as gw:
+            api = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0)
+            stream = api.responses.create(
+                model="qwen3-14b",
+                instructions="Be brief.",
+                input=TOOL_ITEMS,
+                tools=[FUNCTION_TOOL],
+                max_output_tokens=6,
+                stream=True,  # type: ignore[arg-type, list-item]
+            )
+            events = list(stream)
+            kinds = [event.type for event in events]
+            assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+            assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]
+            assert [event.sequence_number for event in events] == list(range(len(events)))
+            final = events[-1].response  # type: ignore[union-attr]
+            text = "".join(event.delta for event in events if event.type == "response.output_text.delta")  # type: ignore[union-attr]
+            assert final.output_text == text and text and final.usage is not None and final.usage.output_tokens == 6
+            assert final.incomplete_details is not None and final.incomplete_details.reason == "max_output_tokens"
+            sent = upstream.seen[0].body
+            assert [message["role"] for message in sent["messages"]] == ["system", "user", "assistant", "tool"] and sent["max_tokens"] == 6
+            assert sent["messages"][3] == {"role": "tool", "tool_call_id": "call_01", "content": "18 degrees and sunny"}
+            assert sent["tools"][0]["function"]["name"] == "get_weather"
+            # Tool calls come back as function_call items, whole and streamed.
+            upstream.queue(Fault(tool_call=("get_weather", {"city": "Paris"})))
+            whole = api.responses.create(model="qwen3-14b", input="Weather in Paris?", tools=[FUNCTION_TOOL], max_output_tokens=16)  # type: ignore[list-item]
+            assert [(item.type, item.name, item.arguments) for item in whole.output] == [("function_call", "get_weather", '{"city": "Paris"}')]  # type: ignore[union-attr]
+            upstream.queue(Fault(tool_call=("get_weather", {"city": "Paris"})))
+            streamed = list(api.responses.create(model="qwen3-14b", input="Weather?", tools=[FUNCTION_TOOL], max_output_tokens=16, stream=True))  # type: ignore[list-item]
+            done = streamed[-1].response  # type: ignore[union-attr]
+            assert streamed[-1].type == "response.completed" and done.output[0].type == "function_call"
+            assert json.loads(done.output[0].arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+            deltas = "".join(event.delta for event in streamed if event.type == "response.function_call_arguments.delta")  # type: ignore[union-attr]
+            assert json.loads(deltas) == {"city": "Paris"}
+            with pytest.raises(openai.BadRequestError) as refused:  # a built-in tool cannot run on a chat-only target
+                api.responses.create(model="qwen3-14b", input="Search", tools=[{"type": "web_search"}])  # type: ignore[list-item]
+            assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "tools"
+
+            rows = usage_rows(gw)
+            assert [(row["protocol"], row["upstream_protocol"]) for row in rows[:3]] == [("responses", "chat_completions")] * 3
+            assert rows[0]["completion_tokens"] == 6 and rows[0]["prompt_tokens"] == final.usage.input_tokens
+
+
+def test_a_fallback_may_cross_protocols(tmp_path: Path, hosted_engine: Engine) -> None:
+    """The local engine (native) down: Messages and Responses go on to a hosted API that speaks
+    only chat completions, translated, and the usage rows say so."""
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    hosted_chat = f'{{ url = "{hosted_engine.url}", model = "kimi-k3", api_key_env = "HOSTED_KEY" }}'
+    with gateway(tmp_path, route("coder", local(dead), hosted_chat) + PRICES_TOML, env=ENV) as gw:
+        with claude(gw).messages.stream(model="coder", max_tokens=5, messages=TOOL_TURNS, tools=[WEATHER_TOOL]) as stream:  # type: ignore[arg-type]
+            message = stream.get_final_message()
+        api = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0)
+        response = api.responses.create(model="coder", input=TOOL_ITEMS, tools=[FUNCTION_TOOL], max_output_tokens=5)  # type: ignore[arg-type, list-item]
+        assert message.usage.output_tokens == 5 and response.usage is not None and response.usage.output_tokens == 5
+        rows = usage_rows(gw)
+        assert [(row["protocol"], row["upstream_protocol"], row["tier"]) for row in rows] == [
+            ("messages", "chat_completions", 3),
+            ("responses", "chat_completions", 3),
+        ]
+        assert all(row["fallback_reason"] == "engine_down" and row["target"] == f"{hosted_engine.url}#kimi-k3" for row in rows)
+        assert rows[0]["cost_usd"] == pytest.approx(cost(rows[0]["prompt_tokens"], rows[0]["cached_tokens"], 5), rel=1e-9)
+        assert rows[1]["prompt_tokens"] == response.usage.input_tokens
+        assert HOSTED_KEY not in gw.log_text()
+
+
 def test_an_anthropic_client_gets_anthropic_errors(tmp_path: Path, local_engine: Engine, hosted_engine: Engine) -> None:
     """A bad key, an exhausted budget, an upstream that fails and a route that cannot speak
     Messages: each the Anthropic SDK's own exception, each body in Anthropic's shape."""

@@ -24,6 +24,8 @@ from ..pricing import Usage, count
 from ..sse import event_data, event_error, json_or_none
 from .base import Dialect, Forwarded
 from .openai_chat import openai_error_body
+from .translate_responses import ChatToResponsesStream, chat_to_response, responses_to_chat
+from .translation import Translation
 
 if TYPE_CHECKING:
     from ..wire import Exchange
@@ -54,6 +56,7 @@ class OpenAIResponses(Dialect):
     client_path = "/v1/responses"
     upstream_path = "/responses"
     cap_fields: tuple[str, ...] = ("max_output_tokens",)
+    translation: Translation | None = Translation(responses_to_chat, chat_to_response, ChatToResponsesStream)
 
     def unsupported(self, body: dict[str, object]) -> tuple[str, str] | None:
         for name in STATEFUL_FIELDS:
