@@ -303,6 +303,7 @@ def test_the_json_of_the_commands_that_need_no_engine_is_as_documented(sparse_qw
         ("keys-add", ["gateway", "keys", "add", "alice", "--config", str(config)]),
         ("keys-list", ["gateway", "keys", "list", "--config", str(config)]),
         ("usage", ["usage", "--config", str(config)]),
+        ("gateway-agents", ["gateway", "agents", "--config", str(config)]),
     ]
     for shape, argv in cases:
         result = run_cli(*argv, "--json", env=env)

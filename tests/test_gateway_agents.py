@@ -112,6 +112,10 @@ def test_messages_stream_with_a_tool_result_is_answered_natively_by_the_local_en
         assert rows[0]["prompt_tokens"] == final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
         assert rows[0]["request_id"] == final.id and rows[1]["request_id"] == whole.id
         assert "protocol=messages" in gw.log_text()
+        # On start the gateway says what Claude Code and Codex CLI set, never with a key in it.
+        root = gw.url.removesuffix("/v1")
+        assert f"export ANTHROPIC_BASE_URL={root}" in gw.log_text() and f'base_url = "{gw.url}"' in gw.log_text()
+        assert gw.key not in gw.log_text()
 
 
 def test_responses_stream_is_answered_natively_and_server_state_is_refused(tmp_path: Path, local_engine: Engine) -> None:

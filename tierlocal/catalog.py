@@ -265,6 +265,9 @@ class ApiEntry:
     prices: ApiPrices
     prices_date: str
     source: str
+    #: The protocols its ``base_url`` answers (the gateway's ``speaks``), with where that is written.
+    speaks: tuple[str, ...] = ("chat_completions",)
+    speaks_source: str = ""
 
 
 def recipes_dir() -> Path:
@@ -825,6 +828,8 @@ def load_apis() -> tuple[ApiEntry, ...]:
                 prices=ApiPrices(float(a["input_cache_hit"]), float(a["input_cache_miss"]), float(a["output"])),
                 prices_date=a["prices_date"],
                 source=a["source"],
+                speaks=tuple(a["speaks"]),
+                speaks_source=a["speaks_source"],
             )
             for a in _load("apis.toml")["api"]  # type: ignore[attr-defined]
         )

@@ -103,6 +103,33 @@ def gateway(context: click.Context, config_path: Path | None, host: str | None, 
     run_gateway(config, discover=config_path is None, workers=workers or 1)
 
 
+@gateway.command("agents")
+@_config_option
+@click.option("--model", help="The model id the agents ask for (default: the config's first route).")
+@click.option("--json", "as_json", is_flag=True, help="Print each agent's environment and config lines as JSON.")
+def agents(config_path: Path | None, model: str | None, as_json: bool) -> None:
+    """What to set for Claude Code, Codex CLI and chat-completions agents to use this gateway."""
+    import socket
+
+    from ..gateway.agents_env import agent_setups
+
+    config = _config(config_path)
+    if model is None and not config.routes:
+        raise UsageError(f"{config.source} has no [[routes]]", hint="add one, or name the model with --model")
+    model = model or config.routes[0].model
+    if config.route(model) is None:
+        raise UsageError(f"the gateway has no route for {model!r}", hint=f"it serves: {', '.join(r.model for r in config.routes) or 'none'}")
+    server = config.server
+    host = server.host if server.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+    scheme = "https" if server.tls_cert else "http"
+    setups = agent_setups(f"{scheme}://{host}:{server.port}", model)
+    if as_json:
+        print_json({"model": model, "agents": [setup.to_json() for setup in setups]})
+        return
+    click.echo("\n".join(line for setup in setups for line in setup.lines()))
+    click.echo("each developer gets a key of their own: tierlocal gateway keys add NAME", err=True)
+
+
 @gateway.group()
 def keys() -> None:
     """Gateway keys: clients send one as their API key; only its hash is stored."""
@@ -207,9 +234,9 @@ def usage(config_path: Path | None, period: str, as_json: bool) -> None:
 
 
 def _render_usage(report: dict[str, Any]) -> None:
-    for label in ("users", "models"):
+    for label in ("users", "models", "protocols"):
         click.echo(f"{label}:")
-        for name, row in report[label].items():
+        for name, row in report.get(label, {}).items():
             click.echo(
                 f"  {printable(name):24} {row['requests']:>6} requests  {row['prompt_tokens']:>9} in ({row['cached_tokens']} cached)  "
                 f"{row['completion_tokens']:>9} out  {format_usd(row['cost_usd'])}"

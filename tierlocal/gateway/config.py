@@ -387,5 +387,7 @@ def default_config() -> GatewayConfig:
     """Without --config: every hosted API in recipes/apis.toml (Kimi K3 → Moonshot, key from
     MOONSHOT_API_KEY), on loopback, state in tierlocal's data directory. Local engines are
     added by the server when it finds them."""
-    routes = tuple(Route(api.model, (Target(api.base_url.rstrip("/"), api.model_id, api.key_env),)) for api in load_apis())
+    routes = tuple(
+        Route(api.model, (Target(api.base_url.rstrip("/"), api.model_id, api.key_env, declared_speaks=api.speaks),)) for api in load_apis()
+    )
     return GatewayConfig(ServerConfig(), routes, {api.model: api.prices for api in load_apis()}, (), "(built-in default)")

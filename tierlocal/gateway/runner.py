@@ -33,6 +33,7 @@ from ..errors import UsageError
 from ..serve.exposure import is_loopback
 from ..serve.state import running_servers
 from ..serve.systemd import notify
+from .agents_env import agent_setups
 from .app import create_app
 from .backends import resolve_key
 from .config import GatewayConfig, Route, Target
@@ -194,6 +195,10 @@ def _announce(config: GatewayConfig, context: ssl.SSLContext | None, workers: in
         file=sys.stderr,
         flush=True,
     )
+    if config.routes:
+        host = server.host if server.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        setups = agent_setups(f"{scheme}://{host}:{server.port}", config.routes[0].model)
+        print("\n".join(line for setup in setups for line in setup.lines()), file=sys.stderr, flush=True)
     notify("READY=1", f"STATUS=serving {len(config.routes)} model(s) on port {config.server.port}")
 
 

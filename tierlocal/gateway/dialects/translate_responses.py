@@ -120,7 +120,7 @@ def _usage_json(usage: Usage | None) -> dict[str, object]:
     usage = usage or Usage()
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
@@ -225,7 +225,7 @@ class ChatToResponsesStream:
         self.text += str(delta["content"])
         position = self.output.index(("text", 0))
         where = {"item_id": f"msg_{self.response_id}", "output_index": position, "content_index": 0}
-        return [*out, self._event("response.output_text.delta", {**where, "delta": delta["content"]})]
+        return [*out, self._event("response.output_text.delta", {**where, "delta": delta["content"], "logprobs": []})]
 
     def _tool_calls(self, delta: dict[str, object]) -> list[bytes]:
         out: list[bytes] = []
@@ -253,7 +253,7 @@ class ChatToResponsesStream:
             item = self._item(kind, key)
             if kind == "text":
                 where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-                out.append(self._event("response.output_text.done", {**where, "text": self.text}))
+                out.append(self._event("response.output_text.done", {**where, "text": self.text, "logprobs": []}))
                 part: dict[str, object] = {"type": "output_text", "text": self.text, "annotations": []}
                 out.append(self._event("response.content_part.done", {**where, "part": part}))
             else:

@@ -259,12 +259,19 @@ class RedisStore:
         return float(entries[0][1]["time"]) if entries else None
 
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
-        result: dict[str, dict[str, dict[str, float | int]]] = {"users": {}, "models": {}, "targets": {}, "tiers": {}}
+        result: dict[str, dict[str, dict[str, float | int]]] = {"users": {}, "models": {}, "targets": {}, "tiers": {}, "protocols": {}}
         start = f"{int(since * 1000)}-0"
         while True:
             batch = self._redis.xrange(PREFIX + "usage", min=start, count=10_000)
             for _entry_id, fields in batch:
-                names = (("users", fields["user"]), ("models", fields["model"]), ("targets", fields["target"]), ("tiers", fields.get("tier", "")))
+                protocol = fields.get("protocol", "") + (f"->{fields['upstream_protocol']}" if fields.get("upstream_protocol") else "")
+                names = (
+                    ("users", fields["user"]),
+                    ("models", fields["model"]),
+                    ("targets", fields["target"]),
+                    ("tiers", fields.get("tier", "")),
+                    ("protocols", protocol),
+                )
                 for label, name in names:
                     row = result[label].setdefault(
                         name, {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}

@@ -371,10 +371,14 @@ class SqliteStore:
         return None if value is None else float(value)
 
     def totals(self, since: float) -> dict[str, dict[str, dict[str, float | int]]]:
-        """Per user, per model, per target and per tier ("1", "2", "3"; "" where no tier was
-        recorded) since ``since``: requests, prompt/cached/completion tokens, cost."""
+        """Per user, per model, per target, per tier ("1", "2", "3"; "" where no tier was
+        recorded) and per protocol (``messages``, ``messages->chat_completions`` where it was
+        translated; "" before it was recorded) since ``since``: requests, prompt/cached/completion
+        tokens, cost."""
         result: dict[str, dict[str, dict[str, float | int]]] = {}
-        for column, label in (("user", "users"), ("model", "models"), ("target", "targets"), ("COALESCE(tier, '')", "tiers")):
+        protocol = "COALESCE(protocol, '') || COALESCE('->' || upstream_protocol, '')"
+        groups = (("user", "users"), ("model", "models"), ("target", "targets"), ("COALESCE(tier, '')", "tiers"), (protocol, "protocols"))
+        for column, label in groups:
             rows = self._connection.execute(
                 f"SELECT {column}, COUNT(*), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens), SUM(cost_usd)"
                 f" FROM usage WHERE time >= ? GROUP BY {column} ORDER BY {column}",
