@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support.assets import Assets
 from tests.support.cli import run_cli
 from tests.support.doc_json import assert_documented
@@ -51,6 +53,7 @@ def test_bench_attaches_to_the_running_serve(assets: Assets, tmp_path: Path) -> 
     assert nothing.returncode == 1 and nothing.stderr.startswith("error: no tierlocal serve is running")  # as `status` exits
 
 
+@pytest.mark.serial  # it compares engine speeds at 1 and 2 users: other tests' load once made 2 users read slower in all
 def test_bench_users_measures_users_at_once_records_it_and_check_uses_it(assets: Assets, tmp_path: Path) -> None:
     """Real concurrent streaming clients against `serve --users 2` (two slots, one KV cache):
     two users wait longer for their first token than one (both prompts go in one batch) and

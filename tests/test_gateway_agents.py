@@ -259,24 +259,31 @@ def test_responses_through_a_chat_only_target_are_translated_tool_calls_included
 
 
 def test_a_fallback_may_cross_protocols(tmp_path: Path, hosted_engine: Engine) -> None:
-    """The local engine (native) down: Messages and Responses go on to a hosted API that speaks
-    only chat completions, translated, and the usage rows say so."""
+    """The local engine (native) down, K3 behind Moonshot's two endpoints: Messages go on to the
+    Anthropic one natively; Responses, which it does not speak, to the chat one, translated; a
+    route with the chat endpoint alone takes both translated. The usage rows say which."""
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    hosted_chat = f'{{ url = "{hosted_engine.url}", model = "kimi-k3", api_key_env = "HOSTED_KEY" }}'
-    with gateway(tmp_path, route("coder", local(dead), hosted_chat) + PRICES_TOML, env=ENV) as gw:
-        with claude(gw).messages.stream(model="coder", max_tokens=5, messages=TOOL_TURNS, tools=[WEATHER_TOOL]) as stream:  # type: ignore[arg-type]
-            message = stream.get_final_message()
+    chat_url = hosted_engine.url.replace("127.0.0.1", "localhost")  # the same stand-in, told apart by its address
+    hosted_chat = f'{{ url = "{chat_url}", model = "kimi-k3", api_key_env = "HOSTED_KEY" }}'
+    body = route("coder", local(dead), moonshot_anthropic(hosted_engine.url), hosted_chat) + route("chat-only", local(dead), hosted_chat)
+    with gateway(tmp_path, body + PRICES_TOML, env=ENV) as gw:
         api = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0)
-        response = api.responses.create(model="coder", input=TOOL_ITEMS, tools=[FUNCTION_TOOL], max_output_tokens=5)  # type: ignore[arg-type, list-item]
-        assert message.usage.output_tokens == 5 and response.usage is not None and response.usage.output_tokens == 5
+        for model in ("coder", "chat-only"):
+            with claude(gw).messages.stream(model=model, max_tokens=5, messages=TOOL_TURNS, tools=[WEATHER_TOOL]) as stream:  # type: ignore[arg-type]
+                message = stream.get_final_message()
+            response = api.responses.create(model=model, input=TOOL_ITEMS, tools=[FUNCTION_TOOL], max_output_tokens=5)  # type: ignore[arg-type, list-item]
+            assert message.usage.output_tokens == 5 and response.usage is not None and response.usage.output_tokens == 5
         rows = usage_rows(gw)
-        assert [(row["protocol"], row["upstream_protocol"], row["tier"]) for row in rows] == [
-            ("messages", "chat_completions", 3),
-            ("responses", "chat_completions", 3),
+        anthropic_target, chat_target = f"{hosted_engine.url}#kimi-k3", f"{chat_url}#kimi-k3"
+        assert [(row["route"], row["protocol"], row["upstream_protocol"], row["target"]) for row in rows] == [
+            ("coder", "messages", None, anthropic_target),
+            ("coder", "responses", "chat_completions", chat_target),
+            ("chat-only", "messages", "chat_completions", chat_target),
+            ("chat-only", "responses", "chat_completions", chat_target),
         ]
-        assert all(row["fallback_reason"] == "engine_down" and row["target"] == f"{hosted_engine.url}#kimi-k3" for row in rows)
-        assert rows[0]["cost_usd"] == pytest.approx(cost(rows[0]["prompt_tokens"], rows[0]["cached_tokens"], 5), rel=1e-9)
-        assert rows[1]["prompt_tokens"] == response.usage.input_tokens
+        assert [(row["fallback_reason"], row["tier"]) for row in rows] == [("engine_down", 3)] * 4
+        for row in rows:
+            assert row["cost_usd"] == pytest.approx(cost(row["prompt_tokens"], row["cached_tokens"], 5), rel=1e-9)
         assert HOSTED_KEY not in gw.log_text()
 
 

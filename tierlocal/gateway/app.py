@@ -321,7 +321,7 @@ class Gateway:
         # wrong for this request: its protocol is not spoken there, its context is too small …
         excluded = {target for target in route.targets if leg_for(exchange.dialect, target.speaks) is None}
         failed: set[Target] = set()  # failed once; tried again only after the others, with backoff
-        passed_over: set[Target] = set()  # earlier in the route, skipped without an attempt: counted once
+        passed_over = set(excluded)  # earlier in the route, skipped without an attempt: counted once (a protocol it lacks: never)
         last_failure: AttemptFailed | None = None
         try:
             while time.monotonic() < deadline and exchange.attempts < MAX_ATTEMPTS:
