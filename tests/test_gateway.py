@@ -39,7 +39,7 @@ from tests.support.faultproxy import (
     Fault,
     FaultProxy,
 )
-from tests.support.gatewayrun import RunningGateway, add_key, gateway, write_config
+from tests.support.gatewayrun import Engine, RunningGateway, add_key, gateway, gemma_server, write_config
 from tierlocal.serve.state import ServeState, write_state
 
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
@@ -49,35 +49,23 @@ PRICES_TOML = '[prices."kimi-k3"]\ninput_cache_hit = 0.30\ninput_cache_miss = 3.
 CHAT = {"model": "qwen3-14b", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4}
 
 
-class Engine:
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/v1"
-
-
 @pytest.fixture(scope="module")
 def local_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=2048, parallel=2)
-    with running(argv, tmp_path_factory.mktemp("local") / "llama.log", f"http://127.0.0.1:{port}/health"):
-        yield Engine(port)
+    with gemma_server(assets, tmp_path_factory.mktemp("local"), ctx=2048, parallel=2) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def hosted_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--api-key", HOSTED_KEY, ctx=2048, parallel=4)
-    with running(argv, tmp_path_factory.mktemp("hosted") / "llama.log", f"http://127.0.0.1:{port}/health"):
-        yield Engine(port)
+    with gemma_server(assets, tmp_path_factory.mktemp("hosted"), "--api-key", HOSTED_KEY, ctx=2048, parallel=4) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def embedding_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """llama-server serves embeddings only when started for them (then it serves nothing else)."""
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--embeddings", "--pooling", "mean", ctx=512, parallel=1)
-    with running(argv, tmp_path_factory.mktemp("embed") / "llama.log", f"http://127.0.0.1:{port}/health"):
-        yield Engine(port)
+    with gemma_server(assets, tmp_path_factory.mktemp("embed"), "--embeddings", "--pooling", "mean", ctx=512, parallel=1) as engine:
+        yield engine
 
 
 def route(model: str, *targets: str) -> str:

@@ -19,9 +19,9 @@ import openai
 import pytest
 
 from tests.support.assets import Assets
-from tests.support.engines import free_port, llama_server_argv, running
+from tests.support.engines import free_port
 from tests.support.faultproxy import Fault, FaultProxy
-from tests.support.gatewayrun import RunningGateway, gateway
+from tests.support.gatewayrun import Engine, RunningGateway, gateway, gemma_server
 
 HOSTED_KEY = "sk-hosted-" + secrets.token_hex(16)
 ENV = {"HOSTED_KEY": HOSTED_KEY}
@@ -42,26 +42,16 @@ TOOL_TURNS: list[dict[str, object]] = [
 ]
 
 
-class Engine:
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/v1"
-
-
 @pytest.fixture(scope="module")
 def local_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, ctx=4096, parallel=2)
-    with running(argv, tmp_path_factory.mktemp("local") / "llama.log", f"http://127.0.0.1:{port}/health"):
-        yield Engine(port)
+    with gemma_server(assets, tmp_path_factory.mktemp("local"), ctx=4096, parallel=2) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
 def hosted_engine(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    port = free_port()
-    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, "--api-key", HOSTED_KEY, ctx=4096, parallel=4)
-    with running(argv, tmp_path_factory.mktemp("hosted") / "llama.log", f"http://127.0.0.1:{port}/health"):
-        yield Engine(port)
+    with gemma_server(assets, tmp_path_factory.mktemp("hosted"), "--api-key", HOSTED_KEY, ctx=4096, parallel=4) as engine:
+        yield engine
 
 
 def route(model: str, *targets: str) -> str:

@@ -11,8 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import free_port, started
+from tests.support.engines import free_port, llama_server_argv, running, started
 
 
 @dataclass
@@ -59,3 +60,24 @@ def gateway(
     environment = {**(env or {}), "PYTHONPATH": str(REPO_ROOT)}
     with started(argv, log, f"http://127.0.0.1:{port}/health", environment, timeout_s=60) as process:
         yield RunningGateway(f"http://127.0.0.1:{port}/v1", key, config, directory / "state", log, process)
+
+
+@dataclass
+class Engine:
+    """A real llama-server on loopback serving the Gemma model: its port and OpenAI base URL."""
+
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@contextmanager
+def gemma_server(assets: Assets, directory: Path, *extra: str, ctx: int, parallel: int) -> Iterator[Engine]:
+    """llama-server on the Gemma model with ``extra`` arguments (e.g. --api-key: a hosted API's
+    stand-in, with real 401s), its log in ``directory``, until the block ends."""
+    port = free_port()
+    argv = llama_server_argv(assets.llama_server_cpu, assets.gemma_gguf, port, *extra, ctx=ctx, parallel=parallel)
+    with running(argv, directory / "llama.log", f"http://127.0.0.1:{port}/health"):
+        yield Engine(port)
