@@ -1,4 +1,5 @@
-"""The gateway's HTTP server: OpenAI's routes in front of an ordered list of upstreams per model.
+"""The gateway's HTTP server: OpenAI's routes, Anthropic's Messages and OpenAI's Responses
+(dialects/) in front of an ordered list of upstreams per model.
 
 One request goes through: authentication (a gateway key, hashed in the store) → body checks →
 route → rate limits → budget reservation (worst case, atomic: ledger.py) → the one retry loop

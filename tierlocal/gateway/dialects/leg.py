@@ -11,17 +11,15 @@ from typing import TYPE_CHECKING
 
 from ..pricing import Usage
 from ..sse import event_data, event_error, json_or_none
+from . import OPENAI_CHAT
 from .base import Dialect, Forwarded
-from .openai_chat import OpenAIChat, openai_usage
+from .openai_chat import openai_usage
 from .translation import StreamTranslator
 
 if TYPE_CHECKING:
     from ..wire import Exchange
 
-__all__ = ["Leg", "leg_for", "CHAT"]
-
-#: What a chat-only target is sent when the client speaks another protocol.
-CHAT = OpenAIChat()
+__all__ = ["Leg", "leg_for"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +92,6 @@ def leg_for(client: Dialect, speaks: tuple[str, ...]) -> Leg | None:
     """How a target that speaks ``speaks`` can carry a ``client`` request (None: it cannot)."""
     if client.family in speaks:
         return Leg(client, client)
-    if client.translation is not None and CHAT.family in speaks:
-        return Leg(client, CHAT)
+    if client.translation is not None and OPENAI_CHAT.family in speaks:
+        return Leg(client, OPENAI_CHAT)  # a chat-only target is sent chat completions
     return None
