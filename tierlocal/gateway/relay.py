@@ -157,7 +157,7 @@ class Relay:
         exchange.answered_by(state)
         exchange.usage = leg.upstream.usage_from(document)
         exchange.request_id = leg.upstream.response_id(document)
-        data = leg.answer(document, data, exchange.route.model)
+        data = leg.answer(document, data, exchange.route.model, exchange.usage)
         exchange.keep_response(data)
         await self.settle(exchange, reservation)  # recorded before the client has the answer
         return web.Response(body=data, content_type="application/json", headers={"x-tierlocal-target": state.target.url})

@@ -44,12 +44,13 @@ class Leg:
             body = self.client.translation.request(body)
         return self.upstream.upstream_body(body, model, stream)
 
-    def answer(self, document: object, data: bytes, model: str) -> bytes:
-        """A whole answer as the client gets it (``data``: the upstream's bytes)."""
+    def answer(self, document: object, data: bytes, model: str, usage: Usage | None) -> bytes:
+        """A whole answer as the client gets it (``data``: the upstream's bytes; ``usage``: what
+        it reported, already read)."""
         if not self.translated or not isinstance(document, dict):
             return data
         assert self.client.translation is not None
-        return json.dumps(self.client.translation.response(document, model, openai_usage(document)), ensure_ascii=False).encode()
+        return json.dumps(self.client.translation.response(document, model, usage), ensure_ascii=False).encode()
 
     def forwarder(self, model: str) -> Callable[[list[bytes], Exchange, Callable[[str], str]], Forwarded]:
         """What turns one batch of the target's stream events into the client's."""
