@@ -23,6 +23,7 @@ from tierlocal.fit.digest import spec_digest, spec_from_digest
 from tierlocal.fit.estimate import RunRequest
 from tierlocal.fit.model import model_spec
 from tierlocal.gguf import summarize
+from tierlocal.plan.inputs import PlanAsk, PlanInputs
 from tierlocal.plan.machine import machine_for
 from tierlocal.plan.source import check_model
 
@@ -61,9 +62,9 @@ def test_a_restored_spec_plans_exactly_as_its_header(gpus: tuple[str, ...], ram:
         spec, summary = model_spec(headers), summarize(headers)
         restored = spec_from_digest(marshal.loads(marshal.dumps(spec_digest(spec, summary))))
         for ctx, parallel in ((8192, 1), (4096, 2)):
-            options = {"ctx": ctx, "parallel": parallel, "request": RunRequest()}
-            planned = check_model(entry.key, model_spec(headers), summary, target, **options).to_json()
-            assert check_model(entry.key, *restored, target, **options).to_json() == planned, (entry.key, ctx, parallel)
+            ask = PlanAsk(ctx, parallel, RunRequest())
+            planned = check_model(entry.key, model_spec(headers), summary, PlanInputs(target), ask).to_json()
+            assert check_model(entry.key, *restored, PlanInputs(target), ask).to_json() == planned, (entry.key, ctx, parallel)
 
 
 def test_a_restored_spec_refuses_a_plan_that_needs_its_tensors() -> None:
@@ -75,7 +76,7 @@ def test_a_restored_spec_refuses_a_plan_that_needs_its_tensors() -> None:
     spec, summary = spec_from_digest(spec_digest(model_spec(headers), summarize(headers)))
     limited = dataclasses.replace(machine_for(machine(("8GiB",), "32GiB"), load_host_defaults()), max_tensor_bytes=128 << 20)
     with pytest.raises(RuntimeError, match="keeps no tensors"):
-        check_model(entry.key, spec, summary, limited, ctx=4096, parallel=1, request=RunRequest())
+        check_model(entry.key, spec, summary, PlanInputs(limited), PlanAsk(4096, 1, RunRequest()))
 
 
 def test_a_digest_of_another_layout_is_refused() -> None:

@@ -235,12 +235,13 @@ def test_a_plan_on_a_gpu_holds_only_if_the_gpu_buffers_are_in_the_log(gemma: Pat
     from tierlocal.fit.estimate import RunRequest
     from tierlocal.hardware.detect import detect
     from tierlocal.hardware.override import with_gpu_override
+    from tierlocal.plan.inputs import PlanAsk, PlanInputs
     from tierlocal.plan.machine import machine_for
     from tierlocal.plan.source import check_source
     from tierlocal.plan.verify import verify_load
 
     machine = machine_for(with_gpu_override(detect(), ["24GiB"]), load_host_defaults())
-    check = check_source(str(gemma), read_headers(str(gemma)), machine, ctx=2048, parallel=2, request=RunRequest())
+    check = check_source(str(gemma), read_headers(str(gemma)), PlanInputs(machine), PlanAsk(2048, 2, RunRequest()))
     assert check.estimate is not None and check.estimate.layers_offloaded == 19
     text = (Path(__file__).parent / "fixtures" / "loadlogs" / "cpu-gemma-np2.log").read_text()
     report = parse_load_log(text + "load_tensors: offloaded 19/19 layers to GPU\n")

@@ -135,13 +135,14 @@ def test_serve_verification_holds_for_a_split(assets: Assets, tmp_path: Path) ->
     from tierlocal.fit.estimate import RunRequest
     from tierlocal.hardware.detect import detect
     from tierlocal.hardware.override import with_gpu_override
+    from tierlocal.plan.inputs import PlanAsk, PlanInputs
     from tierlocal.plan.machine import machine_for
     from tierlocal.plan.source import check_source
     from tierlocal.plan.verify import verify_load
 
     model = write_compact_as_gguf(json.loads(header_path("qwen3-0.6b", "Q4_K_M").read_text()), tmp_path / "q.gguf")
     machine = machine_for(with_gpu_override(detect(), ["24GiB", "24GiB"]), load_host_defaults())
-    check = check_source(str(model), read_headers(str(model)), machine, ctx=4096, parallel=2, request=RunRequest())
+    check = check_source(str(model), read_headers(str(model)), PlanInputs(machine), PlanAsk(4096, 2, RunRequest()))
     assert check.estimate is not None and check.estimate.tensor_split == (1, 1)
     args = [arg for arg in check.command[3:] if arg not in ("--no-jinja",)]
     if "--chat-template" in args:

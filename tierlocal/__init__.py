@@ -33,6 +33,8 @@ _API = {
     "max_context": "tierlocal.fit.search",
     "max_parallel": "tierlocal.fit.search",
     "check_source": "tierlocal.plan.source",
+    "PlanInputs": "tierlocal.plan.inputs",
+    "PlanAsk": "tierlocal.plan.inputs",
     "machine_for": "tierlocal.plan.machine",
     "verify_load": "tierlocal.plan.verify",
     "detect": "tierlocal.hardware.detect",
@@ -57,6 +59,8 @@ __all__ = [
     "max_context",
     "max_parallel",
     "check_source",
+    "PlanInputs",
+    "PlanAsk",
     "machine_for",
     "verify_load",
     "detect",
@@ -79,6 +83,7 @@ if TYPE_CHECKING:
     from .gguf.summary import summarize
     from .hardware.detect import detect
     from .hardware.override import with_gpu_override
+    from .plan.inputs import PlanAsk, PlanInputs
     from .plan.machine import machine_for
     from .plan.source import check_source
     from .plan.verify import verify_load

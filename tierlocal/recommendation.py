@@ -17,13 +17,12 @@ from typing import Any, TypeVar, cast
 
 from .cache_file import cached
 from .catalog import ModelEntry, find_frontier, load_gpus, load_host_defaults, load_licences, load_quality
-from .cpu_figures import host_speed_here
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
 from .fit.recurrent import frontier_per_user_memory
-from .gpu_figures import machine_gpu_speed
 from .hardware.types import Hardware
+from .inputs_here import plan_inputs
 from .measure.calibration_cache import unused_calibration
 from .plan.candidates import CatalogRecommendation
 from .plan.machine import machine_for
@@ -142,7 +141,7 @@ def catalog_recommendation(
     host = load_host_defaults()
     machine = machine_for(hardware, host)
     version = engine_version() if not hardware.ram_overridden else None
-    host_speed = host_speed_here(version, machine) if not hardware.ram_overridden else None
+    where = plan_inputs(machine, version, host_is_here=not hardware.ram_overridden)
     # The cached digests serve devices that bind every tensor; a binding limit plans from the headers.
     models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
@@ -151,7 +150,7 @@ def catalog_recommendation(
         entries,
         models,
         hardware,
-        machine,
+        where,
         host,
         load_gpus(),
         ctx=ctx,
@@ -159,8 +158,6 @@ def catalog_recommendation(
         min_tokens_per_s=min_tokens_per_s,
         purpose=purpose,
         request=replace(request, parallel=parallel),
-        host_speed=host_speed,
-        gpu_speed=machine_gpu_speed(machine),
         quality=scores,
         quant_losses=losses,
         prefer=prefer,

@@ -12,15 +12,15 @@ import click
 
 from .. import constants
 from ..catalog import ModelEntry, find_model, load_host_defaults, load_models, load_rental_offers
-from ..cpu_figures import host_speed_here
 from ..errors import UsageError
 from ..fit.concurrency import UsersSpeed
 from ..fit.estimate import Machine, RunRequest
 from ..fit.model import model_spec
 from ..fit.users_measured import anchored, with_measured
-from ..gpu_figures import machine_gpu_speed
 from ..hardware.types import Hardware
+from ..inputs_here import plan_inputs
 from ..measure.calibration_cache import unused_calibration
+from ..plan.inputs import PlanAsk
 from ..plan.local_cost import local_cost, rental_price
 from ..plan.machine import machine_for
 from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES
@@ -270,33 +270,24 @@ def _check_one_source(
     if "/" not in source and not source.endswith(".gguf"):
         hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
         raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
-    machine_ = machine_for(hardware, load_host_defaults())
     version = engine_version()
-    # This CPU's calibration prices the host only when the host is this machine (no --ram).
-    host_speed = host_speed_here(version, machine_) if not hardware.ram_overridden else None
+    where = plan_inputs(machine_for(hardware, load_host_defaults()), version, host_is_here=not hardware.ram_overridden)
     headers = read_headers(source)
     if floor is not None:
         request = replace(request, kv_unified=True)  # the slots are sized for users at once: one batch for all of them
-    plan = partial(
-        check_source,
-        source,
-        headers,
-        machine_,
-        ctx=parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX,
-        request=request,
-        host_speed=host_speed,
-        gpu_speed=machine_gpu_speed(machine_),
-        host_is_here=not hardware.ram_overridden,
-        up_to_training=ctx is None,
-        cap_at_training=True,
-    )
-    result = plan(parallel=parse_parallel(parallel), users=users)
+    asked = ctx is None
+
+    def plan(slots: int | str | None, users: int | None) -> SourceCheck:
+        tokens = parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX
+        return check_source(source, headers, where, PlanAsk(tokens, slots, request, users, up_to_training=asked, cap_at_training=True))
+
+    result = plan(parse_parallel(parallel), users)
     if floor is not None and result.estimate is not None and result.estimate.fits:
         held = result.estimate.params.n_seq_max
-        kept = most_users_at(model_spec(headers), result.estimate, machine_, host_speed, machine_gpu_speed(machine_), floor)
+        kept = most_users_at(model_spec(headers), result.estimate, where.machine, where.host_speed, where.gpu_speed, floor)
         if kept < held:
             note = f"{held} slots fit in memory; {kept} keep each user at {floor:g} tok/s or faster (--min-speed), so the plan has {kept}"
-            result = replace(plan(parallel=kept, users=users or kept), slots_note=note)
+            result = replace(plan(kept, users or kept), slots_note=note)
     unused = unused_calibration(version) if not hardware.ram_overridden else None
     key = _bench_key(source, result, version)
     measured, users_record = (measured_speed(key), measured_users(key)) if key else (None, None)

@@ -40,14 +40,14 @@ from functools import partial
 
 from ..catalog import GpuSpec, HostDefaults, ModelEntry
 from ..engines.prompt_formats import TemplateChoice
-from ..fit.device_speed import DeviceSpeed
-from ..fit.estimate import Machine, RunRequest
+from ..fit.estimate import RunRequest
 from ..fit.model import ModelSpec
 from ..gguf import ModelSummary
 from ..hardware.types import Hardware
 from ..published import LicenceTerms, QuantLoss
 from ..units import format_bytes
 from .candidates import Candidate, CatalogRecommendation
+from .inputs import PlanAsk, PlanInputs
 from .quality import EntryQuality, ModelQuality, entry_quality
 from .rule_of_thumb import CatalogFit, fit_entry, frontier_verdict, memory_budget
 from .source import SourceCheck, check_model
@@ -85,7 +85,7 @@ def recommend_catalog(
     entries: Sequence[ModelEntry],
     models: Mapping[str, tuple[ModelSpec, ModelSummary]],
     hardware: Hardware,
-    machine: Machine,
+    where: PlanInputs,
     host: HostDefaults,
     gpus: Sequence[GpuSpec],
     *,
@@ -94,8 +94,6 @@ def recommend_catalog(
     min_tokens_per_s: float,
     purpose: str = "chat",
     request: RunRequest | None = None,
-    host_speed: DeviceSpeed | None = None,
-    gpu_speed: DeviceSpeed | None = None,
     tight_fraction: float = 0.05,
     quality: Mapping[str, Mapping[str, ModelQuality]] | None = None,
     quant_losses: Mapping[str, QuantLoss] | None = None,
@@ -105,23 +103,12 @@ def recommend_catalog(
     licence: str = "any",
     users: int | None = None,
 ) -> CatalogRecommendation:
-    """Plan every entry (``models``: spec and summary by key, else the rule of thumb) at ``ctx`` per slot × ``parallel`` (``ctx_up_to_training``:
-    ≤ its trained context), speed per user at ``users``; rank (module docstring) by ``quality`` less ``quant_losses`` against speed
-    as ``prefer`` says; ``licence`` leaves out what ``licences`` disallow."""
+    """Plan every entry (``models``: spec and summary by key, else the rule of thumb) on ``where`` at ``ctx`` per slot × ``parallel``
+    (``ctx_up_to_training``: ≤ its trained context), speed per user at ``users``; rank (module docstring) by ``quality`` less
+    ``quant_losses`` against speed as ``prefer`` says; ``licence`` leaves out what ``licences`` disallow."""
     budget = memory_budget(hardware, host)
-    on_this_machine = partial(
-        check_model,
-        machine=machine,
-        ctx=ctx,
-        parallel=parallel,
-        request=request or RunRequest(),
-        host_speed=host_speed,
-        gpu_speed=gpu_speed,
-        template=_PUBLISHED_TEMPLATE,
-        host_is_here=not hardware.ram_overridden,
-        up_to_training=ctx_up_to_training,
-        users=users,
-    )
+    ask = PlanAsk(ctx, parallel, request or RunRequest(), users=users, up_to_training=ctx_up_to_training)
+    on_this_machine = partial(check_model, where=where, ask=ask, template=_PUBLISHED_TEMPLATE)
 
     def plan(entry: ModelEntry, detail: bool) -> SourceCheck:
         path = f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>"

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Required, TypedDict, Unpack
+from typing import TypedDict, Unpack
 
 from ..engines.flags import planned_command
 from ..engines.ollama import OllamaSettings, ollama_settings
 from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
 from ..fit.concurrency import UsersSpeed
-from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunEstimate, RunRequest
 from ..fit.headline import HeadlineSpeed, headline_speed
 from ..fit.host_memory import LOAD_MODES, HostMemory, host_memory, prompt_cache_cap
@@ -21,6 +20,7 @@ from ..fit.model import ModelSpec, model_spec
 from ..fit.search import max_context, max_parallel, plan_run
 from ..fit.speed import DecodeSpeed
 from ..gguf import ChatTemplateInfo, GGUFHeader, ModelSummary, summarize
+from .inputs import PlanAsk, PlanInputs
 from .local_cost import LocalCost
 from .machine import without_gpu
 from .notes import context_note
@@ -241,64 +241,44 @@ def default_template(summary: ModelSummary) -> TemplateChoice:
     return choose_template(summary.chat_template, summary.architecture, tokenizer_model=summary.tokenizer_model, tokenizer_pre=summary.tokenizer_pre)
 
 
-class PlanOptions(TypedDict, total=False):
-    """The keyword arguments of :func:`check_model` (and so of :func:`check_source`)."""
+def check_source(source: str, headers: list[GGUFHeader], where: PlanInputs, ask: PlanAsk, **options: Unpack[ShownOptions]) -> SourceCheck:
+    """Plan ``source`` from its header(s) (:func:`check_model`)."""
+    return check_model(source, model_spec(headers), summarize(headers), where, ask, **options)
 
-    ctx: Required[int | None]
-    parallel: Required[int | str | None]
-    request: Required[RunRequest]
+
+class ShownOptions(TypedDict, total=False):
+    """How :func:`check_model` shows a plan, beside what it plans."""
+
     template: TemplateChoice | None
-    host_speed: DeviceSpeed | None
-    gpu_speed: DeviceSpeed | None
     model_path: str | None
-    host_is_here: bool
     detail: bool
-    up_to_training: bool
-    cap_at_training: bool
-    users: int | None
-
-
-def check_source(source: str, headers: list[GGUFHeader], machine: Machine, **options: Unpack[PlanOptions]) -> SourceCheck:
-    """Plan ``source`` from its header(s) on ``machine`` (:func:`check_model`, whose keyword
-    arguments ``options`` are)."""
-    return check_model(source, model_spec(headers), summarize(headers), machine, **options)
 
 
 def check_model(
     source: str,
     spec: ModelSpec,
     summary: ModelSummary,
-    machine: Machine,
+    where: PlanInputs,
+    ask: PlanAsk,
     *,
-    ctx: int | None,
-    parallel: int | str | None,
-    request: RunRequest,
     template: TemplateChoice | None = None,
-    host_speed: DeviceSpeed | None = None,
-    gpu_speed: DeviceSpeed | None = None,
     model_path: str | None = None,
-    host_is_here: bool = True,
     detail: bool = True,
-    up_to_training: bool = False,
-    cap_at_training: bool = False,
-    users: int | None = None,
 ) -> SourceCheck:
-    """Plan ``source`` (``spec`` and ``summary`` of its header) on ``machine``: honour what the user set, solve for ``max``; serve with
-    ``template`` (None: :func:`default_template`); price the speed with ``host_speed`` (this CPU's calibration; ``host_is_here``: no
-    ``--ram``) and ``gpu_speed``. The command names ``model_path`` (default: ``source``, or a placeholder for a remote one). ``ctx`` is
-    tokens per slot (None: the most that fit). Without ``detail`` the plan leaves out what only a shown plan prints: the times to first
-    token and the q8_0 cache suggestion (a ranking of the catalog plans every entry, and shows a few). With ``up_to_training`` (no
-    --ctx given: ``ctx`` is the default) each slot gets at most the context the model was trained on; with ``cap_at_training``
-    (one model to serve) an explicit ``ctx`` past it too, as llama-server caps each slot there, and the plan says so. ``users``: the
-    concurrent users to price (:mod:`tierlocal.fit.concurrency`); with ``detail`` the table of :data:`USER_COUNTS` is priced too."""
+    """Plan ``source`` (``spec`` and ``summary`` of its header) as ``ask`` says on ``where``'s machine, priced with its
+    figures: honour what the user set, solve for ``max``; serve with ``template`` (None: :func:`default_template`). The
+    command names ``model_path`` (default: ``source``, or a placeholder for a remote one). Without ``detail`` the plan leaves
+    out what only a shown plan prints: the times to first token, the q8_0 cache suggestion and the users table (a ranking of
+    the catalog plans every entry, and shows a few); with it the table of :data:`USER_COUNTS` is priced too."""
+    request, machine, users = ask.request, where.machine, ask.users
     spec = _checked_pair(spec, request)
-    ctx, ctx_asked = _per_slot(ctx, spec.n_ctx_train, up_to_training=up_to_training, cap_at_training=cap_at_training)
-    base, reason = _base_request(request, ctx, parallel)
-    estimate, plan, machine, host_only = _plan_here(spec, base, machine, ctx, parallel, keep_gpu=bool(request.ngl))
+    ctx, ctx_asked = _per_slot(ask.ctx, spec.n_ctx_train, up_to_training=ask.up_to_training, cap_at_training=ask.cap_at_training)
+    base, reason = _base_request(request, ctx, ask.parallel)
+    estimate, plan, machine, host_only = _plan_here(spec, base, machine, ctx, ask.parallel, keep_gpu=bool(request.ngl))
     template = template or default_template(summary)
     model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
     memory, command = _memory_and_command(spec, estimate, machine, model_path, template, host_only=host_only)
-    speed, table = plan_speeds(spec, estimate, machine, host_speed, gpu_speed, detail=detail, users=users) if estimate else (None, ())
+    speed, table = plan_speeds(spec, estimate, machine, where.host_speed, where.gpu_speed, detail=detail, users=users) if estimate else (None, ())
     return SourceCheck(
         source=source,
         architecture=spec.architecture,
@@ -319,7 +299,7 @@ def check_model(
         unknown_state=spec.unknown_state,
         n_ctx_train=spec.n_ctx_train,
         ctx_asked=ctx_asked,
-        host_is_here=host_is_here,
+        host_is_here=where.host_is_here,
         users=table,
         users_asked=users,
     )

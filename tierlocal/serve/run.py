@@ -31,6 +31,7 @@ from ..gguf import ModelSummary, summarize
 from ..gpu_figures import machine_gpu_speed
 from ..hardware.detect import detect
 from ..hardware.override import with_gpu_override
+from ..plan.inputs import PlanAsk, PlanInputs
 from ..plan.machine import machine_for
 from ..plan.source import SourceCheck, check_model, parse_ctx, parse_parallel
 from ..plan.verify import verify_load
@@ -198,22 +199,17 @@ def plan_for(
         TierlocalError: it does not fit.
     """
     model = model or read_model(options.model)
-    check = check_model(
-        str(options.model),
-        model.spec,
-        model.summary,
-        machine,
-        ctx=parse_ctx(options.ctx) if options.ctx is not None else constants.DEFAULT_CTX,
+    ask = PlanAsk(
+        parse_ctx(options.ctx) if options.ctx is not None else constants.DEFAULT_CTX,
+        parse_parallel(options.slots),
+        options.run_request(request),
+        options.users,
         up_to_training=options.ctx is None,
         # llama-server (Ollama's runner too) caps each slot at the trained context, unless told to stretch RoPE past it
         cap_at_training=options.engine != "python" and not stretches_rope(options.engine_args),
-        parallel=parse_parallel(options.slots),
-        request=options.run_request(request),
-        template=template,
-        host_speed=host_speed,
-        gpu_speed=machine_gpu_speed(machine),
-        users=options.users,
     )
+    where = PlanInputs(machine, host_speed, machine_gpu_speed(machine))
+    check = check_model(str(options.model), model.spec, model.summary, where, ask, template=template)
     if check.estimate is None or not check.estimate.fits:
         raise TierlocalError(
             f"{options.model}: does not fit this machine as asked ({check.reason or 'no plan'}); nothing was started",
