@@ -293,6 +293,7 @@ def test_the_json_of_the_commands_that_need_no_engine_is_as_documented(sparse_qw
         ("check", ["check", "--gpu", "RTX 4090", "--ram", "64GiB"]),
         ("check", ["check", "--gpu", "none", "--ram", "16GiB"]),
         ("check-source", ["check", str(sparse_qwen3), "--gpu", "8GiB"]),
+        ("check-set", ["check", str(sparse_qwen3), "qwen3-0.6b:q8_0", "--gpu", "8GiB"]),
         ("inspect", ["inspect", str(sparse_qwen3)]),
         ("hw", ["hw"]),
         ("plan", ["plan", "kimi-k3"]),

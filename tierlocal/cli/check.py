@@ -29,15 +29,24 @@ from ..plan.speeds import most_users_at
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..serve.bench_users import measured_users
+from .check_set import plan_model_set
 from .common import gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
 from .recommend_view import render_catalog_recommendation
+from .set_view import render_set_plan
 from .source_view import render_source_check
 
 __all__ = ["check"]
 
 
 @click.command()
-@click.argument("source", required=False)
+@click.argument("sources", nargs=-1, metavar="[SOURCE]...")
+@click.option(
+    "--set",
+    "set_file",
+    metavar="FILE",
+    help="Plan a set of models together from a set file (TOML: each [[model]] with its source, role, ctx, parallel, pinned, idle_unload_s); "
+    "several SOURCEs are a quick set.",
+)
 @gpu_option
 @click.option(
     "--ctx",
@@ -115,7 +124,8 @@ __all__ = ["check"]
 @ram_options
 @json_option
 def check(
-    source: str | None,
+    sources: tuple[str, ...],
+    set_file: str | None,
     gpus: tuple[str, ...],
     ctx: str | None,
     parallel: str,
@@ -136,15 +146,13 @@ def check(
 ) -> None:
     """What fits this machine (or the one --gpu describes), and how to run it.
 
-    Without SOURCE (or with a catalog name): plan every entry of the built-in catalog
-    (recipes/models.toml, each quantisation's header kept in recipes/headers/) with the same
-    estimator as a file, offline, and rank them: the best with its per-device plan, every
-    other with why it lost; and say plainly which frontier models can never fit one machine.
+    Without SOURCE (or with a catalog name): plan every entry of the built-in catalog (recipes/models.toml, each quantisation's header
+    kept in recipes/headers/) with the same estimator as a file, offline, and rank them: the best with its per-device plan, every other
+    with why it lost; and say plainly which frontier models can never fit one machine.
 
-    With SOURCE (a GGUF path, URL or hf:// file — header only — or a catalog name): the
-    per-device estimate of weights, KV cache, compute and output buffers, the largest -ngl
-    that fits (or the one you give), --ctx max / --parallel max solved, the llama-server
-    command line and the Ollama settings.
+    With SOURCE (a GGUF path, URL or hf:// file — header only — or a catalog name): the per-device estimate of weights, KV cache,
+    compute and output buffers, the largest -ngl that fits (or the one you give), --ctx max / --parallel max solved, the llama-server
+    command line and the Ollama settings. With several SOURCEs, or --set FILE: the set planned together (docs/model-sets.md).
 
     \b
     Examples:
@@ -158,16 +166,17 @@ def check(
       tierlocal check ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal check kimi-k3
       tierlocal check --gpu "RTX 4090" --users 8 --min-speed 20
+      tierlocal check ./chat.gguf ./code.gguf --ram 32GiB
+      tierlocal check --set team.toml --gpu 24GiB
     """
     hardware = machine(gpus, ram, ram_bandwidth)
+    source = sources[0] if len(sources) == 1 else None
     named = find_model(source) if source is not None else []  # a catalog name: its quantisations
     if mmproj and (source is None or named):
         raise UsageError("--mmproj plans a projector beside one model", hint="give the model as SOURCE (a GGUF path, URL or hf:// file)")
-    request = _request(ngl, n_cpu_moe, cache_type_k, cache_type_v, flash_attn, ubatch, mmproj)
-    if users is not None and not _given("parallel"):
-        parallel = str(users)  # one slot per user unless --parallel says otherwise
-    if users is not None and users > 1:  # one batch for every user (llama-server's -kvu)
-        request = replace(request, kv_unified=True)
+    parallel, request = _for_users(users, parallel, _request(ngl, n_cpu_moe, cache_type_k, cache_type_v, flash_attn, ubatch, mmproj))
+    if len(sources) > 1 or set_file is not None:
+        return _check_set(sources, set_file, hardware, ctx, parallel, request, users, as_json)
     priced = partial(_with_cost, machine_for(hardware, load_host_defaults()), price_per_hour, api_price)
     if source is not None and not named:
         result = priced(_check_one_source(source, hardware, ctx, parallel, request, users, _slots_floor(parallel, choices["min_speed"])))
@@ -184,6 +193,31 @@ class CatalogChoices(TypedDict):
     prefer: str
     licence: str
     show_all: bool
+
+
+def _for_users(users: int | None, parallel: str, request: RunRequest) -> tuple[str, RunRequest]:
+    """``--users``: one slot per user unless --parallel says otherwise, and one batch for every
+    user (llama-server's -kvu)."""
+    if users is not None and not _given("parallel"):
+        parallel = str(users)
+    return parallel, replace(request, kv_unified=True) if users is not None and users > 1 else request
+
+
+def _check_set(
+    sources: tuple[str, ...],
+    set_file: str | None,
+    hardware: Hardware,
+    ctx: str | None,
+    parallel: str,
+    request: RunRequest,
+    users: int | None,
+    as_json: bool,
+) -> None:
+    """``check A B C`` / ``check --set FILE``: the joint plan of a model set."""
+    tokens = parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX
+    default = PlanAsk(tokens, parse_parallel(parallel), request, users, up_to_training=ctx is None)
+    plan, settings = plan_model_set(sources, set_file, hardware, replace(default, cap_at_training=True))
+    print_json(plan.to_json()) if as_json else render_set_plan(plan, settings)
 
 
 def _request(

@@ -1,0 +1,90 @@
+"""``tierlocal check A B C`` and ``check --set FILE``: a set of models planned together on this
+machine (or the one --gpu/--ram describe) — :func:`tierlocal.plan.model_set.plan_set` — as a
+table or ``--json``."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ..catalog import ModelEntry, find_model, load_host_defaults
+from ..errors import UsageError
+from ..fit.model import ModelSpec, model_spec
+from ..gguf import ModelSummary, summarize
+from ..hardware.types import Hardware
+from ..inputs_here import plan_inputs
+from ..plan.inputs import PlanAsk
+from ..plan.machine import machine_for
+from ..plan.model_set import SetMember, SetPlan, plan_set
+from ..plan.set_file import SetSettings, members_from_sources, parse_set_file
+from ..planning_cache import catalog_models
+from ..recommendation import engine_version
+
+__all__ = ["plan_model_set", "read_set_file"]
+
+#: The most a set file may hold (bytes): a few dozen members' lines.
+_MAX_SET_FILE_BYTES = 1 << 20
+
+
+def read_set_file(path: str, default: PlanAsk) -> tuple[list[SetMember], SetSettings]:
+    """The members and settings of the set file at ``path`` (:mod:`tierlocal.plan.set_file`).
+
+    Raises:
+        UsageError: it cannot be read, is not TOML, or says something a set cannot be.
+    """
+    file = Path(path)
+    try:
+        if file.stat().st_size > _MAX_SET_FILE_BYTES:
+            raise UsageError(f"{path}: a set file of more than {_MAX_SET_FILE_BYTES} bytes", hint="a set file lists a few [[model]] tables")
+        document = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it ({exc.strerror or exc})", hint="give the path of a set file (TOML)") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not a TOML file ({exc})", hint="see docs/model-sets.md for the format") from exc
+    return parse_set_file(document, default, path)
+
+
+def plan_model_set(sources: tuple[str, ...], set_file: str | None, hardware: Hardware, default: PlanAsk) -> tuple[SetPlan, SetSettings]:
+    """The joint plan of ``sources`` (or of ``set_file``'s members), each asked ``default``
+    where it says nothing, on ``hardware``.
+
+    Raises:
+        UsageError: a member is neither a GGUF source nor a catalog model, or the set is malformed.
+    """
+    if set_file is not None and sources:
+        raise UsageError("give the set's models as SOURCES or in --set FILE, not both", hint="list every member in the set file")
+    members, settings = read_set_file(set_file, default) if set_file is not None else (members_from_sources(list(sources), default), SetSettings())
+    machine = machine_for(hardware, load_host_defaults())
+    where = plan_inputs(machine, engine_version(), host_is_here=not hardware.ram_overridden)
+    headed = [(member, *_header(member.source, machine.max_tensor_bytes is None)) for member in members]
+    try:
+        return plan_set(headed, where), settings
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="give each member its own name") from exc
+
+
+def _header(source: str, from_digests: bool) -> tuple[ModelSpec, ModelSummary, str]:
+    """A member's spec and summary from its header, and the path its command names."""
+    from ..fetch.sources import read_headers  # the hub's client loads only when a file is read
+
+    entry = _catalog_entry(source)
+    if entry is not None:
+        spec, summary = catalog_models([entry], from_digests=from_digests)[entry.key]
+        return spec, summary, f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>"
+    if "/" not in source and not source.endswith(".gguf"):
+        raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint="see `tierlocal catalog list`, or give a path or hf:// file")
+    headers = read_headers(source)
+    remote = source.startswith(("http://", "https://", "hf://"))
+    return model_spec(headers), summarize(headers), "<path after tierlocal pull>" if remote else source
+
+
+def _catalog_entry(source: str) -> ModelEntry | None:
+    """The catalog entry a member names: ``family:quant`` exactly, or a family at Q4_K_M where
+    it has one, else its smallest file (a set plans its members as named, with no ranking)."""
+    if "/" in source or source.endswith(".gguf"):
+        return None
+    entries = [entry for entry in find_model(source) if entry.header_file is not None]
+    if not entries:
+        return None
+    preferred = [entry for entry in entries if entry.quant.upper() == "Q4_K_M"]
+    return (preferred or sorted(entries, key=lambda entry: entry.file_bytes))[0]
