@@ -297,4 +297,3 @@ def _less(machine: Machine, taken: tuple[int, ...]) -> Machine:
 def _added(*vectors: tuple[int, ...]) -> tuple[int, ...]:
     """Bytes per device, summed."""
     return tuple(sum(values) for values in zip(*vectors, strict=True))
-
