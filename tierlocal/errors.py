@@ -10,7 +10,8 @@ The tree::
     ├── CatalogError               recipes/ data that is missing or malformed
     ├── EngineError                an engine binary that cannot be run, built or used
     │   ├── EngineFailed           the engine died, or never became healthy
-    │   │   └── AllocationFailed   it could not allocate a buffer while loading
+    │   │   ├── AllocationFailed   it could not allocate a buffer while loading
+    │   │   └── MemberLoadFailed  a model set's member did not load (or broke its plan)
     │   └── CalibrationFailed      its timings here do not determine the speed figures
     ├── DownloadError              a download that could not finish
     │   ├── PartialDownload        the connection kept failing; the bytes so far are kept
@@ -45,6 +46,7 @@ __all__ = [
     "EngineError",
     "EngineFailed",
     "AllocationFailed",
+    "MemberLoadFailed",
     "DownloadError",
     "PartialDownload",
     "DiskFullError",
@@ -125,6 +127,10 @@ class AllocationFailed(EngineFailed):
     def __init__(self, message: str, report: object, *, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.report = report
+
+
+class MemberLoadFailed(EngineFailed):
+    """A member of a served model set did not load, or its load broke the set's plan."""
 
 
 class DownloadError(TierlocalError):

@@ -48,6 +48,8 @@ class SparseArch:
     conv_l_cache: int = 0
     #: tokenizer.chat_template (None: the file has none).
     chat_template: str | None = None
+    #: Byte tokens in the vocabulary, so the file takes text (a chat request) and not only token ids.
+    text_vocab: bool = False
     #: Qwen3-Next gated delta nets: (d_conv, key heads, value heads, head size, full-attention
     #: interval); every interval-th block is full attention, the others delta nets.
     gated_delta_net: tuple[int, int, int, int, int] | None = None
@@ -1228,7 +1230,7 @@ def write_sparse_gguf(
         if key.endswith("rope.freq_base"):
             continue
         (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)  # type: ignore[operator]
-    add_placeholder_vocab(writer, spec.n_vocab)
+    add_placeholder_vocab(writer, spec.n_vocab, text=spec.text_vocab)
     if spec.chat_template is not None:
         writer.add_chat_template(spec.chat_template)
     tensors = [(name, shape, (retype or {}).get(name, qtype)) for name, shape, qtype in _tensors(spec)]

@@ -29,7 +29,7 @@ from ..plan.speeds import most_users_at
 from ..recommendation import catalog_recommendation, engine_version
 from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
 from ..serve.bench_users import measured_users
-from .check_set import plan_model_set
+from ..serve.set_plan import plan_model_set
 from .common import gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
 from .recommend_view import render_catalog_recommendation
 from .set_view import render_set_plan

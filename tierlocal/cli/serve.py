@@ -17,14 +17,23 @@ from ..serve import ENGINES
 from ..serve import serve as run_serve
 from ..serve.state import ServeState, running_servers, starting_servers
 from .common import console, machine, ollama_port, print_json, serve_options, serve_options_from
+from .serve_set import serve_set, set_sources
 from .users_view import users_table_view
 
 __all__ = ["serve", "status"]
 
 
 @click.command()
-@click.argument("source")
-@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- LLAMA_SERVER_OPTIONS...]")
+@click.argument("source", required=False)
+@click.argument("engine_args", nargs=-1, type=click.UNPROCESSED, metavar="[SOURCE]... [-- LLAMA_SERVER_OPTIONS...]")
+@click.option(
+    "--set",
+    "set_file",
+    metavar="FILE",
+    help="Serve a set of models planned together from a set file (docs/model-sets.md); several SOURCEs are a quick set. One endpoint: the "
+    "request's model chooses the member; members load on demand and unload by bytes.",
+)
+@click.option("--ram", metavar="SIZE", help="With a set: the RAM the set may use (32GiB), instead of what is available here.")
 @click.option(
     "--engine",
     type=click.Choice(ENGINES),
@@ -42,7 +51,9 @@ __all__ = ["serve", "status"]
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
 @click.option("--json", "as_json", is_flag=True, help="Once ready, print the plan, what llama.cpp did and the delta as one JSON object.")
 def serve(
-    source: str,
+    source: str | None,
+    set_file: str | None,
+    ram: str | None,
     engine: str,
     ollama_binary: str | None,
     engine_args: tuple[str, ...],
@@ -68,11 +79,15 @@ def serve(
       tierlocal serve ./model.gguf --flash-attn off -- --temp 0.7 --no-webui
       tierlocal serve ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
+      tierlocal serve ./chat.gguf ./code.gguf --ram 16GiB       # a set: one endpoint, loaded on demand
+      tierlocal serve --set team.toml --port 8080
     """
-    if served.get("mmproj") is not None and engine != "llama-server":
-        raise UsageError(
-            f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
+    if set_sources(source, engine_args) or set_file is not None:
+        serve_set(
+            source, engine_args, set_file, served, engine=engine, ram=ram, pull=pull, load_timeout=load_timeout, threads=threads, as_json=as_json
         )
+        return
+    source = _one_model(source, ram, engine, served)
     ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
     # A catalog name is planned for this machine (as --gpu describes it): detected only then.
     model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens)
@@ -91,6 +106,23 @@ def serve(
     code = run_serve(options, say=_say, on_ready=_on_ready(as_json, _render_ollama if engine == "ollama" else _render_status))
     if code:
         sys.exit(code)
+
+
+def _one_model(source: str | None, ram: str | None, engine: str, served: dict[str, Any]) -> str:
+    """SOURCE, once the options make sense for one model.
+
+    Raises:
+        UsageError: no SOURCE, --ram (a set's budget), or --mmproj for an engine other than llama-server.
+    """
+    if source is None:
+        raise UsageError("give a SOURCE to serve, or --set FILE", hint="tierlocal serve ./model.gguf")
+    if ram is not None:
+        raise UsageError("--ram is the budget of a set", hint="serve one model with the memory this machine has, or give several SOURCEs")
+    if served.get("mmproj") is not None and engine != "llama-server":
+        raise UsageError(
+            f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
+        )
+    return source
 
 
 def _say(message: str) -> None:

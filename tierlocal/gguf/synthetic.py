@@ -154,13 +154,22 @@ def finish_with_tensors(writer: GGUFWriter, path: Path, tensors: Iterable[tuple[
     return finish_sparse(writer, path, data_bytes)
 
 
-def add_placeholder_vocab(writer: GGUFWriter, n_vocab: int) -> None:
+#: SentencePiece's token type of a byte token (``<0x0A>``): the fallback for any text.
+_BYTE_TOKEN_TYPE = 6
+
+
+def add_placeholder_vocab(writer: GGUFWriter, n_vocab: int, *, text: bool = False) -> None:
     """A SentencePiece-style vocabulary of ``n_vocab`` placeholder tokens (ids 1 and 2 BOS and
-    EOS): what llama.cpp needs to load a model that is only ever fed token ids."""
+    EOS): what llama.cpp needs to load a model that is only ever fed token ids. With ``text``,
+    ids 3 to 258 are the 256 byte tokens, so any text (a chat request) tokenizes byte by byte."""
     writer.add_string("tokenizer.ggml.model", "llama")
-    writer.add_token_list([f"<p{i}>" for i in range(n_vocab)])
+    tokens, types = [f"<p{i}>" for i in range(n_vocab)], [1] * n_vocab
+    if text and n_vocab > 259:
+        tokens[3:259] = [f"<0x{byte:02X}>" for byte in range(256)]
+        types[3:259] = [_BYTE_TOKEN_TYPE] * 256
+    writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * n_vocab)
-    writer.add_token_types([1] * n_vocab)
+    writer.add_token_types(types)
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
 

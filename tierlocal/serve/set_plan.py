@@ -1,10 +1,12 @@
-"""``tierlocal check A B C`` and ``check --set FILE``: a set of models planned together on this
-machine (or the one --gpu/--ram describe) — :func:`tierlocal.plan.model_set.plan_set` — as a
-table or ``--json``."""
+"""A set of models planned together on this machine (or the one --gpu/--ram describe), from the
+members' headers: :func:`tierlocal.plan.model_set.plan_set` for ``tierlocal check A B C`` /
+``check --set FILE`` (headers only) and for ``tierlocal serve`` of a set (local files)."""
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ..catalog import ModelEntry, find_model, load_host_defaults
@@ -20,7 +22,7 @@ from ..plan.set_file import SetSettings, members_from_sources, parse_set_file
 from ..planning_cache import catalog_models
 from ..recommendation import engine_version
 
-__all__ = ["plan_model_set", "read_set_file"]
+__all__ = ["member_source", "plan_model_set", "read_set_file"]
 
 #: The most a set file may hold (bytes): a few dozen members' lines.
 _MAX_SET_FILE_BYTES = 1 << 20
@@ -44,9 +46,12 @@ def read_set_file(path: str, default: PlanAsk) -> tuple[list[SetMember], SetSett
     return parse_set_file(document, default, path)
 
 
-def plan_model_set(sources: tuple[str, ...], set_file: str | None, hardware: Hardware, default: PlanAsk) -> tuple[SetPlan, SetSettings]:
+def plan_model_set(
+    sources: tuple[str, ...], set_file: str | None, hardware: Hardware, default: PlanAsk, *, local: Callable[[str], Path] | None = None
+) -> tuple[SetPlan, SetSettings]:
     """The joint plan of ``sources`` (or of ``set_file``'s members), each asked ``default``
-    where it says nothing, on ``hardware``.
+    where it says nothing, on ``hardware``; with ``local``, each member's source is first made a
+    local file by it (serve: the path its command names).
 
     Raises:
         UsageError: a member is neither a GGUF source nor a catalog model, or the set is malformed.
@@ -56,6 +61,8 @@ def plan_model_set(sources: tuple[str, ...], set_file: str | None, hardware: Har
     members, settings = read_set_file(set_file, default) if set_file is not None else (members_from_sources(list(sources), default), SetSettings())
     machine = machine_for(hardware, load_host_defaults())
     where = plan_inputs(machine, engine_version(), host_is_here=not hardware.ram_overridden)
+    if local is not None:
+        members = [replace(member, source=str(local(member_source(member.source)))) for member in members]
     headed = [(member, *_header(member.source, machine.max_tensor_bytes is None)) for member in members]
     try:
         return plan_set(headed, where), settings
@@ -76,6 +83,13 @@ def _header(source: str, from_digests: bool) -> tuple[ModelSpec, ModelSummary, s
     headers = read_headers(source)
     remote = source.startswith(("http://", "https://", "hf://"))
     return model_spec(headers), summarize(headers), "<path after tierlocal pull>" if remote else source
+
+
+def member_source(source: str) -> str:
+    """What a member's source is fetched or served as: a catalog family becomes the entry the
+    set plans (``family:quant``), anything else is itself."""
+    entry = _catalog_entry(source)
+    return entry.key if entry is not None else source
 
 
 def _catalog_entry(source: str) -> ModelEntry | None:
