@@ -24,6 +24,7 @@ import pytest
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
+from tests.support.doc_json import assert_documented
 from tests.support.engines import first_json_document, free_port, process_gone
 from tests.support.sparse_models import LFM2_1_2B, QWEN3_1_7B, write_sparse_gguf
 
@@ -113,6 +114,7 @@ def test_a_set_loads_each_member_on_demand_and_unloads_the_least_recently_used_w
     ram, planned, budget = _two_of_three_ram(models)
     with _serving(assets, *map(str, models), "--ctx", CTX, "--ram", ram) as (process, ready, memory):
         url = str(ready["url"])
+        assert_documented("set-status", ready)
         assert [m["state"] for m in ready["members"]] == ["unloaded"] * 3  # type: ignore[index]
         listed = httpx.get(f"{url}/v1/models", timeout=10).json()["data"]
         assert [m["id"] for m in listed] == [gemma.stem, QWEN, LFM]
@@ -122,6 +124,10 @@ def test_a_set_loads_each_member_on_demand_and_unloads_the_least_recently_used_w
             assert answer.model == name and answer.choices[0].message.content is not None
         events = _loads_and_unloads(url)
         state = _set(url)
+        shown = run_cli("status", "--port", url.rsplit(":", 1)[1], "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert_documented("set-status", json.loads(shown.stdout))
+        assert [m["state"] for m in json.loads(shown.stdout)["members"]] == ["loaded", "unloaded", "loaded"]
         engines = list(psutil.Process(process.pid).children(recursive=True))
         process.send_signal(signal.SIGKILL)  # the supervisor dies without a word: no engine stays
         assert all(process_gone(p.pid) for p in engines), [p.pid for p in engines if p.is_running()]

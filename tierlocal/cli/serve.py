@@ -15,9 +15,9 @@ from ..fit.concurrency import UsersSpeed
 from ..resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
-from ..serve.state import ServeState, running_servers, starting_servers
+from ..serve.state import ServeState, running_servers, running_sets, starting_servers
 from .common import console, machine, ollama_port, print_json, serve_options, serve_options_from
-from .serve_set import serve_set, set_sources
+from .serve_set import render_sets, serve_set, set_sources
 from .users_view import users_table_view
 
 __all__ = ["serve", "status"]
@@ -195,8 +195,15 @@ def _render_users_planned(state: ServeState) -> None:
 )
 def status(port: int | None, live: bool, window_s: float, as_json: bool) -> None:
     """Show the running `tierlocal serve` (each of them, without --port): its plan, what llama.cpp
-    did, and the delta."""
+    did, and the delta; a served model set: each member's state, bytes and last use."""
+    sets = running_sets(port) if not live else []
+    if sets and (port is not None or not as_json):
+        render_sets(sets, as_json=as_json)
+        if port is not None or as_json:
+            return
     running = running_servers(port)
+    if not running and sets:
+        return
     if not running:
         starting = starting_servers(port)
         if starting:

@@ -4,6 +4,7 @@ one endpoint (:mod:`tierlocal.serve.set_run`)."""
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,7 @@ def serve_set(
 
 def _ready(snapshot: dict[str, Any], how: SetServe, as_json: bool) -> None:
     if as_json:
-        print_json({"url": f"http://{how.host}:{how.port}", **snapshot})
+        print_json({"url": f"http://{how.host}:{how.port}", "pid": os.getpid(), **snapshot})
         sys.stdout.flush()
         return
     click.echo(f"serving a set of {len(snapshot['members'])} models at http://{how.host}:{how.port}/v1 (the request's model chooses)")
@@ -106,3 +107,32 @@ def _ready(snapshot: dict[str, Any], how: SetServe, as_json: bool) -> None:
 
 def _say(message: str) -> None:
     click.echo(message, err=True)
+
+
+def render_sets(sets: list[dict[str, Any]], *, as_json: bool) -> None:
+    """``tierlocal status`` of served model sets: the one object with ``--json`` (``--port``), else
+    a line per member."""
+    if as_json:
+        print_json(sets[0])
+        return
+    for state in sets:
+        devices = list(state.get("devices") or [])
+        held = ", ".join(f"{d} {format_bytes(b)}" for d, b in zip(devices, state.get("resident_bytes") or [], strict=False))
+        budget = ", ".join(f"{d} {format_bytes(b)}" for d, b in zip(devices, state.get("budget_bytes") or [], strict=False))
+        click.echo(f"model set at {state.get('url')} (pid {state.get('pid')}): resident {held} of {budget}")
+        for member in state.get("members") or []:
+            click.echo("  " + _member_line(member, devices))
+        click.echo("")
+
+
+def _member_line(member: dict[str, Any], devices: list[str]) -> str:
+    planned = ", ".join(f"{d} {format_bytes(b)}" for d, b in zip(devices, member.get("planned_bytes") or [], strict=False))
+    parts = [f"{member.get('name')}: {member.get('state')}{' (pinned)' if member.get('pinned') else ''}", f"plans {planned}"]
+    if member.get("state") == "loaded":
+        parts.append(f"{member.get('in_flight')} in flight, idle {member.get('idle_s')} s")
+        if member.get("unloads_in_s") is not None:
+            parts.append(f"unloads in {member.get('unloads_in_s')} s")
+    parts.append(f"{member.get('loads')} load(s)")
+    if member.get("error"):
+        parts.append(f"last error: {member.get('error')}")
+    return "; ".join(parts)

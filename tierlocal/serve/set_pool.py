@@ -92,6 +92,8 @@ class SetPool:
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self.counts: collections.Counter[str] = collections.Counter()
         self.started = time.time()
+        #: Called after every event, with the pool's lock held (re-entrant): the state file is written then.
+        self.on_change: Callable[[], None] | None = None
         self._loads: queue.Queue[tuple[Member, list[Member]]] = queue.Queue()
         self._loader = threading.Thread(target=self._load_each, name="set-loader", daemon=True)
         self._loader.start()
@@ -241,7 +243,8 @@ class SetPool:
         for victim in victims:
             self._unload(victim, "memory", for_member=member.name)
         port = _free_port()
-        self._event("load_start", member.name, port=port, resident_bytes=list(self.resident_bytes()))
+        with self._cond:
+            self._event("load_start", member.name, port=port, resident_bytes=list(self._held()))
         started = time.monotonic()
         log = self._log_dir / f"set-member-{member.name}-{port}.log"
         child = start_child(self._argv_for(member.plan, port), log)
@@ -298,6 +301,8 @@ class SetPool:
     def _event(self, kind: str, name: str, **details: object) -> None:
         self.counts[kind] += 1
         self.events.append({"time": round(time.time(), 3), "event": kind, "member": name, **details})
+        if self.on_change is not None:
+            self.on_change()
 
 
 def _idle_past(member: Member, now: float) -> bool:

@@ -15,6 +15,7 @@ idle unload — against its plan exactly as one serve does, with the same no-orp
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from ..plan.model_set import MemberPlan, SetPlan
 from ..plan.set_file import SetSettings
 from .set_front import set_app
 from .set_pool import SetPool
+from .state import set_state_path, write_set_state
 from .systemd import notify
 
 __all__ = ["SetServe", "member_argv", "run_set"]
@@ -92,12 +94,14 @@ async def _serve(pool: SetPool, settings: SetSettings, how: SetServe, say: Calla
         loop.add_signal_handler(sig, stop.set)
     runner = web.AppRunner(set_app(pool, load_wait_s=settings.load_wait_s, api_keys=how.api_keys), access_log=None)
     await runner.setup()
+    pool.on_change = lambda: _write_state(pool, how)
     try:
         await web.TCPSite(runner, how.host, how.port).start()
         pinned = [m.name for m in pool.members.values() if m.plan.member.pinned]
         if pinned:
             say(f"loading the pinned member(s) {', '.join(pinned)}")
             await asyncio.to_thread(pool.load_pinned)
+        _write_state(pool, how)
         on_ready(pool.snapshot())
         notify("READY=1", f"STATUS=serving a set of {len(pool.members)} models on {how.host}:{how.port}")
         while not stop.is_set():
@@ -105,11 +109,19 @@ async def _serve(pool: SetPool, settings: SetSettings, how: SetServe, say: Calla
                 await asyncio.wait_for(stop.wait(), _IDLE_CHECK_S)
             except TimeoutError:
                 await asyncio.to_thread(pool.unload_idle)
+                _write_state(pool, how)
         say("stopping the set")
         return 0
     finally:
         await runner.cleanup()
         await asyncio.to_thread(pool.stop_all)
+        pool.on_change = None
+        set_state_path(how.port).unlink(missing_ok=True)
+
+
+def _write_state(pool: SetPool, how: SetServe) -> None:
+    """The set as ``tierlocal status`` reads it (every second, while it serves)."""
+    write_set_state(how.port, {"url": f"http://{how.host}:{how.port}", "pid": os.getpid(), **pool.snapshot()})
 
 
 def read_keys(path: Path | None) -> frozenset[str]:

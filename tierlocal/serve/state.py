@@ -22,6 +22,9 @@ __all__ = [
     "clear_state",
     "running_servers",
     "starting_servers",
+    "set_state_path",
+    "write_set_state",
+    "running_sets",
     "MAX_STATE_BYTES",
     "MAX_SERVERS",
 ]
@@ -227,6 +230,25 @@ def running_servers(port: int | None = None) -> list[ServeState]:
 def starting_servers(port: int | None = None) -> list[dict[str, object]]:
     """Servers still starting (``url``, ``pid``, ``phase``) whose process is alive."""
     return _alive(starting_path(port) if port is not None else None, "starting-*.json")
+
+
+def set_state_path(port: int) -> Path:
+    """The state file of the model set served on ``port``."""
+    return constants.run_dir() / f"set-{port}.json"
+
+
+def write_set_state(port: int, payload: dict[str, object]) -> None:
+    """What the model set on ``port`` is doing now (``pid`` and ``url`` among it), replaced whole."""
+    path = set_state_path(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(payload))
+    os.replace(temporary, path)
+
+
+def running_sets(port: int | None = None) -> list[dict[str, object]]:
+    """The state of every model set whose supervisor is alive (the one on ``port``, if given)."""
+    return _alive(set_state_path(port) if port is not None else None, "set-*.json")
 
 
 def _alive(path: Path | None, pattern: str) -> list[dict[str, object]]:
