@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.doc_json import assert_documented
 from tests.support.engines import first_json_document, free_port, process_gone
+from tests.support.gatewayrun import gateway
 from tests.support.sparse_models import LFM2_1_2B, QWEN3_1_7B, write_sparse_gguf
 
 pytestmark = pytest.mark.engines
@@ -200,3 +202,46 @@ def _ask_while_it_loads(url: str, name: str) -> None:
     answered = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
     assert answered.status_code == 200, answered.text
     assert answered.json()["model"] == name
+
+
+def test_an_embeddings_member_answers_through_the_gateway_and_a_loading_member_spills_to_the_next_target(
+    tmp_path: Path, assets: Assets, gemma: Path
+) -> None:
+    """The Gemma file twice — pinned for chat, pinned for embeddings — and a sparse Qwen3 on
+    demand; a gateway in front: embeddings with the real openai client, and a request for Qwen
+    while it loads (the set waits 0.5 s) goes to the route's next target, the chat member."""
+    qwen = write_sparse_gguf(tmp_path / f"{QWEN}.gguf", replace(QWEN3_1_7B, text_vocab=True))
+    set_file = tmp_path / "team.toml"
+    set_file.write_text(
+        "[set]\nload_wait_s = 0.5\n\n"
+        f'[[model]]\nname = "chat"\nsource = "{gemma}"\npinned = true\n\n'
+        f'[[model]]\nname = "embed"\nsource = "{gemma}"\nrole = "embeddings"\npinned = true\n\n'
+        f'[[model]]\nname = "qwen"\nsource = "{qwen}"\n'
+    )
+    with _serving(assets, "--set", str(set_file), "--ctx", "1024") as (_process, ready, _memory):
+        url = str(ready["url"])
+        body = (
+            f'[[routes]]\nmodel = "embed"\ntargets = [ {{ url = "{url}/v1", model = "embed" }} ]\n\n'
+            f'[[routes]]\nmodel = "ask"\ntargets = [ {{ url = "{url}/v1", model = "qwen" }}, {{ url = "{url}/v1", model = "chat" }} ]\n'
+        )
+        (tmp_path / "gw").mkdir()
+        with gateway(tmp_path / "gw", body) as gw:
+            api = openai.OpenAI(base_url=gw.url, api_key=gw.key, max_retries=0, timeout=60)
+            vectors = api.embeddings.create(model="embed", input=["The cat sat.", "Stock prices fell."])
+            first, second = (item.embedding for item in vectors.data)
+            assert len(first) == len(second) == 640 and first != second  # Gemma 3 270M's width
+            answer = api.chat.completions.create(model="ask", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
+            assert answer.choices[0].message.content is not None
+            with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
+                reasons = [row[0] for row in db.execute("SELECT fallback_reason FROM usage ORDER BY id")]
+        assert reasons == [None, "unavailable"]  # the embeddings answered first time; the chat spilled
+        counts = _set(url)["counts"]
+        assert counts["wait_exceeded"] == 1
+        embed_plan = next(m for m in ready["members"] if m["name"] == "embed")  # type: ignore[union-attr]
+        chat_plan = next(m for m in ready["members"] if m["name"] == "chat")  # type: ignore[union-attr]
+        # An embeddings server outputs every token of a micro-batch: llama.cpp reserved a 514.5 MiB
+        # compute buffer for Gemma 3 270M with --embeddings against 21.8 MiB for chat (this build,
+        # -c 2048 -np 4, 2026-12-06); the plan counts it, and the member's serve found it held.
+        assert embed_plan["planned_bytes"][-1] - chat_plan["planned_bytes"][-1] > 450 * 2**20
+        embed_log = next((tmp_path / "tierlocal-home" / "run").glob("set-member-embed-*.log")).read_text()
+        assert "answered a first short embeddings request" in embed_log and "plan held" in embed_log

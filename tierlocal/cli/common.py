@@ -157,6 +157,16 @@ def planning_options(command: _F) -> _F:
     return command
 
 
+role_option = click.option(
+    "--role",
+    type=click.Choice(("chat", "code", "embeddings", "rerank")),
+    default="chat",
+    show_default=True,
+    help="What the model serves: chat (or code); embeddings (/v1/embeddings, llama-server's --embeddings) or rerank (/v1/rerank, --reranking), "
+    "planned with every token of a micro-batch as an output, as llama-server runs them.",
+)
+
+
 def serve_options(command: _F) -> _F:
     """The options `serve` and `service install serve` share (one definition, no drift)."""
     for option in reversed(
@@ -208,6 +218,7 @@ def serve_options(command: _F) -> _F:
                 help="The prompt format: one of llama-server's built-in templates (gemma, llama3, chatml, … see llama-server --help) or a Jinja "
                 "file. Default: the model's own; without one, the built-in for its architecture.",
             ),
+            role_option,
         ]
     ):
         command = option(command)
@@ -240,6 +251,7 @@ SERVE_OPTION_FIELDS = (
     "flash_attn",
     "ubatch",
     "mmproj",
+    "role",
 )
 
 
@@ -276,4 +288,5 @@ def serve_argv(options: ServeOptions) -> list[str]:
     args += ["--flash-attn", options.flash_attn] if options.flash_attn != "auto" else []
     args += ["--ubatch", str(options.ubatch)] if options.ubatch != constants.DEFAULT_UBATCH else []
     args += ["--mmproj", str(options.mmproj.resolve())] if options.mmproj is not None else []
+    args += ["--role", options.role] if options.role != "chat" else []
     return args

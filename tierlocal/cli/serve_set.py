@@ -56,6 +56,8 @@ def serve_set(
     sources = more or ((source,) if source else ())
     if engine != "llama-server" or engine_args[max(len(more) - 1, 0) :]:
         raise UsageError("a set is served with llama-server, with no options after --", hint="drop --engine and the options after --")
+    if served.get("role", "chat") != "chat":
+        raise UsageError("a set gives each member its role in its set file", hint='role = "embeddings" in the member\'s [[model]] table')
     for option, value in (("--mmproj", served.get("mmproj")), ("--chat-template", served.get("chat_template"))):
         if value is not None:
             raise UsageError(f"{option} is for one model, not a set", hint="serve that model alone, or leave the option out")

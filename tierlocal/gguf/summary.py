@@ -50,6 +50,9 @@ class ModelSummary:
     #: tokenizer.ggml.model and tokenizer.ggml.pre (``gpt2`` / ``llama-bpe`` for Llama 3).
     tokenizer_model: str | None = None
     tokenizer_pre: str | None = None
+    #: ``<arch>.pooling_type`` (llama.cpp's: 0 none, 1 mean, 2 cls, 3 last, 4 rank); None: unset,
+    #: as in a generation model's file.
+    pooling_type: int | None = None
 
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json`` (stable key names, sizes in bytes)."""
@@ -197,4 +200,5 @@ def summarize(headers: Sequence[GGUFHeader]) -> ModelSummary:
         chat_template=chat_template_info(headers),
         tokenizer_model=tokenizer_model if isinstance(tokenizer_model, str) else None,
         tokenizer_pre=tokenizer_pre if isinstance(tokenizer_pre, str) else None,
+        pooling_type=_as_int(_arch_value(metadata, arch, Keys.LLM.POOLING_TYPE)),
     )

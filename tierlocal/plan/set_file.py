@@ -108,6 +108,8 @@ def _member(entry: object, default: PlanAsk, where: str) -> SetMember:
         parallel=_count(entry, "parallel", _MAX_SLOTS, where) or default.parallel,
         users=_count(entry, "users", _MAX_SLOTS, where) or default.users,
     )
+    if role in ("embeddings", "rerank"):  # llama-server outputs every token of a micro-batch then (--embeddings, --reranking)
+        ask = replace(ask, request=replace(ask.request, all_outputs=True))
     pinned = entry.get("pinned", False)
     if not isinstance(pinned, bool):
         raise UsageError(f"{where}: 'pinned' must be true or false", hint="pinned = true keeps it loaded")

@@ -36,6 +36,10 @@ def serve(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
         raise UsageError(
             f"options after -- ({' '.join(options.engine_args)}) go to llama-server only", hint="drop them, or use --engine llama-server"
         )
+    if options.role in ("embeddings", "rerank") and options.engine != "llama-server":
+        from ..errors import UsageError
+
+        raise UsageError(f"--role {options.role} is served by llama-server only", hint="drop --engine, or serve it with --engine llama-server")
     from .port import check_port_free
 
     check_port_free(options.host, options.port, other_listener_ok=options.engine == "ollama")  # before any file of the port is touched

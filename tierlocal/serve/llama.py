@@ -119,7 +119,7 @@ def _run_once(session: ServeSession, binary: Path, flags: EngineFlags, key_file:
         api_key_file=key_file,
         threads=options.threads,
         template_args=check.template.engine_args,
-        engine_args=options.engine_args,
+        engine_args=(*role_args(options, session.model.summary.pooling_type), *options.engine_args),
         cache_ram_bytes=check.host_memory[0].grows_by_bytes if check.host_memory else None,
     )
     key = key_file.read_text().split()[0] if key_file is not None else None
@@ -174,3 +174,15 @@ def _replan_for_free_memory(session: ServeSession, failed: AllocationFailed) -> 
         f"instead of {planned.request.ngl}"
     )
     return replace(session, machine=smaller, check=check), change
+
+
+def role_args(options: ServeOptions, pooling_type: int | None) -> tuple[str, ...]:
+    """The llama-server options that make it serve ``options.role``: a file that names no pooling
+    (a generation model's, ``pooling_type`` None or 0) is pooled by the mean of its tokens, since
+    llama-server's OpenAI embeddings refuse none — unless ``--pooling`` is given after ``--``."""
+    if options.role == "rerank":
+        return ("--reranking",)
+    if options.role != "embeddings":
+        return ()
+    pooled = bool(pooling_type) or "--pooling" in options.engine_args
+    return ("--embeddings",) if pooled else ("--embeddings", "--pooling", "mean")

@@ -40,18 +40,29 @@ def _how_it_ended(child: EngineChild, wait_s: float = 3.0) -> str | None:
     return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
-def first_answer(engine: str, url: str, child: EngineChild, planned: RunEstimate, log: str, *, headers: dict[str, str] | None = None) -> float:
-    """Send one short chat to the engine at ``url``; returns the seconds it took.
+#: The first request for each role other than chat: (path, body).
+_ROLE_PROBES = {
+    "embeddings": ("/v1/embeddings", {"input": PROBE_MESSAGE}),
+    "rerank": ("/v1/rerank", {"query": PROBE_MESSAGE, "documents": [PROBE_MESSAGE, "another document"]}),
+}
+
+
+def first_answer(
+    engine: str, url: str, child: EngineChild, planned: RunEstimate, log: str, *, headers: dict[str, str] | None = None, role: str = "chat"
+) -> float:
+    """Send one short chat (for an embeddings or rerank server, one short request of its kind) to
+    the engine at ``url``; returns the seconds it took.
 
     Raises:
         EngineFailed: the engine died or answered with an error (it is stopped first).
     """
     notify(f"EXTEND_TIMEOUT_USEC={int(constants.FIRST_ANSWER_TIMEOUT_S * 1_000_000)}", "STATUS=sending a first short chat")
-    request = {"messages": [{"role": "user", "content": PROBE_MESSAGE}], "max_tokens": constants.FIRST_ANSWER_TOKENS, "temperature": 0}
+    chat = {"messages": [{"role": "user", "content": PROBE_MESSAGE}], "max_tokens": constants.FIRST_ANSWER_TOKENS, "temperature": 0}
+    path, request = _ROLE_PROBES.get(role, ("/v1/chat/completions", chat))
     import httpx2  # loads when a server is asked, not with every command that imports this
 
     try:
-        response = httpx2.post(f"{url}/v1/chat/completions", json=request, headers=headers, timeout=constants.FIRST_ANSWER_TIMEOUT_S)
+        response = httpx2.post(f"{url}{path}", json=request, headers=headers, timeout=constants.FIRST_ANSWER_TIMEOUT_S)
         problem = None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:200]}"
         elapsed = response.elapsed.total_seconds() if problem is None else 0.0
     except httpx2.HTTPError as exc:

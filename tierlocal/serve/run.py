@@ -97,6 +97,10 @@ class ServeOptions:
     #: Users at once to plan for (``--users``): that many slots when ``parallel`` is left at 1,
     #: one KV cache they share (``-kvu``), and the plan's users table priced for them.
     users: int | None = None
+    #: What the model serves: ``chat`` (and ``code``), ``embeddings`` (llama-server's
+    #: ``--embeddings``) or ``rerank`` (``--reranking``); the last two are planned with every
+    #: token of a micro-batch as an output, as llama-server runs them.
+    role: str = "chat"
 
     @property
     def slots(self) -> str:
@@ -117,6 +121,7 @@ class ServeOptions:
             flash_attn=self.flash_attn != "off",
             n_ubatch=self.ubatch,
             swa_full=base.swa_full or "--swa-full" in self.engine_args,
+            all_outputs=base.all_outputs or self.role in ("embeddings", "rerank"),
             kv_unified=True if self.users and self.users > 1 else base.kv_unified,
         )
 
@@ -341,8 +346,9 @@ def verify_ready(session: ServeSession, launched: Launched, extra: dict[str, obj
         return estimate_run(spec, replace(planned.request, ngl=ngl), machine).est_decode_tokens_per_s
 
     verification = verify_load(planned, report, speed_for_ngl=speed_for_ngl)
-    first_answer_s = first_answer(launched.engine, launched.url, launched.child, planned, str(launched.log_path), headers=launched.headers)
-    session.say(f"{launched.engine} answered a first short chat in {first_answer_s:.1f} s")
+    role = session.options.role
+    first_answer_s = first_answer(launched.engine, launched.url, launched.child, planned, str(launched.log_path), headers=launched.headers, role=role)
+    session.say(f"{launched.engine} answered a first short {'chat' if role in ('chat', 'code') else role + ' request'} in {first_answer_s:.1f} s")
     state = ServeState(
         url=launched.url,
         pid=os.getpid(),

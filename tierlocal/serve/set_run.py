@@ -65,6 +65,7 @@ def member_argv(member: MemberPlan, port: int, options: tuple[str, ...]) -> list
     argv += ["--flash-attn", "on" if request.flash_attn else "off"]
     argv += ["--n-cpu-moe", str(request.n_cpu_moe)] if request.n_cpu_moe else []
     argv += ["--users", str(params.n_seq_max)] if params.kv_unified and params.n_seq_max > 1 else []
+    argv += ["--role", member.member.role] if member.member.role != "chat" else []
     argv += [*options, "--", "--cache-ram", str(member.cache_ram_bytes // 2**20), "--alias", member.member.name]
     return argv + (["--load-mode", "none"] if member.load_mode == "none" else [])
 
