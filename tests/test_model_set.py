@@ -175,3 +175,20 @@ def test_check_of_several_sources_prints_the_joint_plan(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "role 'images' is not one of chat, code, embeddings, rerank" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_member_whose_header_names_a_pooling_is_planned_as_an_embedding_server(tmp_path: Path) -> None:
+    """An embedding model's file (Qwen3-Embedding's shape: qwen3 with pooling_type 3, last token)
+    in a quick set is an embeddings member, planned with a micro-batch of outputs; the same shape
+    without the key is a chat member."""
+    from tests.support.sparse_models import QWEN3_1_7B
+
+    pooled = write_sparse_gguf(tmp_path / "embed.gguf", replace(QWEN3_1_7B, extra={"qwen3.pooling_type": 3}))
+    plain = write_sparse_gguf(tmp_path / "chat.gguf", QWEN3_1_7B)
+    result = run_cli("check", str(pooled), str(plain), "--gpu", "none", "--ram", "32GiB", "--json")
+    assert result.returncode == 0, result.stderr
+    embed, chat = json.loads(result.stdout)["members"]
+    assert (embed["role"], chat["role"]) == ("embeddings", "chat")
+    compute = [m["plan"]["devices"][-1]["compute_bytes"] for m in (embed, chat)]
+    # 512 tokens × 151,936 logits in f32 are the embedding server's compute peak; the chat one's is far smaller.
+    assert compute[0] >= 512 * 151_936 * 4 > 4 * compute[1]

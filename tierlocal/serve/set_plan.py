@@ -63,11 +63,21 @@ def plan_model_set(
     where = plan_inputs(machine, engine_version(), host_is_here=not hardware.ram_overridden)
     if local is not None:
         members = [replace(member, source=str(local(member_source(member.source)))) for member in members]
-    headed = [(member, *_header(member.source, machine.max_tensor_bytes is None)) for member in members]
+    headed = [_pooled(member, *_header(member.source, machine.max_tensor_bytes is None)) for member in members]
     try:
         return plan_set(headed, where), settings
     except ValueError as exc:
         raise UsageError(str(exc), hint="give each member its own name") from exc
+
+
+def _pooled(member: SetMember, spec: ModelSpec, summary: ModelSummary, path: str) -> tuple[SetMember, ModelSpec, ModelSummary, str]:
+    """``member`` as its file says it serves: a chat member whose header names a pooling (an
+    embedding model's: 1 mean, 2 cls, 3 last; 4 rank, a reranker's) is that role instead."""
+    if member.role != "chat" or not summary.pooling_type:
+        return member, spec, summary, path
+    role = "rerank" if summary.pooling_type == 4 else "embeddings"
+    ask = replace(member.ask, request=replace(member.ask.request, all_outputs=True))
+    return replace(member, role=role, ask=ask), spec, summary, path
 
 
 def _header(source: str, from_digests: bool) -> tuple[ModelSpec, ModelSummary, str]:
