@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import pwd
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,9 +33,10 @@ from ..serve.systemd import (
     tierlocal_command,
     write_unit,
 )
-from ..serve.unit_access import Needed, Sandbox, ServiceAccount, blocked_paths, hidden_by
+from ..serve.unit_access import Needed, hidden_by
 from .common import ollama_port, print_json, serve_argv, serve_options, serve_options_from
 from .gateway import server_options
+from .service_access import GATEWAY_SANDBOX, STATE_FILES, check_access, path_arguments, runtime_files
 
 __all__ = ["service"]
 
@@ -102,8 +101,8 @@ def install_serve(
         check_exposure(options.host, None)
     args = ["--llama-server", str(binary.resolve()), *serve_argv(options)]
     if not skip_access_check:
-        _check_access(
-            user, [*_runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the model", model), *_path_arguments(args)]
+        check_access(
+            user, [*runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the model", model), *path_arguments(args)]
         )
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None, _memory_lines(options, binary))
     text = render_serve_unit(unit)
@@ -117,62 +116,6 @@ def install_serve(
     except KeyError:
         click.echo(f"create the account first: useradd --system --home-dir /var/lib/tierlocal --shell /usr/sbin/nologin {user}", err=True)
     click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-serve", err=True)
-
-
-def _runtime_files() -> list[Needed]:
-    """What any tierlocal unit runs before it reads a model: the command in ExecStart=, the
-    interpreter behind it, the standard library and the tierlocal package."""
-    command = tierlocal_command()
-    return [
-        Needed("the unit's command", Path(command[0]), execute=True),
-        Needed("the Python interpreter", Path(sys.executable), execute=True),
-        Needed("Python's standard library", Path(os.__file__)),
-        Needed("the tierlocal package", Path(constants.__file__)),
-    ]
-
-
-def _path_arguments(args: list[str]) -> list[Needed]:
-    """Files named in the serve arguments (an mmproj, a chat template file)."""
-    return [
-        Needed(f"{flag} {value}", Path(value))
-        for flag, value in itertools.pairwise(args)
-        if flag.startswith("--") and value.startswith("/") and Path(value).is_file()
-    ]
-
-
-#: The files a gateway keeps in its state directory that its account must be able to write.
-STATE_FILES = ("gateway.sqlite3", "local.key")
-#: What the units hide (systemd/*.service.in): serve reads home directories, the gateway does not see them.
-SERVE_SANDBOX = Sandbox(private_tmp=True, protect_home="read-only")
-GATEWAY_SANDBOX = Sandbox(private_tmp=True, protect_home="yes")
-
-
-def _check_access(user: str, needed: list[Needed], sandbox: Sandbox = SERVE_SANDBOX) -> None:
-    """Refuse, with what to change, a unit whose account could not reach a file it names.
-
-    Raises:
-        UsageError: the first blocked file, how many more there are, and the fix for its cause.
-    """
-    unique = list({item.path.resolve(): item for item in reversed(needed)}.values())[::-1]  # one entry per file, its first name
-    blocked = blocked_paths(unique, ServiceAccount.lookup(user), sandbox)
-    if not blocked:
-        return
-    first = blocked[0]
-    more = f" (and {len(blocked) - 1} more: {', '.join(b.needed.what for b in blocked[1:])})" if len(blocked) > 1 else ""
-    hints = {
-        "private_tmp": "move it out of /tmp and /var/tmp (e.g. models under /var/lib/tierlocal/models, tierlocal under /opt/tierlocal)",
-        "home": (
-            "install tierlocal and what it serves outside home directories (python3 -m venv /opt/tierlocal; "
-            "models under /var/lib/tierlocal/models), or run the service as the account that owns them (--user NAME)"
-        ),
-        "permissions": f"let {user} read it (chmod o+x on each directory on the way, o+r on the file), or choose an account that can (--user NAME)",
-    }
-    if first.needed.write and first.cause == "permissions":
-        hints["permissions"] = f"give it to the account (chown -R {user}: {first.needed.path}), or choose the account that owns it (--user NAME)"
-    raise UsageError(
-        f"the service account {user!r} could not reach {first.needed.what} {first.needed.path}: {first.why}{more}",
-        hint=hints[first.cause] + "; or --no-access-check if an ACL or a drop-in opens it",
-    )
 
 
 def _memory_lines(options: ServeOptions, binary: Path) -> str:
@@ -253,7 +196,7 @@ def install_gateway(
             Needed("the gateway's state directory", state_dir, execute=True, write=True),
             *(Needed(f"the gateway's {name}", state_dir / name, write=True) for name in STATE_FILES if (state_dir / name).exists()),
         ]
-        _check_access(user, [*_runtime_files(), *config_file, *(state if state_dir.exists() else [])], GATEWAY_SANDBOX)
+        check_access(user, [*runtime_files(), *config_file, *(state if state_dir.exists() else [])], GATEWAY_SANDBOX)
         if not state_dir.exists() and (hidden := hidden_by(state_dir, GATEWAY_SANDBOX)) is not None:
             raise UsageError(
                 f"the gateway's state directory {state_dir}: {hidden[0]}", hint="give [server] state_dir outside /tmp and home directories"
