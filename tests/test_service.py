@@ -39,7 +39,7 @@ def _install(assets: Assets, tmp_path: Path, *extra: str) -> tuple[Path, str]:
         "service",
         "install",
         "serve",
-        str(assets.gemma_gguf),
+        *([str(assets.gemma_gguf)] if "--set" not in extra else []),  # a set file names its own models
         "--llama-server",
         str(assets.llama_server_cpu),
         "--ctx",
@@ -481,3 +481,53 @@ def test_keys_made_with_the_config_work_in_the_gateway_unit_under_a_real_systemd
             assert systemd.run("systemctl", "stop", "tierlocal-gateway").returncode == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_one_unit_serves_a_model_set_behind_its_key_within_its_memory_high(assets: Assets, tmp_path: Path) -> None:
+    """`service install serve --set FILE`: the unit passes systemd's checks; its command, run as
+    systemd would (credential, notify socket, a memory cgroup), says READY=1 once the pinned
+    member is loaded, takes the key at the set's endpoint (its members, on loopback, take none),
+    serves chat and embeddings, and is charged less than its MemoryHigh."""
+    set_file = tmp_path / "team.toml"
+    set_file.write_text(
+        f'[[model]]\nname = "chat"\nsource = "{assets.gemma_gguf}"\npinned = true\n\n'
+        f'[[model]]\nname = "embed"\nsource = "{assets.gemma_gguf}"\nrole = "embeddings"\nidle_unload_s = 600\n'
+    )
+    unit, port = _install(assets, tmp_path, "--set", str(set_file))
+    text = unit.read_text()
+    verify = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True, check=False)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    exec_start = next(line for line in text.splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=")
+    assert f"serve --set {set_file}" in exec_start and "--ctx 2048" in exec_start
+    high = re.search(r"^MemoryHigh=(\d+)M$", text, re.MULTILINE)
+    assert high is not None, text
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    shutil.copy(tmp_path / "key", credentials / "api-key")
+    address = str(tmp_path / "notify.sock")
+    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
+    with memory_cgroup("set-unit") as cgroup, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(address)
+        listener.settimeout(90)
+        argv = shlex.split(exec_start.replace("%%", "%"))
+        process = subprocess.Popen(
+            cgroup.wrap([*argv, "--threads", ENGINE_THREADS]), env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            notices = ""
+            while "READY=1" not in notices:
+                notices += listener.recv(4096).decode()
+            assert "set of 2 models" in notices  # the set's own notice, not a member's
+            base = f"http://127.0.0.1:{port}/v1"
+            denied = httpx2.get(f"{base}/models", timeout=10)
+            api = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=120)
+            chat = api.chat.completions.create(model="chat", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
+            vectors = api.embeddings.create(model="embed", input="The cat sat.")
+            peak = cgroup.peak_bytes()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr[-2000:]
+    assert denied.status_code == 401
+    assert chat.model == "chat" and len(vectors.data[0].embedding) == 640
+    assert peak < int(high.group(1)) * 2**20, f"charged up to {peak / 2**20:.0f} MiB; the unit's MemoryHigh is {high.group(1)} MiB"

@@ -58,26 +58,8 @@ def serve_set(
         raise UsageError("a set is served with llama-server, with no options after --", hint="drop --engine and the options after --")
     if served.get("role", "chat") != "chat":
         raise UsageError("a set gives each member its role in its set file", hint='role = "embeddings" in the member\'s [[model]] table')
-    for option, value in (("--mmproj", served.get("mmproj")), ("--chat-template", served.get("chat_template"))):
-        if value is not None:
-            raise UsageError(f"{option} is for one model, not a set", hint="serve that model alone, or leave the option out")
+    ask = set_ask(served)
     hardware = machine(served["gpus"], ram)
-    users = served["users"]
-    request = RunRequest(
-        ngl=served["ngl"],
-        n_cpu_moe=served["n_cpu_moe"],
-        cache_type_k=served["cache_type_k"],
-        cache_type_v=served["cache_type_v"],
-        flash_attn=served["flash_attn"] != "off",
-        n_ubatch=served["ubatch"],
-        kv_unified=True if users and users > 1 else None,
-    )
-    ctx = served["ctx"]
-    parallel_given = click.get_current_context().get_parameter_source("parallel") is not click.core.ParameterSource.DEFAULT
-    slots = parse_parallel(str(users) if users and not parallel_given else served["parallel"])
-    ask = PlanAsk(
-        parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX, slots, request, users, up_to_training=ctx is None, cap_at_training=True
-    )
     check_port_free(served["host"], served["port"])
     key_file = check_exposure(served["host"], served["api_key_file"])
     local = lambda source: resolve_model(source, pull=pull, say=_say, hardware=lambda: hardware)  # noqa: E731
@@ -94,6 +76,34 @@ def serve_set(
     code = run_set(plan, settings, how, say=_say, on_ready=lambda snapshot: _ready(snapshot, how, as_json))
     if code:
         sys.exit(code)
+
+
+def set_ask(served: dict[str, Any]) -> PlanAsk:
+    """What a set asks of each member where its set file says nothing: serve's options.
+
+    Raises:
+        UsageError: an option that is for one model (--mmproj, --chat-template).
+    """
+    for option, value in (("--mmproj", served.get("mmproj")), ("--chat-template", served.get("chat_template"))):
+        if value is not None:
+            raise UsageError(f"{option} is for one model, not a set", hint="serve that model alone, or leave the option out")
+    users = served["users"]
+    request = RunRequest(
+        ngl=served["ngl"],
+        n_cpu_moe=served["n_cpu_moe"],
+        cache_type_k=served["cache_type_k"],
+        cache_type_v=served["cache_type_v"],
+        flash_attn=served["flash_attn"] != "off",
+        n_ubatch=served["ubatch"],
+        kv_unified=True if users and users > 1 else None,
+    )
+    ctx = served["ctx"]
+    parallel_given = click.get_current_context().get_parameter_source("parallel") is not click.core.ParameterSource.DEFAULT
+    slots = parse_parallel(str(users) if users and not parallel_given else served["parallel"])
+    ask = PlanAsk(
+        parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX, slots, request, users, up_to_training=ctx is None, cap_at_training=True
+    )
+    return ask
 
 
 def _ready(snapshot: dict[str, Any], how: SetServe, as_json: bool) -> None:

@@ -37,6 +37,7 @@ from ..serve.unit_access import Needed, hidden_by
 from .common import ollama_port, print_json, serve_argv, serve_options, serve_options_from
 from .gateway import server_options
 from .service_access import GATEWAY_SANDBOX, STATE_FILES, check_access, path_arguments, runtime_files
+from .service_set import emit_serve_unit, install_set
 
 __all__ = ["service"]
 
@@ -52,7 +53,10 @@ def install() -> None:
 
 
 @install.command("serve")
-@click.argument("source")
+@click.argument("source", required=False)
+@click.option(
+    "--set", "set_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="Serve the model set of a set file (docs/model-sets.md)."
+)
 @serve_options
 @click.option(
     "--engine",
@@ -71,7 +75,8 @@ def install() -> None:
     help="Write the unit even when --user seems unable to reach a file it names (an ACL or a drop-in with BindReadOnlyPaths= the check cannot see).",
 )
 def install_serve(
-    source: str,
+    source: str | None,
+    set_file: Path | None,
     engine: str,
     user: str,
     directory: Path,
@@ -83,7 +88,12 @@ def install_serve(
     already pulled): Type=notify (READY=1 once the load is verified), Restart=on-failure with
     start limits, KillMode=mixed, a dedicated user, ProtectSystem=strict, GPU device access, the
     key as a credential (never on a command line). Refused when --user could not reach the
-    interpreter, tierlocal, the engine or the model under the unit's sandboxing."""
+    interpreter, tierlocal, the engine or the model under the unit's sandboxing. With --set FILE
+    instead of SOURCE: one unit for the set (memory limits from its largest resident group)."""
+    if set_file is not None and source is None and engine == "llama-server":
+        return install_set(set_file, served, user=user, directory=directory, dry_run=dry_run, skip_access_check=skip_access_check)
+    if source is None or set_file is not None:
+        raise UsageError("give SOURCE, or --set FILE (a set is served by llama-server)", hint="tierlocal service install serve ./model.gguf")
     model = resolve_model(source, pull=False, say=lambda line: click.echo(line, err=True), pull_option=False).resolve()
     if not model.is_file():
         raise UsageError(f"{model}: no such model file", hint="give a GGUF file, or pull a catalog model first: tierlocal pull NAME")
@@ -105,17 +115,7 @@ def install_serve(
             user, [*runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the model", model), *path_arguments(args)]
         )
     unit = ServeUnit((str(model), *args), model, user, api_key_file.resolve() if api_key_file else None, _memory_lines(options, binary))
-    text = render_serve_unit(unit)
-    if dry_run:
-        click.echo(text, nl=False)
-        return
-    path = write_unit(directory, "tierlocal-serve.service", text)
-    click.echo(f"wrote {path}")
-    try:
-        pwd.getpwnam(user)
-    except KeyError:
-        click.echo(f"create the account first: useradd --system --home-dir /var/lib/tierlocal --shell /usr/sbin/nologin {user}", err=True)
-    click.echo("then: systemctl daemon-reload && systemctl enable --now tierlocal-serve", err=True)
+    emit_serve_unit(render_serve_unit(unit), directory, dry_run, user)
 
 
 def _memory_lines(options: ServeOptions, binary: Path) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import constants
 from ..engines.process import EngineChild, start_child
 from ..errors import MemberLoadFailed
 from ..plan.model_set import MemberPlan, SetPlan
@@ -247,7 +248,9 @@ class SetPool:
             self._event("load_start", member.name, port=port, resident_bytes=list(self._held()))
         started = time.monotonic()
         log = self._log_dir / f"set-member-{member.name}-{port}.log"
-        child = start_child(self._argv_for(member.plan, port), log)
+        # A member's serve is on loopback behind the set: it claims no readiness for the unit and takes none of its credentials.
+        env = {k: v for k, v in constants.child_environment().items() if k != "CREDENTIALS_DIRECTORY"}
+        child = start_child(self._argv_for(member.plan, port), log, env=env)
         state, problem = self._wait_verified(child, port, member.plan)
         seconds = time.monotonic() - started
         if state is None:
