@@ -56,6 +56,7 @@ PURE = [
     "tierlocal.report.svg",
     "tierlocal.report.plan_view",
     "tierlocal.report.pages",
+    "tierlocal.report.set_page",
     "tierlocal.plan.verify",
     "tierlocal.tiers",
     "tierlocal.tiers.arithmetic",

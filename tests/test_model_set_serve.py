@@ -5,6 +5,7 @@ client asks for each in turn; the engines' resident memory is sampled all along.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,10 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import aiohttp
 import httpx
 import openai
 import psutil
 import pytest
+from rich.console import Console
 
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
@@ -29,6 +32,10 @@ from tests.support.doc_json import assert_documented
 from tests.support.engines import first_json_document, free_port, process_gone
 from tests.support.gatewayrun import gateway
 from tests.support.sparse_models import LFM2_1_2B, QWEN3_1_7B, write_sparse_gguf
+from tierlocal.gateway.runner import served_engines
+from tierlocal.report.set_page import sets_section
+from tierlocal.tui.live import set_table
+from tierlocal.tui.live_data import LiveFeed, LiveSample
 
 pytestmark = pytest.mark.engines
 
@@ -130,6 +137,8 @@ def test_a_set_loads_each_member_on_demand_and_unloads_the_least_recently_used_w
         assert shown.returncode == 0, shown.stderr
         assert_documented("set-status", json.loads(shown.stdout))
         assert [m["state"] for m in json.loads(shown.stdout)["members"]] == ["loaded", "unloaded", "loaded"]
+        _shown_in_the_live_views(gemma.stem)
+        assert served_engines() == (f"{url}/v1",)  # the gateway's own routes reach the set, not its members' serves
         engines = list(psutil.Process(process.pid).children(recursive=True))
         process.send_signal(signal.SIGKILL)  # the supervisor dies without a word: no engine stays
         assert all(process_gone(p.pid) for p in engines), [p.pid for p in engines if p.is_running()]
@@ -149,6 +158,24 @@ def test_a_set_loads_each_member_on_demand_and_unloads_the_least_recently_used_w
     for name, rss in memory.by_model.items():
         planned_bytes = planned[name]
         assert rss <= planned_bytes * 1.05, (name, rss, planned_bytes)
+
+
+def _shown_in_the_live_views(gemma: str) -> None:
+    """The Live screen's sample and the dashboard's Live page show each member with its state."""
+    feed = asyncio.run(_sample_once())
+    (state,) = feed.sets
+    table = Console(record=True, width=200)
+    table.print(set_table(state))
+    text = table.export_text()
+    html = sets_section(feed.sets)
+    for name, current in ((gemma, "loaded"), (QWEN, "unloaded"), (LFM, "loaded")):
+        assert any(name in line and current in line for line in text.splitlines()), text
+        assert f'<td>{name}</td><td>chat</td><td><span data-field="state">{current}</span>' in html, html
+
+
+async def _sample_once() -> LiveSample:
+    async with aiohttp.ClientSession() as session:
+        return await LiveFeed().sample(session)
 
 
 def test_a_pinned_member_stays_an_idle_one_goes_and_a_request_during_a_load_is_told_to_retry(tmp_path: Path, assets: Assets, gemma: Path) -> None:

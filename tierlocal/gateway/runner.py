@@ -31,7 +31,7 @@ except ImportError:  # not on Windows
 from .. import constants
 from ..errors import UsageError
 from ..serve.exposure import is_loopback
-from ..serve.state import running_servers
+from ..serve.state import running_servers, running_sets
 from ..serve.systemd import notify
 from .agents_env import agent_setups
 from .app import create_app
@@ -67,9 +67,17 @@ async def _models_at(session: aiohttp.ClientSession, base_url: str) -> list[str]
 
 def served_engines() -> tuple[str, ...]:
     """OpenAI base URLs of the servers `tierlocal serve` runs now (its state files whose
-    process is alive)."""
-    urls = [state.url for state in running_servers()]
+    process is alive): a served model set's one endpoint, not its members' own."""
+    sets = running_sets()
+    members = {str(member.get("url")) for state in sets for member in _listed(state.get("members")) if isinstance(member, dict)}
+    urls = [state.url for state in running_servers() if state.url not in members]  # a set's member is reached through the set
+    urls += [str(state.get("url")) for state in sets]
     return tuple(url.rstrip("/") + "/v1" for url in urls if url.startswith("http://"))
+
+
+def _listed(value: object) -> list[object]:
+    """``value`` if it is a list (a state file's part), else nothing."""
+    return value if isinstance(value, list) else []
 
 
 def route_id(model: str) -> str:

@@ -28,8 +28,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..report.pages import ICON, PAGES, SCRIPT, STYLESHEET, live_section, login_page, machine_section, page, spend_section
+from ..report.set_page import sets_section
 from ..serve.live import Throughput, live_report
-from ..serve.state import running_servers
+from ..serve.state import running_servers, running_sets
 from .config import GatewayConfig
 from .store import Store
 from .store.base import MAX_KEY_CHARS, looks_like_key
@@ -227,7 +228,7 @@ class Dashboard:
             return machine_section(machine["hardware"], machine["servers"]), machine
         if name == "live":
             live = await self.live()
-            return live_section(live["engines"], live["routes"], live["fallbacks"]), live
+            return live_section(live["engines"], live["routes"], live["fallbacks"]) + sets_section(live["sets"]), live
         spend = await self.spend(user, period)
         return spend_section(spend, user=user, everyone=self.config.is_admin(user)), spend
 
@@ -248,7 +249,8 @@ class Dashboard:
         servers = await asyncio.to_thread(running_servers)
         engines = await live_report(servers, self.history, window_s=300.0, session=self._session)
         routes = None if self.health is None else self.health()["routes"]
-        return {"engines": engines, "routes": routes, "fallbacks": _fallbacks(self.metrics() if self.metrics else b"")}
+        sets = await asyncio.to_thread(running_sets)
+        return {"engines": engines, "routes": routes, "fallbacks": _fallbacks(self.metrics() if self.metrics else b""), "sets": sets}
 
     async def spend(self, user: str, period: str) -> dict[str, Any]:
         """``usage --period P --json``; for a user who is not an admin, their own rows only."""

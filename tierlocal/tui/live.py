@@ -22,7 +22,7 @@ from textual.widgets import Footer, Label, Sparkline, Static
 from ..gateway.config import GatewayConfig
 from .live_data import LiveFeed, LiveSample
 
-__all__ = ["LiveScreen", "engine_text", "gateway_table", "spend_text"]
+__all__ = ["LiveScreen", "engine_text", "gateway_table", "set_table", "spend_text"]
 
 #: Seconds between refreshes.
 REFRESH_S = 1.0
@@ -80,6 +80,31 @@ def _users_line(plan: dict[str, Any]) -> str | None:
             f"{row.get('users')}: {row['per_user_decode_tokens_per_s']:,.1f} tok/s" + (f", {wait:,.1f} s" if isinstance(wait, int | float) else "")
         )
     return "  users at once (each user's decode, first token): " + " · ".join(parts)
+
+
+def set_table(state: dict[str, Any]) -> Table:
+    """A served model set: each member's state, its planned bytes per device, requests in flight,
+    how long it has been idle and when its idle time unloads it, and its loads."""
+    devices = [str(d) for d in state.get("devices") or []]
+    held = ", ".join(f"{d} {b / _MIB:,.0f}" for d, b in zip(devices, state.get("resident_bytes") or [], strict=False))
+    budget = ", ".join(f"{d} {b / _MIB:,.0f}" for d, b in zip(devices, state.get("budget_bytes") or [], strict=False))
+    table = Table(box=None, pad_edge=False, title=f"model set {state.get('url')}: resident {held} of {budget} MiB", title_justify="left")
+    for column in ("member", "role", "state", *(f"{d} MiB" for d in devices), "in flight", "idle", "unloads in", "loads"):
+        table.add_column(column, justify="left" if column in ("member", "role", "state") else "right")
+    for member in state.get("members") or []:
+        current = str(member.get("state"))
+        style = {"loaded": "green", "loading": "yellow", "unloading": "yellow"}.get(current, "dim")
+        table.add_row(
+            Text(str(member.get("name")) + (" (pinned)" if member.get("pinned") else "")),
+            Text(str(member.get("role"))),
+            Text(current, style=style),
+            *(f"{b / _MIB:,.0f}" for b in member.get("planned_bytes") or []),
+            str(member.get("in_flight", 0)),
+            f"{member['idle_s']:g} s" if isinstance(member.get("idle_s"), int | float) else "-",
+            f"{member['unloads_in_s']:g} s" if isinstance(member.get("unloads_in_s"), int | float) else "-",
+            str(member.get("loads", 0)),
+        )
+    return table
 
 
 def gateway_table(health: dict[str, Any]) -> Table:
@@ -162,6 +187,7 @@ class LiveScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="live-body"):
             yield Static("sampling…", id="live-summary")
+            yield Static(id="live-sets")
             yield Vertical(id="live-engines")
             yield Static(id="live-gateway")
             yield Static(id="live-spend")
@@ -200,6 +226,7 @@ class LiveScreen(Screen[None]):
                 else "no tierlocal serve running" + starting
             )
         )
+        self.query_one("#live-sets", Static).update(Group(*(set_table(state) for state in sample.sets)))
         box = self.query_one("#live-engines", Vertical)
         wanted = {f"engine-{index}" for index in range(count)}
         for child in list(box.children):

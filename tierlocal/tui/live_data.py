@@ -18,7 +18,7 @@ import aiohttp
 
 from ..gateway.config import GatewayConfig
 from ..serve.live import MAX_ANSWER_BYTES, Throughput, live_report
-from ..serve.state import running_servers, starting_servers
+from ..serve.state import running_servers, running_sets, starting_servers
 
 __all__ = ["LiveFeed", "LiveSample", "gateway_health_url", "HISTORY_POINTS"]
 
@@ -43,6 +43,8 @@ class LiveSample:
     gateway_error: str | None = None
     usage: dict[str, object] | None = None
     usage_error: str | None = None
+    #: Served model sets (their ``set-PORT.json``): each member's state, planned bytes, last use.
+    sets: list[dict[str, object]] = field(default_factory=list)
 
 
 def gateway_health_url(config: GatewayConfig) -> str:
@@ -63,7 +65,7 @@ class LiveFeed:
 
     async def sample(self, session: aiohttp.ClientSession) -> LiveSample:
         """One refresh of everything (never raises for an engine or gateway that does not answer)."""
-        servers, starting = await asyncio.to_thread(lambda: (running_servers(), starting_servers()))
+        servers, starting, sets = await asyncio.to_thread(lambda: (running_servers(), starting_servers(), running_sets()))
         config = self.gateway_config
         url = gateway_health_url(config) if config is not None else None
         engines_task = live_report(servers, self.history, window_s=1.5, session=session) if servers else _nothing()
@@ -88,6 +90,7 @@ class LiveFeed:
             gateway_error=gateway_error,
             usage=usage,
             usage_error=usage_error,
+            sets=sets,
         )
 
 
