@@ -272,3 +272,25 @@ def test_an_embeddings_member_answers_through_the_gateway_and_a_loading_member_s
         assert embed_plan["planned_bytes"][-1] - chat_plan["planned_bytes"][-1] > 450 * 2**20
         embed_log = next((tmp_path / "tierlocal-home" / "run").glob("set-member-embed-*.log")).read_text()
         assert "answered a first short embeddings request" in embed_log and "plan held" in embed_log
+
+
+def test_a_member_that_fails_to_load_is_refused_and_the_others_go_on_serving(tmp_path: Path, assets: Assets, gemma: Path) -> None:
+    """A member whose file is cut short after the set was planned (a download replaced under
+    it): its serve refuses the file, the request is answered 503 model_unavailable with why, and
+    the pinned member goes on answering."""
+    broken = write_sparse_gguf(tmp_path / "broken.gguf", replace(QWEN3_1_7B, text_vocab=True))
+    set_file = tmp_path / "team.toml"
+    set_file.write_text(f'[[model]]\nname = "chat"\nsource = "{gemma}"\npinned = true\n\n[[model]]\nname = "broken"\nsource = "{broken}"\n')
+    with _serving(assets, "--set", str(set_file), "--ctx", CTX) as (_process, ready, _memory):
+        url = str(ready["url"])
+        with broken.open("r+b") as handle:
+            handle.truncate(broken.stat().st_size // 2)
+        body = {"model": "broken", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        answered = httpx.post(f"{url}/v1/chat/completions", json={**body, "model": "chat"}, timeout=60)
+        state = _set(url)
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "model_unavailable", refused.text
+    assert "broken did not load" in refused.json()["error"]["message"] and "runs past the end of the file" in refused.json()["error"]["message"]
+    assert answered.status_code == 200
+    assert state["counts"]["load_failed"] == 1
+    assert {m["name"]: m["state"] for m in state["members"]} == {"chat": "loaded", "broken": "unloaded"}
