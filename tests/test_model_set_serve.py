@@ -243,12 +243,14 @@ def test_an_embeddings_member_answers_through_the_gateway_and_a_loading_member_s
         "[set]\nload_wait_s = 0.5\n\n"
         f'[[model]]\nname = "chat"\nsource = "{gemma}"\npinned = true\n\n'
         f'[[model]]\nname = "embed"\nsource = "{gemma}"\nrole = "embeddings"\npinned = true\n\n'
+        f'[[model]]\nname = "rank"\nsource = "{gemma}"\nrole = "rerank"\npinned = true\n\n'
         f'[[model]]\nname = "qwen"\nsource = "{qwen}"\n'
     )
     with _serving(assets, "--set", str(set_file), "--ctx", "1024") as (_process, ready, _memory):
         url = str(ready["url"])
         body = (
             f'[[routes]]\nmodel = "embed"\ntargets = [ {{ url = "{url}/v1", model = "embed" }} ]\n\n'
+            f'[[routes]]\nmodel = "rank"\ntargets = [ {{ url = "{url}/v1", model = "rank" }} ]\n\n'
             f'[[routes]]\nmodel = "ask"\ntargets = [ {{ url = "{url}/v1", model = "qwen" }}, {{ url = "{url}/v1", model = "chat" }} ]\n'
         )
         (tmp_path / "gw").mkdir()
@@ -257,11 +259,19 @@ def test_an_embeddings_member_answers_through_the_gateway_and_a_loading_member_s
             vectors = api.embeddings.create(model="embed", input=["The cat sat.", "Stock prices fell."])
             first, second = (item.embedding for item in vectors.data)
             assert len(first) == len(second) == 640 and first != second  # Gemma 3 270M's width
+            ranked = httpx.post(
+                f"{gw.url}/rerank",
+                json={"model": "rank", "query": "a cat", "documents": ["a cat sat", "stock prices fell", "the cat sat on a mat"]},
+                headers=gw.headers(),
+                timeout=60,
+            )
+            assert ranked.status_code == 200, ranked.text
+            assert sorted(r["index"] for r in ranked.json()["results"]) == [0, 1, 2]
             answer = api.chat.completions.create(model="ask", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4)
             assert answer.choices[0].message.content is not None
             with sqlite3.connect(gw.state_dir / "gateway.sqlite3") as db:
-                reasons = [row[0] for row in db.execute("SELECT fallback_reason FROM usage ORDER BY id")]
-        assert reasons == [None, "unavailable"]  # the embeddings answered first time; the chat spilled
+                rows = [tuple(row) for row in db.execute("SELECT protocol, fallback_reason FROM usage ORDER BY id")]
+        assert rows == [("embeddings", None), ("rerank", None), ("chat_completions", "unavailable")]  # the chat spilled
         counts = _set(url)["counts"]
         assert counts["wait_exceeded"] == 1
         embed_plan = next(m for m in ready["members"] if m["name"] == "embed")  # type: ignore[union-attr]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .anthropic_messages import AnthropicCountTokens, AnthropicMessages
 from .base import Dialect, Forwarded
-from .openai_chat import OpenAIChat, OpenAICompletions, OpenAIEmbeddings
+from .openai_chat import OpenAIChat, OpenAICompletions, OpenAIEmbeddings, OpenAIRerank
 from .openai_responses import OpenAIResponses
 
 __all__ = ["Dialect", "Forwarded", "DIALECTS", "FAMILIES", "OPENAI_CHAT", "dialect_for_path"]
@@ -15,7 +15,15 @@ OPENAI_CHAT = OpenAIChat()
 #: Client path → its protocol, for every path the gateway proxies.
 DIALECTS: dict[str, Dialect] = {
     dialect.client_path: dialect
-    for dialect in (OPENAI_CHAT, OpenAICompletions(), OpenAIEmbeddings(), AnthropicMessages(), AnthropicCountTokens(), OpenAIResponses())
+    for dialect in (
+        OPENAI_CHAT,
+        OpenAICompletions(),
+        OpenAIEmbeddings(),
+        OpenAIRerank(),
+        AnthropicMessages(),
+        AnthropicCountTokens(),
+        OpenAIResponses(),
+    )
 }
 #: The protocol families a target may list in ``speaks``.
 FAMILIES = tuple(sorted({dialect.family for dialect in DIALECTS.values()}))

@@ -25,7 +25,7 @@ from .base import Dialect, Forwarded
 if TYPE_CHECKING:
     from ..wire import Exchange
 
-__all__ = ["OpenAIChat", "OpenAICompletions", "OpenAIEmbeddings", "openai_error_body", "openai_usage"]
+__all__ = ["OpenAIChat", "OpenAICompletions", "OpenAIEmbeddings", "OpenAIRerank", "openai_error_body", "openai_usage"]
 
 
 def openai_error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, object]:
@@ -126,3 +126,12 @@ class OpenAIEmbeddings(OpenAIChat):
     generates = False
     cap_fields = ()
     choice_fields = ()
+
+
+class OpenAIRerank(OpenAIEmbeddings):
+    """``POST /v1/rerank`` (llama-server's with ``--reranking``, Jina's and Cohere's shape: a
+    query, documents, ``top_n``; ``usage.prompt_tokens`` back): no stream, no output."""
+
+    name = "rerank"
+    client_path = "/v1/rerank"
+    upstream_path = "/rerank"
