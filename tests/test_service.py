@@ -30,6 +30,16 @@ from tests.support.systemd_container import booted_systemd
 KEY = "tl-service-key-9876543210"
 
 
+def _as_systemd_runs_it(tmp_path: Path) -> tuple[dict[str, str], str]:
+    """The environment a unit's command gets from systemd here — its key as the credential
+    ``api-key``, a notify socket (its path returned, to listen on), its own TIERLOCAL_HOME."""
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    shutil.copy(tmp_path / "key", credentials / "api-key")
+    address = str(tmp_path / "notify.sock")
+    return {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}, address
+
+
 def _install(assets: Assets, tmp_path: Path, *extra: str) -> tuple[Path, str]:
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
@@ -94,14 +104,10 @@ def test_the_units_command_serves_with_the_credential_and_notifies(assets: Asset
     unit, port = _install(assets, tmp_path)
     exec_start = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=")
     argv = shlex.split(exec_start.replace("%%", "%").replace("$$", "$"))
-    credentials = tmp_path / "credentials"
-    credentials.mkdir()
-    shutil.copy(tmp_path / "key", credentials / "api-key")
-    address = str(tmp_path / "notify.sock")
+    env, address = _as_systemd_runs_it(tmp_path)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(address)
         listener.settimeout(90)
-        env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
         process = subprocess.Popen(
             [*argv, "--threads", ENGINE_THREADS], env=env, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
@@ -136,11 +142,7 @@ def test_the_units_memory_high_is_above_what_its_command_is_charged_in_a_memory_
     high = re.search(r"^MemoryHigh=(\d+)M$", text, re.MULTILINE)
     assert high is not None, text
     argv = shlex.split(next(line for line in text.splitlines() if line.startswith("ExecStart=")).removeprefix("ExecStart=").replace("%%", "%"))
-    credentials = tmp_path / "credentials"
-    credentials.mkdir()
-    shutil.copy(tmp_path / "key", credentials / "api-key")
-    address = str(tmp_path / "notify.sock")
-    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
+    env, address = _as_systemd_runs_it(tmp_path)
     with memory_cgroup("serve-unit") as cgroup, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(address)
         listener.settimeout(90)
@@ -501,11 +503,7 @@ def test_one_unit_serves_a_model_set_behind_its_key_within_its_memory_high(asset
     assert f"serve --set {set_file}" in exec_start and "--ctx 2048" in exec_start
     high = re.search(r"^MemoryHigh=(\d+)M$", text, re.MULTILINE)
     assert high is not None, text
-    credentials = tmp_path / "credentials"
-    credentials.mkdir()
-    shutil.copy(tmp_path / "key", credentials / "api-key")
-    address = str(tmp_path / "notify.sock")
-    env = {**os.environ, "TIERLOCAL_HOME": str(tmp_path / "state"), "CREDENTIALS_DIRECTORY": str(credentials), "NOTIFY_SOCKET": address}
+    env, address = _as_systemd_runs_it(tmp_path)
     with memory_cgroup("set-unit") as cgroup, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(address)
         listener.settimeout(90)
