@@ -299,8 +299,18 @@ def test_a_member_that_fails_to_load_is_refused_and_the_others_go_on_serving(tmp
         refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
         answered = httpx.post(f"{url}/v1/chat/completions", json={**body, "model": "chat"}, timeout=60)
         state = _set(url)
+        # The pinned member's engine dies: its serve exits, and the set loads it again without being asked.
+        engine = next(m["engine_pid"] for m in state["members"] if m["name"] == "chat")
+        os.kill(engine, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (_state_of(url, "chat") == "loaded" and _set(url)["counts"].get("exited")):
+            time.sleep(0.2)
+        again = httpx.post(f"{url}/v1/chat/completions", json={**body, "model": "chat"}, timeout=60)
+        after = _set(url)
     assert refused.status_code == 503 and refused.json()["error"]["type"] == "model_unavailable", refused.text
     assert "broken did not load" in refused.json()["error"]["message"] and "runs past the end of the file" in refused.json()["error"]["message"]
     assert answered.status_code == 200
     assert state["counts"]["load_failed"] == 1
     assert {m["name"]: m["state"] for m in state["members"]} == {"chat": "loaded", "broken": "unloaded"}
+    assert again.status_code == 200 and after["counts"]["exited"] == 1
+    assert next(m["loads"] for m in after["members"] if m["name"] == "chat") == 2

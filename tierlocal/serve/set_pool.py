@@ -150,9 +150,12 @@ class SetPool:
             self.release(self.acquire(member.name, self._load_timeout_s + 5))
 
     def unload_idle(self) -> None:
-        """Unload each member unused for its idle time (not pinned, nothing in flight)."""
+        """Unload each member unused for its idle time (not pinned, nothing in flight); a member
+        whose serve exited on its own frees its place here too (called every second)."""
         now = time.monotonic()
         with self._cond:
+            for member in self.members.values():
+                self._notice_exit(member)
             idle = [
                 m
                 for m in self.members.values()
@@ -295,11 +298,16 @@ class SetPool:
             self._cond.notify_all()
 
     def _notice_exit(self, member: Member) -> None:
-        """A loaded member whose serve exited is unloaded (it is loaded again on the next request)."""
+        """A loaded member whose serve exited is unloaded: a pinned one is loaded again at once,
+        any other on its next request."""
         if member.state == LOADED and member.child is not None and member.child.process.poll() is not None:
             member.state, member.child, member.port, member.serve = UNLOADED, None, None, None
             member.error = "its serve exited"
             self._event("exited", member.name)
+            victims = self._victims_for(member) if member.plan.member.pinned else None
+            if victims is not None:
+                self._begin_load(member, victims)
+            self._cond.notify_all()
 
     def _event(self, kind: str, name: str, **details: object) -> None:
         self.counts[kind] += 1
