@@ -50,7 +50,7 @@ def install_set(set_file: Path, served: dict[str, Any], *, user: str, directory:
             user, [*runtime_files(), Needed("llama-server", binary.resolve(), execute=True), Needed("the set file", set_file.resolve()), *models]
         )
     # The cgroup holds the largest resident group's engines, a tierlocal serve for each, and their prompt caches.
-    held = max(sum(m.device_bytes[-1] for m in plan.members if m.member.name in group) for group in plan.resident_groups)
+    held = max(plan.resident_bytes(group)[-1] for group in plan.resident_groups)
     most = max(len(group) for group in plan.resident_groups)
     memory = memory_limits(held + SUPERVISOR_BYTES * most, plan.members[0].cache_ram_bytes * most, hardware.ram_total_bytes)
     unit = ServeUnit(tuple(args), set_file.resolve(), user, key.resolve() if key else None, memory)

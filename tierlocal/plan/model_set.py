@@ -77,8 +77,21 @@ class MemberPlan:
     device_bytes: tuple[int, ...]
     load_mode: str
     cache_ram_bytes: int
-    command: tuple[str, ...]
+    #: The file the command names (a placeholder for one not pulled yet).
+    model_path: str
     shrunk: str | None = None
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The member's llama-server command: its plan, its prompt-cache share, its load mode."""
+        estimate = self.check.estimate
+        if estimate is None:
+            return ()
+        template = self.check.template.engine_args
+        command = planned_command(
+            self.model_path, estimate, host_only=self.check.host_only, template_args=template, cache_ram_bytes=self.cache_ram_bytes
+        )
+        return (*command, *(("--load-mode", "none") if self.load_mode == "none" else ()))
 
     @property
     def fits(self) -> bool:
@@ -178,8 +191,7 @@ def _member_plan(member: SetMember, spec: ModelSpec, summary: ModelSummary, path
     alone = check_model(member.source, spec, summary, where, member.ask, model_path=path, detail=False) if any(taken) else check
     mode, host = _load_mode(check, left.machine)
     gpus = _gpu_bytes(check, len(_device_names(where.machine)) - 1)
-    command = tuple(check.command) + (("--load-mode", "none") if mode == "none" else ())
-    return MemberPlan(member, check, (*gpus, host), mode, 0, command, _shrunk(alone, check))
+    return MemberPlan(member, check, (*gpus, host), mode, 0, path, _shrunk(alone, check))
 
 
 def _load_mode(check: SourceCheck, machine: Machine) -> tuple[str, int]:
@@ -249,18 +261,7 @@ def _with_cache_shares(members: list[MemberPlan], budget: tuple[int, ...], group
     host_used = max((sum(by_name[n].device_bytes[-1] for n in group) for group in groups), default=0)
     most = max((len(group) for group in groups), default=1)
     share = min(max(budget[-1] - host_used, 0) // most, PROMPT_CACHE_DEFAULT_BYTES) // 2**20 * 2**20
-    shared = []
-    for member in members:
-        estimate = member.check.estimate
-        if estimate is None or not member.command:
-            shared.append(member)
-            continue
-        template = member.check.template.engine_args
-        path = member.command[2]
-        command = planned_command(path, estimate, host_only=member.check.host_only, template_args=template, cache_ram_bytes=share)
-        extra = ("--load-mode", "none") if member.load_mode == "none" else ()
-        shared.append(replace(member, cache_ram_bytes=share, command=(*command, *extra)))
-    return shared
+    return [replace(member, cache_ram_bytes=share) if member.check.estimate is not None else member for member in members]
 
 
 def _device_names(machine: Machine) -> tuple[str, ...]:
