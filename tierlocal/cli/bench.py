@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from rich.table import Table
 from ..errors import EngineFailed, TierlocalError, UsageError
 from ..serve.bench import BenchRun, bench_path, bench_server, record_bench
 from ..serve.bench_users import UsersRun, measure_users, parse_users, record_users
+from ..serve.port import free_loopback_port
 from ..serve.state import ServeState, running_servers
 from ..units import format_bytes
 from .common import console, json_option, print_json
@@ -86,12 +86,6 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _with_server(
     source: str | None,
     port: int | None,
@@ -119,7 +113,7 @@ def _with_server(
 def _on_source(source: str, ctx: str, llama_server: str | None, threads: int | None, parallel: int | None, measure: Callable[[ServeState], T]) -> T:
     """`tierlocal serve SOURCE` started for the measurement (its plan, template check and first
     answer included), measured, and stopped."""
-    argv = [sys.executable, "-m", "tierlocal", "serve", source, "--port", str(_free_port()), "--ctx", ctx, "--json"]
+    argv = [sys.executable, "-m", "tierlocal", "serve", source, "--port", str(free_loopback_port()), "--ctx", ctx, "--json"]
     argv += ["--llama-server", llama_server] if llama_server else []
     argv += ["--threads", str(threads)] if threads else []
     argv += ["--users", str(parallel)] if parallel else []

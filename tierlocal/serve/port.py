@@ -10,7 +10,7 @@ import socket
 from ..errors import UsageError
 from .state import running_servers, starting_servers
 
-__all__ = ["check_port_free", "listening"]
+__all__ = ["check_port_free", "free_loopback_port", "listening"]
 
 #: Seconds a connection attempt to the port may take before it counts as free.
 CONNECT_TIMEOUT_S = 0.5
@@ -45,3 +45,11 @@ def check_port_free(host: str, port: int, *, other_listener_ok: bool = False) ->
         )
     if not other_listener_ok and listening(host, port):
         raise UsageError(f"port {port} on {host} is in use by another program", hint="choose another --port, or stop what listens there")
+
+
+def free_loopback_port() -> int:
+    """A port nothing listens on at 127.0.0.1 now (the kernel's choice), for a serve tierlocal
+    starts itself: a measurement's, or a model set's member."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from ..engines.process import EngineChild, start_child
 from ..errors import MemberLoadFailed
 from ..plan.model_set import MemberPlan, SetPlan
 from ..plan.verify import TOTAL_TOLERANCE, TOTAL_TOLERANCE_BYTES
+from .port import free_loopback_port
 from .state import ServeState, running_servers
 
 __all__ = ["Member", "SetPool", "LoadWaitExceeded", "LOADED", "LOADING", "UNLOADED", "UNLOADING"]
@@ -246,7 +246,7 @@ class SetPool:
     def _load(self, member: Member, victims: list[Member]) -> None:
         for victim in victims:
             self._unload(victim, "memory", for_member=member.name)
-        port = _free_port()
+        port = free_loopback_port()
         with self._cond:
             self._event("load_start", member.name, port=port, resident_bytes=list(self._held()))
         started = time.monotonic()
@@ -376,9 +376,3 @@ def _member_json(member: Member, now: float) -> dict[str, Any]:
         "load_s": [round(s, 3) for s in member.loaded_s[-8:]],
         "error": member.error,
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
