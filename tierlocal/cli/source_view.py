@@ -95,7 +95,7 @@ def _device_table(estimate: RunEstimate) -> Table:
             device.weights_bytes,
             device.kv_bytes,
             device.compute_bytes,
-            device.output_bytes,
+            device.output_bytes + device.output_grows_by_bytes,
             device.overhead_bytes,
             *((device.projector_bytes,) if projector else ()),
             device.total_needed_bytes,

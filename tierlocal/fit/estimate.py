@@ -18,6 +18,7 @@ from .memory import (
     host_compute_bytes,
     kv_cache,
     output_buffer_bytes,
+    output_growth_bytes,
     server_context,
     weights_split,
 )
@@ -116,10 +117,21 @@ class DeviceUsage:
     overhead_bytes: int
     #: A multimodal projector's weights and compute buffer on this device.
     projector_bytes: int = 0
+    #: What the output buffer grows by after load when every token is an output (embeddings):
+    #: not in the load log, in what the device needs (:func:`~tierlocal.fit.memory.output_growth_bytes`).
+    output_grows_by_bytes: int = 0
 
     @property
     def total_needed_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes + self.projector_bytes
+        return (
+            self.weights_bytes
+            + self.kv_bytes
+            + self.compute_bytes
+            + self.output_bytes
+            + self.output_grows_by_bytes
+            + self.overhead_bytes
+            + self.projector_bytes
+        )
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -131,6 +143,7 @@ class DeviceUsage:
             "kv_bytes": self.kv_bytes,
             "compute_bytes": self.compute_bytes,
             "output_bytes": self.output_bytes,
+            "output_grows_by_bytes": self.output_grows_by_bytes,
             "overhead_bytes": self.overhead_bytes,
             "projector_bytes": self.projector_bytes,
             "total_needed_bytes": self.total_needed_bytes,
@@ -184,7 +197,8 @@ def estimate_run(spec: ModelSpec, request: RunRequest, machine: Machine) -> RunE
             host_compute += pipeline
         else:
             devices.append(_one_gpu(machine, weights.gpu_bytes, kv_gpu, gpu_compute, gpu_projector))
-    devices.append(_host(machine, weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, host_projector))
+    host = _host(machine, weights.cpu_bytes, kv.total_bytes - kv_gpu, host_compute, output, host_projector)
+    devices.append(replace(host, output_grows_by_bytes=output_growth_bytes(spec, params)))
     gpu_ok = all(d.total_needed_bytes + machine.margin_bytes <= d.free_bytes for d in devices[:-1])
     host_ok = devices[-1].total_needed_bytes <= devices[-1].free_bytes
     return RunEstimate(

@@ -116,12 +116,16 @@ class HostMemory:
     compute_bytes: int = 0
     locked_bytes: int = 0
     grows_by_bytes: int = PROMPT_CACHE_DEFAULT_BYTES
+    #: The output buffer's growth at the first full batch when every token is an output
+    #: (embeddings; not in the load figures; in :attr:`in_use_bytes`).
+    output_grows_by_bytes: int = 0
 
     @property
     def in_use_bytes(self) -> int:
-        """The most the process holds serving full-size prompts: the load peak and every page
-        of the compute buffer (the prompt cache's growth aside)."""
-        return self.peak_bytes + self.compute_bytes
+        """The most the process holds serving full-size prompts: the load peak, every page
+        of the compute buffer and, serving embeddings, the grown output buffer (the prompt
+        cache's growth aside)."""
+        return self.peak_bytes + self.compute_bytes + self.output_grows_by_bytes
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -133,6 +137,7 @@ class HostMemory:
             "repack_bytes": self.repack_bytes,
             "engine_bytes": self.engine_bytes,
             "compute_bytes": self.compute_bytes,
+            "output_grows_by_bytes": self.output_grows_by_bytes,
             "locked_bytes": self.locked_bytes,
             "grows_by_bytes": self.grows_by_bytes,
         }
@@ -167,7 +172,10 @@ def host_memory(spec: ModelSpec, estimate: RunEstimate, machine: Machine, load_m
     else:  # the weights that are not repacked are read into an anonymous CPU buffer
         mapped, anonymous = 0, buffers + split.cpu_bytes - repacked_in_place
         locked = split.cpu_bytes - repacked_in_place if load_mode == "mlock" else 0
-    return HostMemory(load_mode, mapped, anonymous, mapped + anonymous + ENGINE_FILE_BYTES, repack, engine, host.compute_bytes, locked)
+    peak = mapped + anonymous + ENGINE_FILE_BYTES
+    return HostMemory(
+        load_mode, mapped, anonymous, peak, repack, engine, host.compute_bytes, locked, output_grows_by_bytes=host.output_grows_by_bytes
+    )
 
 
 def _repacked_in_place(spec: ModelSpec, split: WeightsSplit, rules: dict[str, int], key: tuple[int, int, int | None]) -> int:

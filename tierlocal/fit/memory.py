@@ -43,6 +43,7 @@ __all__ = [
     "device_binds",
     "SUPPORT_TEST_TOKENS",
     "output_buffer_bytes",
+    "output_growth_bytes",
     "compute_buffer_bytes",
     "host_compute_bytes",
     "has_attention",
@@ -211,6 +212,21 @@ def output_buffer_bytes(spec: ModelSpec, params: ContextParams) -> int:
     """The logits buffer: n_vocab float32 values for each of n_seq_max sequences, in host
     memory (pinned when a GPU is used), not in llama.cpp's device breakdown."""
     return spec.n_vocab * 4 * params.n_seq_max
+
+
+def output_growth_bytes(spec: ModelSpec, params: ContextParams) -> int:
+    """What the output buffer grows by once a batch outputs every token (``all_outputs``:
+    llama-server's --embeddings and --reranking), bytes; 0 otherwise. llama.cpp reserves
+    :func:`output_buffer_bytes` at load (the load log's figure) and, for a batch with more
+    outputs than that, allocates one row per output token: n_vocab logits (kept even for an
+    embedding model) and n_embd embedding floats — up to a micro-batch of them (the server sets
+    n_batch = n_ubatch with embeddings), at most the context. Measured on Gemma 3 270M with
+    --embeddings (CPU build): one 401-token input raised the engine's resident memory by 822 MB,
+    its 421 MB of output rows and the compute buffer's pages."""
+    if not params.all_outputs:
+        return 0
+    rows = min(params.n_ctx, params.n_ubatch)
+    return max((spec.n_vocab + spec.n_embd) * 4 * rows - output_buffer_bytes(spec, params), 0)
 
 
 def has_attention(spec: ModelSpec) -> bool:
