@@ -118,3 +118,62 @@ def test_checked_in_headers_are_what_llama_quantize_says(assets: Assets) -> None
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("same ") == 33
+
+
+#: The official Qwen3-Embedding GGUFs' sizes in bytes, as third-party code quotes them (the Hub is
+#: not reachable here): Qwen/Qwen3-Embedding-{0.6B,4B,8B}-GGUF.
+PUBLISHED_EMBEDDING_FILES = {("qwen3-embedding-0.6b", "Q8_0"): 639_150_592, ("qwen3-embedding-4b", "Q4_K_M"): 2_496_703_776}
+PUBLISHED_EMBEDDING_FILES[("qwen3-embedding-8b", "Q4_K_M")] = 4_676_804_928
+
+
+def test_the_embedding_headers_are_the_published_files_to_the_byte_but_their_tokenizer() -> None:
+    """Each published file is its header's tensors plus one tokenizer: the same few MiB in all
+    three (one Qwen3 vocabulary). An output head too many in the 8B (its config's untied lm_head,
+    which the GGUF does not keep), a wrong width or vocabulary would break the equality."""
+    from tierlocal.catalog import find_model, load_entry_headers
+    from tierlocal.gguf import summarize
+
+    rest = {}
+    for (name, quant), size in PUBLISHED_EMBEDDING_FILES.items():
+        entry = next(e for e in find_model(name) if e.quant == quant)
+        headers = load_entry_headers(entry)
+        assert headers is not None and entry.role == "embeddings"
+        summary = summarize(headers)
+        assert summary.pooling_type == 3 and summary.pooled_role == "embeddings"  # last-token pooling
+        rest[name] = size - summary.tensor_bytes
+    assert min(rest.values()) > 2 * 2**20 and max(rest.values()) - min(rest.values()) < 4096, rest
+
+
+def test_embedding_models_are_ranked_for_embeddings_alone_and_planned_as_llama_server_serves_them() -> None:
+    """`check` (chat) never offers an embedding model; `check --for embeddings` ranks only them, by
+    their MTEB score, each planned with every token of a micro-batch an output and `--embeddings`."""
+    machine = ("--gpu", "RTX 4090", "--ram", "64GiB")
+    chat = run_cli("check", *machine, "--all", "--json")
+    assert chat.returncode == 0, chat.stderr
+    assert not [c for c in json.loads(chat.stdout)["candidates"] if c["model"].startswith("qwen3-embedding")]
+    ranked = run_cli("check", *machine, "--for", "embeddings", "--all", "--json")
+    assert ranked.returncode == 0, ranked.stderr
+    payload = json.loads(ranked.stdout)
+    assert {c["model"] for c in payload["candidates"]} == {"qwen3-embedding-0.6b", "qwen3-embedding-4b", "qwen3-embedding-8b"}
+    scores = {c["model"]: c["quality"]["model_score"] for c in payload["candidates"]}
+    assert scores["qwen3-embedding-0.6b"] < scores["qwen3-embedding-4b"] < scores["qwen3-embedding-8b"]
+    plan = payload["plan"]
+    # Every token of a micro-batch an output: (151,669 logits + 1,024 floats) × 4 B per row, up to
+    # 512 rows once the first full batch comes, less the one row reserved at load.
+    host = plan["devices"][-1]
+    assert host["output_grows_by_bytes"] == (151_669 + 1024) * 4 * 512 - 151_669 * 4 and plan["command"][-1] == "--embeddings"
+    assert any("prefill" in note for note in payload["notes"])
+    named = run_cli("check", "qwen3-embedding-4b", *machine, "--json")  # a name ranks for its role unasked
+    assert named.returncode == 0 and json.loads(named.stdout)["purpose"] == "embeddings", named.stderr
+    wrong = run_cli("check", "qwen3-8b", "--for", "embeddings")
+    assert wrong.returncode == 2 and wrong.stderr.startswith("error: qwen3-8b is a generation model: --for embeddings does not rank it")
+
+
+def test_a_model_without_a_score_says_why_in_json() -> None:
+    listed = json.loads(run_cli("catalog", "list", "--json").stdout)["models"]
+    by_name = {model["name"]: model for model in listed}
+    assert by_name["lfm2-1.2b"]["quality"] is None and "no published figures" in by_name["lfm2-1.2b"]["quality_missing"]
+    assert "fewer than 3 catalog models report" in by_name["devstral-small-2507"]["quality_missing"]
+    assert by_name["qwen3-8b"]["quality_missing"] is None and by_name["qwen3-8b"]["role"] == "chat"
+    shown = json.loads(run_cli("catalog", "show", "qwen3-coder-30b-a3b", "--json").stdout)
+    assert shown["quality"] is None and "images" in shown["quality_missing"]

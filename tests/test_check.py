@@ -217,7 +217,7 @@ def test_bad_options_are_one_line_errors() -> None:
     # click's own checks (ranges, choices, unknown options) read the same: no usage block.
     for argv, message in [
         (["--min-speed", "-3"], "error: Invalid value for '--min-speed': -3.0 is not in the range x>=0."),
-        (["--for", "poetry"], "error: Invalid value for '--for': 'poetry' is not one of 'chat', 'code', 'reasoning', 'long-context'."),
+        (["--for", "poetry"], "error: Invalid value for '--for': 'poetry' is not one of 'chat', 'code', 'reasoning', 'long-context', 'embeddings'."),
         (["--bogus"], "error: No such option '--bogus'. Did you mean '--gpu'?"),
     ]:
         result = run_cli("check", *argv)

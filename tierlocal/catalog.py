@@ -62,6 +62,7 @@ __all__ = [
     "load_racks",
     "load_rental_defaults",
     "ModelEntry",
+    "CATALOG_ROLES",
     "QualityFacts",
     "load_quality",
     "load_entry_headers",
@@ -187,6 +188,9 @@ class ModelEntry:
     source: str = ""
     #: The compact header file in recipes/headers/ (None: planned by the rule of thumb).
     header_file: str | None = None
+    #: What it serves: ``chat`` (a generation model: chat, code, reasoning) or ``embeddings``
+    #: (vectors, ranked by ``check --for embeddings`` and never among the chat models).
+    role: str = "chat"
 
 
 @dataclass(frozen=True)
@@ -667,11 +671,23 @@ def load_models() -> tuple[ModelEntry, ...]:
                         architecture=family.get("architecture", ""),
                         source=family.get("source", ""),
                         header_file=_header_file(family["name"], quant),
+                        role=_role(family),
                     )
                 )
     except (KeyError, TypeError) as exc:
         raise CatalogError(f"recipes/models.toml: an entry lacks {exc}", hint="fix the entry") from None
     return tuple(entries) + tuple(_frontier_entry(model) for model in load_frontier())
+
+
+#: The roles a catalog family may have (recipes/models.toml ``role``; default ``chat``).
+CATALOG_ROLES = ("chat", "embeddings")
+
+
+def _role(family: dict[str, object]) -> str:
+    role = str(family.get("role", "chat"))
+    if role not in CATALOG_ROLES:
+        raise CatalogError(f"recipes/models.toml: {family['name']}'s role {role!r} is not one of {', '.join(CATALOG_ROLES)}", hint="fix the entry")
+    return role
 
 
 def _header_file(name: str, quant: str) -> str | None:

@@ -92,7 +92,7 @@ def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None, *, n
                 hint="give hf://OWNER/REPO --quant Q4_K_M, hf://OWNER/REPO/FILE.gguf, ollama://TAG or a catalog model",
             )
     else:
-        entries = [entry for entry in load_models() if entry.gguf_repo]
+        entries = [entry for entry in load_models() if entry.gguf_repo and entry.role == "chat"]
     tokens = ctx or constants.DEFAULT_CTX
     recommendation = catalog_recommendation(
         entries, hardware, ctx=tokens, parallel=1, min_tokens_per_s=constants.DEFAULT_MIN_TOKENS_PER_S, ctx_up_to_training=ctx is None

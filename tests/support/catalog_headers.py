@@ -79,7 +79,7 @@ def dry_run(quantize: Path, source: Path, quant: str) -> list[tuple[str, GGMLQua
 def quantised_header(name: str, shape: Mapping[str, object], quant: str, quantize: Path, scratch: Path) -> dict[str, object]:
     """The compact header of ``name`` at ``quant`` as llama-quantize would write it."""
     arch = shape_arch(name, shape)
-    source = write_sparse_gguf(scratch / f"{name}-F16.gguf", arch, retype=f16_source(arch), file_type=LlamaFileType.MOSTLY_F16)
+    source = write_sparse_gguf(scratch / f"{name}-converted-F16.gguf", arch, retype=f16_source(arch), file_type=LlamaFileType.MOSTLY_F16)
     types = dry_run(quantize, source, quant)
     out = write_sparse_gguf(
         scratch / f"{name}-{quant}.gguf", arch, retype=dict(types), order=[tensor for tensor, _ in types], file_type=LlamaFileType[f"MOSTLY_{quant}"]

@@ -62,6 +62,7 @@ def _quant_facts(entry: ModelEntry) -> dict[str, object]:
 
 def _family_json(entries: list[ModelEntry], *, facts: bool) -> dict[str, object]:
     first = entries[0]
+    quality = _quality_json(first.family)
     payload: dict[str, object] = {
         "name": first.family,
         "series": first.series,
@@ -74,7 +75,9 @@ def _family_json(entries: list[ModelEntry], *, facts: bool) -> dict[str, object]
         "facts_date": first.facts_date,
         "source": first.source,
         "gguf_repo": first.gguf_repo,
-        "quality": _quality_json(first.family),
+        "role": first.role,
+        "quality": quality,
+        "quality_missing": None if quality is not None else _why_unscored(first.family),
         "frontier": first.frontier,
         "note": first.note,
     }
@@ -96,11 +99,13 @@ def _quality_json(family: str) -> dict[str, object] | None:
 
 
 def _quality_cell(quality: dict[str, object] | None) -> str:
-    """``chat 88.3 (4)``: the chat score and how many chat benchmarks the publisher reported."""
+    """``chat 88.3 (4)``: the chat score (an embedding model's: embeddings) and how many of its
+    benchmarks the publisher reported."""
     if quality is None:
         return "-"
-    chat = quality["scores"]["chat"]  # type: ignore[index]
-    return f"chat {chat['score']:.1f} ({chat['benchmarks_reported']})"
+    scores: dict[str, dict[str, object]] = quality["scores"]  # type: ignore[assignment]
+    task = "chat" if "chat" in scores else next(iter(scores))
+    return f"{task} {scores[task]['score']:.1f} ({scores[task]['benchmarks_reported']})"
 
 
 def _quality_lines(quality: dict[str, object]) -> str:

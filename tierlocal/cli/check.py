@@ -23,7 +23,7 @@ from ..measure.calibration_cache import unused_calibration
 from ..plan.inputs import PlanAsk
 from ..plan.local_cost import local_cost, rental_price
 from ..plan.machine import machine_for
-from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES
+from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES, role_for
 from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
 from ..plan.speeds import most_users_at
 from ..recommendation import catalog_recommendation, engine_version
@@ -253,6 +253,7 @@ def _check_catalog(
 ) -> None:
     """The catalog recommendation, ranked: of every entry, or of a catalog name's quantisations (``named``)."""
     entries = named or list(load_models())
+    purpose = _named_purpose(named, purpose)
     if (ctx is not None and not ctx.isdigit()) or not parallel.isdigit():
         raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
     tokens = parse_ctx(ctx) if ctx is not None else constants.LONG_CONTEXT_CTX if purpose == "long-context" else constants.DEFAULT_CTX
@@ -282,6 +283,25 @@ def _check_catalog(
     else:
         shown_plan = partial(render_source_check, min_speed=min_speed)
         render_catalog_recommendation(recommendation, show_all=show_all, render_plan=shown_plan, closest=shown)
+
+
+def _named_purpose(named: list[ModelEntry], purpose: str) -> str:
+    """The purpose a catalog name is ranked for: an embedding model's is ``embeddings`` (the
+    default ``--for chat`` then means it); a named model of another role than ``--for`` ranks is refused.
+
+    Raises:
+        UsageError: ``--for`` asks for what the named model does not serve.
+    """
+    roles = {entry.role for entry in named}
+    if roles == {"embeddings"} and not _given("purpose"):
+        return "embeddings"
+    if roles and roles != {role_for(purpose)}:
+        name = named[0].family
+        raise UsageError(
+            f"{name} is {'an embedding' if 'embeddings' in roles else 'a generation'} model: --for {purpose} does not rank it",
+            hint=f"drop --for, or give --for {'embeddings' if 'embeddings' in roles else 'chat'}",
+        )
+    return purpose
 
 
 def _slots_floor(parallel: str, min_speed: float) -> float | None:

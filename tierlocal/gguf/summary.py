@@ -54,6 +54,14 @@ class ModelSummary:
     #: as in a generation model's file.
     pooling_type: int | None = None
 
+    @property
+    def pooled_role(self) -> str | None:
+        """What a file that names a pooling serves: ``rerank`` (4, rank) or ``embeddings`` (1 mean,
+        2 cls, 3 last); None for a generation model's file (unset or 0, none)."""
+        if not self.pooling_type:
+            return None
+        return "rerank" if self.pooling_type == 4 else "embeddings"
+
     def to_json(self) -> dict[str, object]:
         """A plain dict for ``--json`` (stable key names, sizes in bytes)."""
         return {

@@ -6,7 +6,7 @@ tests looks weak beside one that reports only easy ones. The method (docs/how-it
 recipes/quality.toml):
 
 1. Each benchmark in each mode is a column; a task (``chat``, ``code``, ``reasoning``,
-   ``long-context``) takes the columns its benchmarks make (recipes/quality.toml ``[[benchmark]]``).
+   ``long-context``; ``embeddings``, fitted apart from the rest) takes the columns its benchmarks make (recipes/quality.toml ``[[benchmark]]``).
    A column reported by fewer than :data:`MIN_REPORTERS` catalog models is left out (its
    difficulty cannot be told from the models' strength); two figures for one cell are averaged.
 2. One strength ``q`` per model and a line per column are fitted together (a one-factor model,
@@ -33,9 +33,12 @@ from dataclasses import dataclass
 
 from ..published import QualityFigure, QuantLoss
 
-__all__ = ["TASKS", "MIN_REPORTERS", "RIDGE", "ModelQuality", "EntryQuality", "fit_quality", "entry_quality"]
+__all__ = ["TASKS", "SEPARATE_TASKS", "MIN_REPORTERS", "RIDGE", "ModelQuality", "EntryQuality", "fit_quality", "entry_quality"]
 
-TASKS = ("chat", "code", "reasoning", "long-context")
+TASKS = ("chat", "code", "reasoning", "long-context", "embeddings")
+#: Tasks whose models are not generation models (embedding models, scored on MTEB): fitted on
+#: their own, apart from the general fit, since no benchmark links them to the chat models.
+SEPARATE_TASKS = ("embeddings",)
 #: The fewest catalog models a column needs to be fitted.
 MIN_REPORTERS = 3
 #: Shrinkage of each model's strength towards the average, in units of one column's evidence.
@@ -109,11 +112,14 @@ def entry_quality(model: ModelQuality | None, quant: str, losses: Mapping[str, Q
 
 def fit_quality(figures: Sequence[QualityFigure], benchmark_tasks: Mapping[str, Sequence[str]]) -> dict[str, dict[str, ModelQuality]]:
     """model → task → :class:`ModelQuality`, for every model with a figure in a fitted column
-    (module docstring). ``benchmark_tasks``: benchmark → the tasks it counts for."""
-    _, strength = _fit_task("general", figures, None)
+    (module docstring). ``benchmark_tasks``: benchmark → the tasks it counts for. A model with a
+    figure for a :data:`SEPARATE_TASKS` task (an embedding model) is left out of the general fit
+    and scored by that task's own fit alone."""
+    separate = {f.model for f in figures if set(benchmark_tasks.get(f.benchmark, ())) & set(SEPARATE_TASKS)}
+    _, strength = _fit_task("general", [f for f in figures if f.model not in separate], None)
     found: dict[str, dict[str, ModelQuality]] = {}
     for task in TASKS:
-        own, _ = _fit_task(task, [f for f in figures if task in benchmark_tasks.get(f.benchmark, ())], strength)
+        own, _ = _fit_task(task, [f for f in figures if task in benchmark_tasks.get(f.benchmark, ())], None if task in SEPARATE_TASKS else strength)
         for model, quality in own.items():
             found.setdefault(model, {})[task] = quality
     return found

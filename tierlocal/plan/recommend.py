@@ -12,13 +12,17 @@ Each planned entry then gets a status:
 - ``no room``: it does not fit the machine, even partly in RAM;
 - ``too slow``: it fits but decodes below ``min_tokens_per_s`` (the best speed there is: the
   estimate from published GPU results and this CPU's calibration, else the memory-bandwidth
-  bound; not judged when unknown);
+  bound; not judged when unknown, nor for an embedding model, which reads and never decodes);
 - ``tight``: it fits, but leaves less than ``tight_fraction`` (5%) of a device's free memory
   (beyond the GPU margin the plan already keeps);
 - ``not for PURPOSE``: ``--for long-context`` and a trained context under 128k tokens;
 - ``licence``: ``--licence commercial`` and a non-commercial licence, or ``--licence open`` and
   one with use-based terms (recipes/licences.toml; a licence it does not know counts as neither);
 - ``fits``: eligible.
+
+A purpose ranks the entries of its role: ``embeddings`` the embedding models (recipes/models.toml
+``role``), every other purpose the generation models; an embedding model's speed is its prompt
+(prefill) tokens/s.
 
 The best eligible entry weighs quality against speed: each file's score for the task
 (:mod:`.quality`: the model's published figures made comparable, less its quantisation's
@@ -55,6 +59,8 @@ from .where import load_note, where_text
 
 __all__ = [
     "PURPOSES",
+    "EMBEDDING_PURPOSES",
+    "role_for",
     "PREFERENCES",
     "PRECISION_CAP_BITS",
     "LONG_CONTEXT_TOKENS",
@@ -62,7 +68,10 @@ __all__ = [
     "recommend_catalog",
 ]
 
-PURPOSES = ("chat", "code", "reasoning", "long-context")
+PURPOSES = ("chat", "code", "reasoning", "long-context", "embeddings")
+#: The purposes an embedding model is ranked for (its speed is the prompt's: it reads, never writes);
+#: every other purpose ranks the generation models (catalog role ``chat``).
+EMBEDDING_PURPOSES = ("embeddings",)
 #: Score points one doubling of decode speed is worth, per ``--prefer``: a choice, not a
 #: measurement (``balanced``: a Q4_K_M that loses ~1.5 points to its Q8_0 and runs ~1.8x as
 #: fast is preferred to it).
@@ -123,9 +132,12 @@ def recommend_catalog(
         scored = entry_quality((quality or {}).get(entry.family, {}).get(purpose), entry.quant, quant_losses or {})
         return _licensed(replace(candidate, quality=scored, licence=(licences or {}).get(entry.licence)), licence)
 
-    ranked = _rank([judged(entry) for entry in entries if not entry.frontier], PREFERENCES[prefer], purpose)
+    served = [entry for entry in entries if not entry.frontier and entry.role == role_for(purpose)]
+    ranked = _rank([judged(entry) for entry in served], PREFERENCES[prefer], purpose)
     frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
     notes = _quality_notes(ranked, purpose)
+    if purpose in EMBEDDING_PURPOSES:
+        notes = ("~tok/s is the prompt's (prefill): an embedding model reads its input and writes nothing", *notes)
     found = CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, notes, prefer, licence, users)
     return _with_detail(found, lambda entry: plan(entry, True))
 
@@ -159,9 +171,17 @@ def _quality_notes(ranked: Sequence[Candidate], purpose: str) -> tuple[str, ...]
     return tuple(notes)
 
 
-def _speed(check: SourceCheck) -> tuple[float | None, str]:
-    """The decode tokens/s a row is judged by and its basis: each user's when the plan was asked
-    for several users at once, else one stream's (:class:`HeadlineSpeed`)."""
+def role_for(purpose: str) -> str:
+    """The catalog role (recipes/models.toml ``role``) a purpose ranks."""
+    return "embeddings" if purpose in EMBEDDING_PURPOSES else "chat"
+
+
+def _speed(check: SourceCheck, purpose: str) -> tuple[float | None, str]:
+    """The tokens/s a row is judged by and its basis: for an embedding model the prompt's
+    (prefill: it reads, never writes), else decode — each user's when the plan was asked for
+    several users at once, else one stream's (:class:`HeadlineSpeed`)."""
+    if purpose in EMBEDDING_PURPOSES:
+        return check.headline.prefill_tokens_per_s, check.headline.basis
     shared = check.users_at(check.users_asked) if check.users_asked and check.users_asked > 1 else None
     if shared is not None:
         return shared.per_user_decode_tokens_per_s, shared.basis
@@ -171,7 +191,7 @@ def _speed(check: SourceCheck) -> tuple[float | None, str]:
 
 def _from_plan(entry: ModelEntry, check: SourceCheck, min_speed: float, purpose: str, tight_fraction: float) -> Candidate:
     estimate = check.estimate
-    speed, basis = _speed(check)
+    speed, basis = _speed(check, purpose)
     devices = estimate.devices if estimate else ()
     limiting = max(devices, key=lambda d: d.total_needed_bytes / max(d.free_bytes, 1)) if devices else None
     needed = limiting.total_needed_bytes if limiting else None
@@ -217,7 +237,7 @@ def _status(entry: ModelEntry, fits: bool, speed: float | None, min_speed: float
         return "not for long-context", f"trained for {entry.context_length:,} tokens (long-context asks {LONG_CONTEXT_TOKENS:,})"
     if not fits:
         return "no room", "no room"
-    if speed is not None and speed < min_speed:
+    if speed is not None and speed < min_speed and purpose not in EMBEDDING_PURPOSES:
         return "too slow", f"too slow: ~{speed:,.1f} tok/s, under --min-speed {min_speed:g}"
     return "fits", "fits"
 

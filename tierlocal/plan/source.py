@@ -271,6 +271,8 @@ def check_model(
     out what only a shown plan prints: the times to first token, the q8_0 cache suggestion and the users table (a ranking of
     the catalog plans every entry, and shows a few); with it the table of :data:`USER_COUNTS` is priced too."""
     request, machine, users = ask.request, where.machine, ask.users
+    # A file that names a pooling serves vectors: llama-server outputs every token of a micro-batch then.
+    request = replace(request, all_outputs=True) if summary.pooled_role else request
     spec = _checked_pair(spec, request)
     ctx, ctx_asked = _per_slot(ask.ctx, spec.n_ctx_train, up_to_training=ask.up_to_training, cap_at_training=ask.cap_at_training)
     base, reason = _base_request(request, ctx, ask.parallel)
@@ -278,6 +280,7 @@ def check_model(
     template = template or default_template(summary)
     model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
     memory, command = _memory_and_command(spec, estimate, machine, model_path, template, host_only=host_only)
+    command = [*command, *_ROLE_FLAGS[summary.pooled_role]] if command and summary.pooled_role else command
     speed, table = plan_speeds(spec, estimate, machine, where.host_speed, where.gpu_speed, detail=detail, users=users) if estimate else (None, ())
     return SourceCheck(
         source=source,
@@ -306,6 +309,8 @@ def check_model(
 
 
 _Planner = Callable[[RunRequest], RunEstimate | None]
+#: What llama-server needs to serve a pooled file's role (the file's own pooling applies).
+_ROLE_FLAGS = {"embeddings": ("--embeddings",), "rerank": ("--reranking",)}
 
 
 def _memory_and_command(

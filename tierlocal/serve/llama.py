@@ -71,6 +71,7 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
             "recorded load(s) of this model with this engine"
         )
     model = read_model(options.model)
+    options = _pooled(options, model.summary.pooled_role, say)
     template = resolve_template(options.chat_template, model.summary, flags.chat_templates or None)
     check = plan_for(options, machine, template=template, host_speed=host_speed_here(flags.version, machine), model=model)
     say(f"chat template: {template.llama_server_note}")
@@ -86,6 +87,15 @@ def serve_llama(options: ServeOptions, *, say: Say, on_ready: OnReady) -> int:
             return _serve_attempts(session, binary, flags, key_file)
         finally:
             clear_state(options.port)
+
+
+def _pooled(options: ServeOptions, pooled_role: str | None, say: Say) -> ServeOptions:
+    """``options`` for a file whose header names a pooling (an embedding model's or a reranker's):
+    served as that role unless another was asked for, since such a file does not chat."""
+    if pooled_role is None or options.role != "chat":
+        return options
+    say(f"the file names a pooling: serving it as {pooled_role} (/v1/{'embeddings' if pooled_role == 'embeddings' else 'rerank'})")
+    return replace(options, role=pooled_role)
 
 
 def _serve_attempts(session: ServeSession, binary: Path, flags: EngineFlags, key_file: Path | None) -> int:

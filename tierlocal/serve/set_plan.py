@@ -73,9 +73,9 @@ def plan_model_set(
 def _pooled(member: SetMember, spec: ModelSpec, summary: ModelSummary, path: str) -> tuple[SetMember, ModelSpec, ModelSummary, str]:
     """``member`` as its file says it serves: a chat member whose header names a pooling (an
     embedding model's: 1 mean, 2 cls, 3 last; 4 rank, a reranker's) is that role instead."""
-    if member.role != "chat" or not summary.pooling_type:
+    role = summary.pooled_role
+    if member.role != "chat" or role is None:
         return member, spec, summary, path
-    role = "rerank" if summary.pooling_type == 4 else "embeddings"
     ask = replace(member.ask, request=replace(member.ask.request, all_outputs=True))
     return replace(member, role=role, ask=ask), spec, summary, path
 
