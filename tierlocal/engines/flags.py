@@ -17,7 +17,7 @@ from ..errors import EngineError, UsageError
 from ..fit.estimate import RunEstimate
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 
-__all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv", "check_engine_args", "PLANNED_OPTIONS"]
+__all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv", "check_engine_args", "role_flags", "PLANNED_OPTIONS"]
 
 # "-fa,   --flash-attn [on|off|auto]   set ..." : an option, an optional argument after one
 # space (a choice in braces may hold commas: "--rope-scaling {none,linear,yarn}"), then ", " and
@@ -143,6 +143,17 @@ def server_args(
     if cache_ram_bytes is not None and cache_ram_bytes < PROMPT_CACHE_DEFAULT_BYTES:
         args += ["--cache-ram", str(cache_ram_bytes // 2**20)]
     return args + list(template_args)
+
+
+def role_flags(role: str | None, *, pooled: bool) -> tuple[str, ...]:
+    """The llama-server options that make it serve ``role`` (``chat`` and ``code`` need none):
+    ``--reranking``; ``--embeddings``, and for a file that names no pooling (``pooled`` false: a
+    generation model's) ``--pooling mean``, since llama-server's OpenAI embeddings refuse none."""
+    if role == "rerank":
+        return ("--reranking",)
+    if role != "embeddings":
+        return ()
+    return ("--embeddings",) if pooled else ("--embeddings", "--pooling", "mean")
 
 
 def planned_command(

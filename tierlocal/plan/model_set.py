@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from ..engines.flags import planned_command
+from ..engines.flags import planned_command, role_flags
 from ..fit.estimate import Machine
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..fit.model import ModelSpec
@@ -91,7 +91,8 @@ class MemberPlan:
         command = planned_command(
             self.model_path, estimate, host_only=self.check.host_only, template_args=template, cache_ram_bytes=self.cache_ram_bytes
         )
-        return (*command, *(("--load-mode", "none") if self.load_mode == "none" else ()))
+        roles = role_flags(self.member.role, pooled=self.check.pooled_role is not None)
+        return (*command, *roles, *(("--load-mode", "none") if self.load_mode == "none" else ()))
 
     @property
     def fits(self) -> bool:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypedDict, Unpack
 
-from ..engines.flags import planned_command
+from ..engines.flags import planned_command, role_flags
 from ..engines.ollama import OllamaSettings, ollama_settings
 from ..engines.prompt_formats import TemplateChoice, choose_template
 from ..errors import UsageError
@@ -95,6 +95,8 @@ class SourceCheck:
     users: tuple[UsersSpeed, ...] = ()
     #: The users the plan was asked for (``--users``; None: not asked).
     users_asked: int | None = None
+    #: What the file serves by its header's pooling (``embeddings``, ``rerank``; None: a generation model).
+    pooled_role: str | None = None
     #: What a local output token costs at the machine's price per hour (None: no price known).
     cost: LocalCost | None = None
     #: Why the plan has fewer slots than memory holds (``--parallel max`` with ``--min-speed``).
@@ -280,7 +282,7 @@ def check_model(
     template = template or default_template(summary)
     model_path = model_path or (source if not source.startswith(("http://", "https://", "hf://")) else "<path after tierlocal pull>")
     memory, command = _memory_and_command(spec, estimate, machine, model_path, template, host_only=host_only)
-    command = [*command, *_ROLE_FLAGS[summary.pooled_role]] if command and summary.pooled_role else command
+    command = [*command, *role_flags(summary.pooled_role, pooled=True)] if command else command
     speed, table = plan_speeds(spec, estimate, machine, where.host_speed, where.gpu_speed, detail=detail, users=users) if estimate else (None, ())
     return SourceCheck(
         source=source,
@@ -305,12 +307,11 @@ def check_model(
         host_is_here=where.host_is_here,
         users=table,
         users_asked=users,
+        pooled_role=summary.pooled_role,
     )
 
 
 _Planner = Callable[[RunRequest], RunEstimate | None]
-#: What llama-server needs to serve a pooled file's role (the file's own pooling applies).
-_ROLE_FLAGS = {"embeddings": ("--embeddings",), "rerank": ("--reranking",)}
 
 
 def _memory_and_command(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import constants
 from ..cpu_figures import host_speed_here
-from ..engines.flags import EngineFlags, check_engine_args, launch_argv
+from ..engines.flags import EngineFlags, check_engine_args, launch_argv, role_flags
 from ..engines.llama_server import find_llama_server, llama_server_missing, read_engine_flags
 from ..engines.loadlog import LoadReport
 from ..errors import AllocationFailed, EngineFailed, TierlocalError, UsageError
@@ -190,9 +190,4 @@ def role_args(options: ServeOptions, pooling_type: int | None) -> tuple[str, ...
     """The llama-server options that make it serve ``options.role``: a file that names no pooling
     (a generation model's, ``pooling_type`` None or 0) is pooled by the mean of its tokens, since
     llama-server's OpenAI embeddings refuse none — unless ``--pooling`` is given after ``--``."""
-    if options.role == "rerank":
-        return ("--reranking",)
-    if options.role != "embeddings":
-        return ()
-    pooled = bool(pooling_type) or "--pooling" in options.engine_args
-    return ("--embeddings",) if pooled else ("--embeddings", "--pooling", "mean")
+    return role_flags(options.role, pooled=bool(pooling_type) or "--pooling" in options.engine_args)
