@@ -45,6 +45,7 @@ PURE = [
     "tierlocal.fit.users_measured",
     "tierlocal.plan.machine",
     "tierlocal.plan.quality",
+    "tierlocal.plan.quality_rules",
     "tierlocal.plan.where",
     "tierlocal.plan.inputs",
     "tierlocal.published",

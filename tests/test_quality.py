@@ -14,7 +14,8 @@ from tierlocal.catalog import _figure_problem, load_models, load_quality
 from tierlocal.hardware.detect import detect
 from tierlocal.hardware.override import with_gpu_override, with_ram_override
 from tierlocal.plan.quality import MIN_REPORTERS, TASKS, entry_quality, fit_quality
-from tierlocal.published import QualityFigure, QuantLoss
+from tierlocal.plan.quality_rules import broken_rules, named_mode
+from tierlocal.published import ModeRule, ModeWords, QualityFigure, QualityRules, QuantLoss, VersionRule
 from tierlocal.recommendation import catalog_recommendation
 
 #: Five benchmarks from easy to hard (figure = a + b × strength), six models of known strength.
@@ -100,6 +101,41 @@ def test_every_catalog_quantisation_has_a_measured_loss() -> None:
     quants = {entry.quant.upper() for entry in load_models() if not entry.frontier} - {"MXFP4_MOE", "F16"}  # as published: lossless
     assert quants <= set(losses), sorted(quants - set(losses))
     assert 0 < losses["Q8_0"].ppl_increase < losses["Q6_K"].ppl_increase < losses["Q4_K_M"].ppl_increase < 0.05
+
+
+def test_every_figure_keeps_the_rules_its_file_states() -> None:
+    """Modes by model and by the setting's words, versions kept apart: recipes/quality.toml's own
+    rules, over every figure (the Gemma 4 26B/31B card figures were recorded standard while
+    their settings said thinking; Mistral Small 3.2's Arena-Hard v2 sat with v0.1's)."""
+    quality = load_quality()
+    assert len(quality.rules.modes) >= 5 and len(quality.rules.versions) >= 8
+    assert broken_rules(quality.figures, quality.rules) == []
+
+
+def test_each_kind_of_rule_catches_what_it_states() -> None:
+    rules = QualityRules(
+        (ModeRule(("gemma-4-*",), ("thinking",), "the card runs thinking"),),
+        (
+            ModeWords("standard", ("non-thinking", "non-thinking mode", "no think")),
+            ModeWords("thinking", ("thinking mode", "thinking mode presumably on")),
+            ModeWords("unstated", ("thinking mode not stated",)),
+        ),
+        (VersionRule("LiveCodeBench", "LiveCodeBench v6", r"(?i)livecodebench v6"),),
+    )
+
+    def figure(model: str, benchmark: str, mode: str, setting: str) -> QualityFigure:
+        return QualityFigure(model, benchmark, mode, 50.0, setting, True, "https://example.org/card", "2026-01-01")
+
+    gemma_as_recorded = figure("gemma-4-31b", "MMLU-Pro", "standard", "IT; thinking mode presumably on (the Gemma 3 column is labelled 'no think')")
+    broken = broken_rules([gemma_as_recorded], rules)
+    assert len(broken) == 2 and "gemma-4-31b's figures are thinking" in broken[0] and "its setting says thinking" in broken[1]
+    assert broken_rules([figure("gemma-4-31b", "MMLU-Pro", "thinking", gemma_as_recorded.setting)], rules) == []
+    # The longest word decides; the unstated kind leaves the mode alone.
+    assert named_mode("Qwen3-4B non-thinking mode column", rules.words) == "standard"
+    assert broken_rules([figure("qwen3-4b", "GPQA-Diamond", "standard", "Avg@8; thinking mode not stated")], rules) == []
+    assert broken_rules([figure("qwen3-4b", "GPQA-Diamond", "thinking", "non-thinking (Table 20)")], rules)
+    versioned = broken_rules([figure("qwen3-4b", "LiveCodeBench", "standard", "non-thinking; LiveCodeBench v6 (2025.02-2025.05)")], rules)
+    assert versioned and "names LiveCodeBench v6, kept apart from LiveCodeBench" in versioned[0]
 
 
 def test_a_malformed_figure_is_named() -> None:

@@ -12,7 +12,7 @@ import difflib
 import json
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -27,12 +27,16 @@ from .published import (
     CpuBenchRow,
     LicenceTerms,
     ModelShape,
+    ModeRule,
+    ModeWords,
     Precision,
     PublishedConfig,
     PublishedRow,
     QualityFigure,
+    QualityRules,
     QuantLoss,
     RentalOffer,
+    VersionRule,
     weights_bytes,
 )
 
@@ -868,6 +872,8 @@ class QualityFacts:
     figures: tuple[QualityFigure, ...]
     quant_losses: dict[str, QuantLoss]
     no_figures: dict[str, str]
+    #: The rules the file states for its figures (:mod:`tierlocal.plan.quality_rules`).
+    rules: QualityRules = field(default_factory=QualityRules)
 
 
 #: The modes a figure is reported in (recipes/quality.toml ``mode``).
@@ -906,13 +912,37 @@ def load_quality() -> QualityFacts:
             for q in data.get("quant_loss", [])  # type: ignore[attr-defined]
         }
         no_figures = {str(m["model"]): str(m["why"]) for m in data.get("no_figures", [])}  # type: ignore[attr-defined]
+        rules = _quality_rules(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/quality.toml: an entry lacks or mistypes {exc}", hint="fix the entry") from None
     for figure in figures:
         problem = _figure_problem(figure, families, tasks)
         if problem:
             raise CatalogError(f"recipes/quality.toml: {figure.model} {figure.benchmark} has {problem}", hint="fix the entry")
-    return QualityFacts(tasks, figures, losses, no_figures)
+    return QualityFacts(tasks, figures, losses, no_figures, rules)
+
+
+def _quality_rules(data: dict[str, object]) -> QualityRules:
+    """``[[mode_rule]]``, ``[[mode_words]]`` and ``[[version_rule]]`` (patterns compiled once here).
+
+    Raises:
+        CatalogError: a mode that is not one, or a pattern that does not compile.
+    """
+    modes = tuple(
+        ModeRule(tuple(map(str, r["models"])), tuple(map(str, r["modes"])), str(r["why"]))
+        for r in data.get("mode_rule", [])  # type: ignore[attr-defined]
+    )
+    words = tuple(ModeWords(str(w["mode"]), tuple(str(word).lower() for word in w["words"])) for w in data.get("mode_words", []))  # type: ignore[attr-defined]
+    versions = tuple(VersionRule(str(v["family"]), str(v["benchmark"]), str(v["pattern"])) for v in data.get("version_rule", []))  # type: ignore[attr-defined]
+    for mode in {m for rule in modes for m in rule.modes} | {w.mode for w in words}:
+        if mode not in (*QUALITY_MODES, "unstated"):
+            raise CatalogError(f"recipes/quality.toml: a rule names the mode {mode!r}", hint=f"use {' or '.join(QUALITY_MODES)}")
+    for version in versions:
+        try:
+            re.compile(version.pattern)
+        except re.error as exc:
+            raise CatalogError(f"recipes/quality.toml: {version.benchmark}'s pattern does not compile: {exc}", hint="fix the pattern") from None
+    return QualityRules(modes, words, versions)
 
 
 def _figure_problem(figure: QualityFigure, families: set[str], tasks: dict[str, tuple[str, ...]]) -> str:

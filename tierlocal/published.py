@@ -19,6 +19,10 @@ __all__ = [
     "PublishedConfig",
     "QualityFigure",
     "QuantLoss",
+    "ModeRule",
+    "ModeWords",
+    "VersionRule",
+    "QualityRules",
     "weights_bytes",
     "HALF_TYPES",
     "LICENCE_USES",
@@ -252,6 +256,46 @@ class QuantLoss:
             "source": self.source,
             "date": self.date,
         }
+
+
+@dataclass(frozen=True)
+class ModeRule:
+    """recipes/quality.toml ``[[mode_rule]]``: the modes the figures of the models ``models``
+    (shell patterns: ``gemma-3-*``) may be recorded in, and why (the model's design, or what its
+    card's tables run)."""
+
+    models: tuple[str, ...]
+    modes: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class ModeWords:
+    """recipes/quality.toml ``[[mode_words]]``: the words (lower case) a figure's ``setting``
+    uses for ``mode``; ``unstated`` words say the source does not tell."""
+
+    mode: str
+    words: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VersionRule:
+    """recipes/quality.toml ``[[version_rule]]``: ``benchmark``, one version of the benchmarks
+    whose names start with ``family``, kept apart from the others; ``pattern`` (a regular
+    expression) is how a setting names it."""
+
+    family: str
+    benchmark: str
+    pattern: str
+
+
+@dataclass(frozen=True)
+class QualityRules:
+    """The rules recipes/quality.toml states for its figures (:mod:`tierlocal.plan.quality_rules` checks them)."""
+
+    modes: tuple[ModeRule, ...] = ()
+    words: tuple[ModeWords, ...] = ()
+    versions: tuple[VersionRule, ...] = ()
 
 
 @dataclass(frozen=True)
