@@ -110,13 +110,15 @@ def test_kimi_k3_never_fits() -> None:
     ],
 )
 def test_mission_cards_come_out_or_better(gpu: str, low: float, high: float) -> None:
-    """ "Or better" is now the published figures' word: the pick is a model of the size the rule
-    of thumb names, or one whose chat score is at least the best such model's."""
+    """ "Or better" is now the published figures' word: the pick is a model at least the size the
+    rule of thumb names (a bigger one that fits whole on the card at 8k is better by the rule's own
+    measure: a 35B mixture of experts at 4-bit on 24 GB), or one whose chat score is at least the
+    best such model's."""
     payload = _check("--gpu", gpu, "--ram", "32GiB")
     _assert_ranked(payload)
     best, plan = payload["recommendation"], payload["plan"]
     sized = [row for row in _candidates(payload) if low <= row["params"] <= high and row["status"] in ("best", "fits") and row["quality"]]  # type: ignore[operator]
-    assert low <= best["params"] <= high or best["quality"]["score"] >= max(row["quality"]["score"] for row in sized), best  # type: ignore[index, operator]
+    assert low <= best["params"] or best["quality"]["score"] >= max(row["quality"]["score"] for row in sized), best  # type: ignore[index, operator]
     assert best["bits_per_weight"] >= 4.5  # type: ignore[index, operator]
     assert best["where"].startswith(("GPU", "2 GPUs")), best  # type: ignore[index]
     gpu_device = plan["devices"][0]  # type: ignore[index]
