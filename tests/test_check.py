@@ -229,8 +229,9 @@ def test_bad_options_are_one_line_errors() -> None:
 @pytest.mark.parametrize("order", [("qwen3.5-27b", "qwen3.6-27b"), ("qwen3.6-27b", "qwen3.5-27b")])
 def test_the_better_release_of_one_shape_wins_whatever_the_order(order: tuple[str, str]) -> None:
     """Qwen3.6-27B is Qwen3.5-27B's shape retrained: the same plan to the byte and the same
-    speed, so its published figures decide (higher MMLU-Pro, GPQA-Diamond, LiveCodeBench v6 and
-    AIME 2026 in Qwen's own table), whatever the catalog's order."""
+    speed, so their figures decide, whatever the catalog's order. (Qwen's own table puts 3.6
+    ahead; Artificial Analysis's IFBench runs, which weigh twice, put 3.5 ahead: the test asks
+    only that the higher score wins in either order, and that the other says why.)"""
     entries = [entry for name in order for entry in find_model(f"{name}:q4_k_m")]
     hardware = with_ram_override(with_gpu_override(detect(), ["RTX 4090"]), "64GiB", None)
     result = catalog_recommendation(entries, hardware, ctx=8192, parallel=1, min_tokens_per_s=0).to_json()
@@ -238,8 +239,10 @@ def test_the_better_release_of_one_shape_wins_whatever_the_order(order: tuple[st
     old, new = rows["qwen3.5-27b"], rows["qwen3.6-27b"]
     assert old["file_bytes"] == new["file_bytes"] and old["total_needed_bytes"] == new["total_needed_bytes"]
     assert old["est_decode_tokens_per_s"] == new["est_decode_tokens_per_s"]
-    assert new["status"] == "best" and new["quality"]["score"] > old["quality"]["score"]  # type: ignore[index, operator]
-    assert old["status"] == "fits" and old["reason"].startswith("fits; ") and old["reason"].endswith(" points lower, as fast")  # type: ignore[union-attr]
+    assert old["quality"]["score"] != new["quality"]["score"]  # type: ignore[index]
+    better, worse = (old, new) if old["quality"]["score"] > new["quality"]["score"] else (new, old)  # type: ignore[index, operator]
+    assert better["status"] == "best" and worse["status"] == "fits"
+    assert worse["reason"].startswith("fits; ") and worse["reason"].endswith(" points lower, as fast")  # type: ignore[union-attr]
 
 
 def test_the_tables_stay_whole_in_an_80_column_terminal() -> None:

@@ -183,7 +183,10 @@ def test_context_and_slot_keys_replan_as_check_does_at_those_numbers(monkeypatch
         await _until(pilot, lambda: screen.planning.ctx == 32768 and screen.planning.parallel == 2 and screen.recommendation.parallel == 2)
         best = screen.recommendation.best
         assert best is not None and (best.entry.family, best.entry.quant) == (expected["model"], expected["quant"])
-        assert f"{expected['model']} {expected['quant']}" in _plan_text(screen) and "32,768 tokens × 2 slot(s)" in _plan_text(screen)
+        # The status line names the new pick; the plan panel keeps the row the user selected, replanned.
+        status = str(screen.query_one("#fits-status", Static).content)
+        assert f"best: {expected['model']} {expected['quant']}" in status and "ctx 32,768 × 2 slot(s)" in status
+        assert "32,768 tokens × 2 slot(s)" in _plan_text(screen)
         assert screen.recommendation.best.to_json()["kv_bytes"] == expected["kv_bytes"]
         await pilot.press("minus")  # type: ignore[attr-defined]
         await _until(pilot, lambda: screen.recommendation.ctx == 16384)

@@ -929,7 +929,7 @@ def _quality_rules(data: dict[str, object]) -> QualityRules:
         CatalogError: a mode that is not one, or a pattern that does not compile.
     """
     modes = tuple(
-        ModeRule(tuple(map(str, r["models"])), tuple(map(str, r["modes"])), str(r["why"]))
+        ModeRule(tuple(map(str, r["models"])), tuple(map(str, r["modes"])), str(r["why"]), tuple(map(str, r.get("sources", []))))
         for r in data.get("mode_rule", [])  # type: ignore[attr-defined]
     )
     words = tuple(ModeWords(str(w["mode"]), tuple(str(word).lower() for word in w["words"])) for w in data.get("mode_words", []))  # type: ignore[attr-defined]

@@ -262,11 +262,13 @@ class QuantLoss:
 class ModeRule:
     """recipes/quality.toml ``[[mode_rule]]``: the modes the figures of the models ``models``
     (shell patterns: ``gemma-3-*``) may be recorded in, and why (the model's design, or what its
-    card's tables run)."""
+    card's tables run); with ``sources`` (prefixes of a figure's source), only the figures from
+    those sources."""
 
     models: tuple[str, ...]
     modes: tuple[str, ...]
     why: str
+    sources: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

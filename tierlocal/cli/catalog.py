@@ -93,7 +93,18 @@ def _quality_json(family: str) -> dict[str, object] | None:
         return None
     figures = {id(f): f for q in scores.values() for f in q.figures}
     return {
-        "scores": {task: {"score": round(q.score, 1), "basis": q.basis, "benchmarks_reported": q.reported} for task, q in scores.items()},
+        "scores": {
+            task: {
+                "score": round(q.score, 1),
+                "basis": q.basis,
+                "benchmarks_reported": q.reported,
+                "independent_figures": q.independent_figures,
+                "independent_sources": q.independent_sources,
+                "thin": q.thin,
+                "evidence": q.evidence,
+            }
+            for task, q in scores.items()
+        },
         "figures": [f.to_json() for f in figures.values()],
     }
 
@@ -111,7 +122,7 @@ def _quality_cell(quality: dict[str, object] | None) -> str:
 def _quality_lines(quality: dict[str, object]) -> str:
     """Each task's score, then every figure it comes from with its source."""
     scores = quality["scores"]
-    lines = ", ".join(f"{task} {s['score']:.1f}" + (" (from its other figures)" if s["basis"] == "general" else "") for task, s in scores.items())  # type: ignore[attr-defined]
+    lines = "; ".join(f"{task} {s['score']:.1f} from {s['evidence']}" for task, s in scores.items())  # type: ignore[attr-defined]
     figures = quality["figures"]
     cited = "".join(
         f"\n    {escape(str(f['benchmark']))} ({f['mode']}) {f['score']:g}: {escape(str(f['setting']))} — {escape(str(f['source']))}, {f['date']}"

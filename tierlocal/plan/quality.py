@@ -33,7 +33,18 @@ from dataclasses import dataclass
 
 from ..published import QualityFigure, QuantLoss
 
-__all__ = ["TASKS", "SEPARATE_TASKS", "MIN_REPORTERS", "RIDGE", "ModelQuality", "EntryQuality", "fit_quality", "entry_quality"]
+__all__ = [
+    "TASKS",
+    "SEPARATE_TASKS",
+    "INDEPENDENT_WEIGHT",
+    "MIN_EVIDENCE",
+    "MIN_REPORTERS",
+    "RIDGE",
+    "ModelQuality",
+    "EntryQuality",
+    "fit_quality",
+    "entry_quality",
+]
 
 TASKS = ("chat", "code", "reasoning", "long-context", "embeddings")
 #: Tasks whose models are not generation models (embedding models, scored on MTEB): fitted on
@@ -43,6 +54,12 @@ SEPARATE_TASKS = ("embeddings",)
 MIN_REPORTERS = 3
 #: Shrinkage of each model's strength towards the average, in units of one column's evidence.
 RIDGE = 0.5
+#: How much a cell of independent figures (measured by another than the model's publisher)
+#: weighs in a model's strength beside a self-reported one: a choice, not a measurement.
+INDEPENDENT_WEIGHT = 2.0
+#: The fewest benchmarks a score rests on before its evidence is not thin: a thin score never
+#: wins the ranking while one with enough evidence fits (plan/recommend.py).
+MIN_EVIDENCE = 3
 _ITERATIONS = 500
 #: The fit stops once no strength moves by more than this in a round.
 _TOLERANCE = 1e-7
@@ -62,6 +79,28 @@ class ModelQuality:
     columns: int
     figures: tuple[QualityFigure, ...]
 
+    @property
+    def independent_figures(self) -> int:
+        """Its figures measured by another than the model's publisher."""
+        return sum(1 for figure in self.figures if not figure.self_reported)
+
+    @property
+    def independent_sources(self) -> int:
+        """The distinct sources of those figures."""
+        return len({figure.source for figure in self.figures if not figure.self_reported})
+
+    @property
+    def thin(self) -> bool:
+        """Whether the score rests on fewer than :data:`MIN_EVIDENCE` benchmarks of its own."""
+        return self.reported < MIN_EVIDENCE
+
+    @property
+    def evidence(self) -> str:
+        """``6 benchmarks (2 independent, 1 source)``: what the score rests on, in words."""
+        independent = f"{self.independent_figures} independent, {self.independent_sources} source{'s' * (self.independent_sources != 1)}"
+        own = f"{self.reported} benchmark{'s' * (self.reported != 1)}" if self.basis == "task" else "none of its own for this task"
+        return f"{own} ({independent if self.independent_figures else 'all self-reported'}){'; thin' if self.thin else ''}"
+
     def to_json(self) -> dict[str, object]:
         return {
             "task": self.task,
@@ -69,6 +108,9 @@ class ModelQuality:
             "basis": self.basis,
             "benchmarks_reported": self.reported,
             "benchmarks_fitted": self.columns,
+            "independent_figures": self.independent_figures,
+            "independent_sources": self.independent_sources,
+            "thin": self.thin,
             "figures": [figure.to_json() for figure in self.figures],
         }
 
@@ -129,8 +171,12 @@ def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, f
     """Each model's score for ``task`` from ``figures``, and its fitted strength; ``prior``:
     the general strengths this fit starts from and is shrunk towards (None: the general fit)."""
     cells: dict[tuple[str, str], list[float]] = {}
+    independent: set[tuple[str, str]] = set()
     for figure in figures:
         cells.setdefault((figure.model, figure.column), []).append(figure.score)
+    for key in cells:
+        if all(not f.self_reported for f in figures if (f.model, f.column) == key):
+            independent.add(key)
     reporters: dict[str, int] = {}
     for _model, column in cells:
         reporters[column] = reporters.get(column, 0) + 1
@@ -143,7 +189,8 @@ def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, f
         matrix = {model: row for model, row in matrix.items() if model in prior}
     if len(matrix) < 2:
         return {}, {}
-    lines, strength = _one_factor(matrix, prior)
+    weights = {model: {column: INDEPENDENT_WEIGHT if (model, column) in independent else 1.0 for column in row} for model, row in matrix.items()}
+    lines, strength = _one_factor(matrix, prior, weights)
     found = {}
     for model, q in {**(prior or {}), **strength}.items():
         predicted = statistics.fmean(min(max(a + b * q, 0.0), 100.0) for a, b in lines.values())
@@ -154,7 +201,7 @@ def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, f
 
 
 def _one_factor(
-    matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, float] | None
+    matrix: Mapping[str, Mapping[str, float]], prior: Mapping[str, float] | None, weights: Mapping[str, Mapping[str, float]]
 ) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
     """Fit figure ≈ a_c + b_c × q_m by alternating least squares: without ``prior``, q is
     standardised each round and shrunk towards 0 by :data:`RIDGE`; with it, q starts at and is
@@ -182,8 +229,8 @@ def _one_factor(
         weight = RIDGE * statistics.fmean(b * b for _, b in lines.values())  # one typical column's evidence × RIDGE
         towards = prior or {}
         strength = {
-            m: (sum(lines[c][1] * (s - lines[c][0]) for c, s in row.items()) + weight * towards.get(m, 0.0))
-            / (sum(lines[c][1] ** 2 for c in row) + weight)
+            m: (sum(weights[m][c] * lines[c][1] * (s - lines[c][0]) for c, s in row.items()) + weight * towards.get(m, 0.0))
+            / (sum(weights[m][c] * lines[c][1] ** 2 for c in row) + weight)
             for m, row in matrix.items()
         }
         if max(abs(strength[m] - before[m]) for m in strength) < _TOLERANCE:

@@ -42,7 +42,9 @@ def broken_rules(figures: Sequence[QualityFigure], rules: QualityRules) -> list[
     for figure in figures:
         where = f"{figure.model} {figure.benchmark} ({figure.mode}, {figure.score:g}, {figure.source})"
         for rule in rules.modes:
-            if any(fnmatch.fnmatchcase(figure.model, pattern) for pattern in rule.models) and figure.mode not in rule.modes:
+            applies = any(fnmatch.fnmatchcase(figure.model, pattern) for pattern in rule.models)
+            applies = applies and (not rule.sources or figure.source.startswith(rule.sources))
+            if applies and figure.mode not in rule.modes:
                 broken.append(f"{where}: {figure.model}'s figures are {' or '.join(rule.modes)} — {rule.why}")
         named = named_mode(figure.setting, rules.words)
         if named is not None and named != "unstated" and named != figure.mode:

@@ -20,6 +20,9 @@ Each planned entry then gets a status:
   one with use-based terms (recipes/licences.toml; a licence it does not know counts as neither);
 - ``fits``: eligible.
 
+A score that rests on fewer than :data:`~tierlocal.plan.quality.MIN_EVIDENCE` benchmarks of the
+model's own is thin: such an entry is the pick only when no better-attested one fits.
+
 A purpose ranks the entries of its role: ``embeddings`` the embedding models (recipes/models.toml
 ``role``), every other purpose the generation models; an embedding model's speed is its prompt
 (prefill) tokens/s.
@@ -284,7 +287,9 @@ def _rank_key(candidate: Candidate, points_per_doubling: float) -> tuple[float, 
 
 def _rank(candidates: list[Candidate], points_per_doubling: float, purpose: str) -> tuple[Candidate, ...]:
     """Best first (module docstring); the winner's status becomes ``best`` and its reason says why."""
-    eligible = [c for c in candidates if c.status == "fits"] or [c for c in candidates if c.status == "tight"]
+    fitting = [c for c in candidates if c.status == "fits"] or [c for c in candidates if c.status == "tight"]
+    # A score on thin evidence never wins on it alone: such an entry is the pick only when nothing better attested fits.
+    eligible = [c for c in fitting if c.quality is None or not c.quality.model.thin] or fitting
     ordered = sorted(candidates, key=lambda c: (_ORDER[c.status], tuple(-v for v in _rank_key(c, points_per_doubling))))
     if not eligible:
         return tuple(ordered)
@@ -295,6 +300,8 @@ def _rank(candidates: list[Candidate], points_per_doubling: float, purpose: str)
         why = f"the highest {purpose} score that fits ({winner.quality.score:.1f})"
     else:
         why = f"the {purpose} score ({winner.quality.score:.1f}) and speed that weigh most"
+    if winner.quality is not None and winner.quality.model.thin:
+        why += f" (thin evidence: {winner.quality.model.evidence.removesuffix('; thin')}; nothing better attested fits)"
     if winner.status == "tight":
         why += f" — {winner.reason}; nothing fits with room to spare"
     best = replace(winner, status="best", reason=why)
@@ -302,7 +309,19 @@ def _rank(candidates: list[Candidate], points_per_doubling: float, purpose: str)
 
 
 def _lost_to(candidate: Candidate, winner: Candidate) -> str:
-    """Why an eligible entry lost, in one phrase: its score and speed beside the winner's."""
+    """Why an eligible entry lost, in one phrase: its score and speed beside the winner's (or
+    the thin evidence its score rests on)."""
+    thin = candidate.quality is not None and candidate.quality.model.thin and winner.quality is not None and not winner.quality.model.thin
+    reason = _compared(candidate, winner)
+    return (
+        f"{reason}; its score rests on thin evidence ({candidate.quality.model.evidence.removesuffix('; thin')})"
+        if thin and candidate.quality
+        else reason
+    )
+
+
+def _compared(candidate: Candidate, winner: Candidate) -> str:
+    """Its score and speed beside the winner's, in one phrase."""
     if candidate.quality is None or winner.quality is None:
         if winner.quality is not None:
             return "fits; no published quality figures"
