@@ -46,6 +46,8 @@ PURE = [
     "tierlocal.plan.machine",
     "tierlocal.plan.quality",
     "tierlocal.plan.quality_rules",
+    "tierlocal.plan.modes",
+    "tierlocal.plan.answer_time",
     "tierlocal.plan.where",
     "tierlocal.plan.inputs",
     "tierlocal.published",

@@ -107,14 +107,15 @@ def test_flash_attention_on_llvmpipe_fails_before_ready_with_the_flag_to_try(ass
 
 def test_planning_flags_reach_the_plan_and_llama_server(assets: Assets, tmp_path: Path) -> None:
     """`check`'s planning flags on serve, and llama-server options after `--`: --swa-full is
-    planned for (every Gemma layer keeps the whole context), others pass through."""
-    args = ("--ctx", "2048", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--ubatch", "256")
+    planned for (every Gemma layer keeps the whole context), others pass through; --thinking off
+    becomes llama-server's --reasoning off (the engine takes it: it answered)."""
+    args = ("--ctx", "2048", "--cache-type-k", "q8_0", "--cache-type-v", "q8_0", "--flash-attn", "on", "--ubatch", "256", "--thinking", "off")
     with serving(assets, tmp_path, *args, "--port", str(free_port()), "--", "--swa-full", "--temp", "0.5") as (_, ready):
         argv, request = ready["argv"], ready["plan"]["request"]
         assert (request["cache_type_k"], request["cache_type_v"], request["n_ubatch"]) == ("q8_0", "q8_0", 256)
         for flag, value in (("-ctk", "q8_0"), ("-ctv", "q8_0"), ("-ub", "256"), ("-fa", "on")):
             assert argv[argv.index(flag) + 1] == value
-        assert argv[-3:] == ["--swa-full", "--temp", "0.5"]
+        assert argv[-5:] == ["--swa-full", "--temp", "0.5", "--reasoning", "off"]
         # --swa-full: all 18 layers keep the whole 2048-token context (not 512 on the sliding
         # ones), K and V of one 256-wide head in q8_0 (34 bytes per 32 values).
         expected_kv = 18 * 2048 * 2 * 256 * 34 // 32

@@ -107,7 +107,7 @@ def test_each_sort_puts_the_largest_first_and_reverse_turns_it_round(recommendat
     assert scores == sorted(scores, reverse=True)
     speeds = [row.decode_tokens_per_s for row in visible_rows(rows, sort="speed") if row.decode_tokens_per_s is not None]
     assert speeds == sorted(speeds, reverse=True)
-    assert [row.key for row in visible_rows(rows)] == [c.entry.key for c in recommendation.candidates]
+    assert [row.key for row in visible_rows(rows)] == [c.key for c in recommendation.candidates]
     with pytest.raises(ValueError, match="unknown sort"):
         visible_rows(rows, sort="colour")
 

@@ -22,6 +22,8 @@ from .gguf.compact import from_compact
 from .gguf.parse import GGUFHeader
 from .published import (
     LICENCE_USES,
+    AnswerLength,
+    AnswerLengths,
     ApiPrices,
     CardInfo,
     CpuBenchRow,
@@ -42,6 +44,7 @@ from .published import (
 
 __all__ = [
     "load_rental_offers",
+    "load_answer_lengths",
     "load_batch_shares",
     "load_expert_batch_reads",
     "load_licences",
@@ -878,6 +881,49 @@ class QualityFacts:
 
 #: The modes a figure is reported in (recipes/quality.toml ``mode``).
 QUALITY_MODES = ("thinking", "standard")
+
+
+@cache
+def load_answer_lengths() -> AnswerLengths:
+    """recipes/answer_tokens.toml: the tokens models spend per question, by mode, as published,
+    and the workload a typical answer is priced on.
+
+    Raises:
+        CatalogError: an entry lacks a field, names no catalog model, a mode that is not one, or
+            a count that is not positive (or reasoning tokens beyond the whole); no measurement
+            is on the reference workload.
+    """
+    families = {entry.family for entry in load_models()}
+    found = []
+    data = _load("answer_tokens.toml")
+    try:
+        reference: dict[str, object] = data["reference"]  # type: ignore[assignment]
+        for row in data["length"]:  # type: ignore[attr-defined]
+            reasoning = row.get("reasoning_tokens")
+            length = AnswerLength(
+                str(row["model"]),
+                str(row["mode"]),
+                float(row["tokens_per_answer"]),
+                None if reasoning is None else float(reasoning),
+                str(row["workload"]),
+                str(row["source"]),
+                str(row["date"]),
+            )
+            if length.model not in families or length.mode not in QUALITY_MODES or not 0 < length.tokens_per_answer < 1e6:
+                raise CatalogError(
+                    f"recipes/answer_tokens.toml: {length.model} ({length.mode}): not a catalog model, mode or count", hint="fix the entry"
+                )
+            if length.reasoning_tokens is not None and not 0 <= length.reasoning_tokens <= length.tokens_per_answer:
+                raise CatalogError(f"recipes/answer_tokens.toml: {length.model}: reasoning tokens beyond the whole", hint="fix the entry")
+            found.append(length)
+        answer: dict[str, object] = data["answer"]  # type: ignore[assignment]
+        answer_tokens = float(answer["tokens"])  # type: ignore[arg-type]
+        lengths = AnswerLengths(str(reference["workload"]), str(reference["why"]), tuple(found), answer_tokens, str(answer["source"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CatalogError(f"recipes/answer_tokens.toml: an entry lacks or mistypes {exc}", hint="fix the entry") from None
+    if not any(length.workload == lengths.reference_workload for length in found):
+        raise CatalogError("recipes/answer_tokens.toml: no measurement on the reference workload", hint="fix [reference] workload")
+    return lengths
 
 
 @cache

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "AnswerLength",
+    "AnswerLengths",
     "RentalOffer",
     "ModelShape",
     "PublishedRow",
@@ -311,3 +313,48 @@ class RentalOffer:
     provider: str
     date: str
     source: str
+
+
+@dataclass(frozen=True)
+class AnswerLength:
+    """recipes/answer_tokens.toml: the output tokens ``model`` spends per question in ``mode``
+    (``thinking``: its reasoning trace and answer; ``standard``: the answer), as ``source``
+    measured on ``workload`` (``date``); ``reasoning_tokens`` of them before the answer where
+    the source splits them (None: not split)."""
+
+    model: str
+    mode: str
+    tokens_per_answer: float
+    reasoning_tokens: float | None
+    workload: str
+    source: str
+    date: str
+
+    @property
+    def answer_tokens(self) -> float | None:
+        """The tokens of the answer itself, where the source splits them."""
+        return None if self.reasoning_tokens is None else self.tokens_per_answer - self.reasoning_tokens
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "mode": self.mode,
+            "tokens_per_answer": round(self.tokens_per_answer),
+            "reasoning_tokens": None if self.reasoning_tokens is None else round(self.reasoning_tokens),
+            "workload": self.workload,
+            "source": self.source,
+            "date": self.date,
+        }
+
+
+@dataclass(frozen=True)
+class AnswerLengths:
+    """recipes/answer_tokens.toml: every measurement, the workload a reasoning trace is priced on
+    (``reference_workload``, and ``why`` that one), and the typical answer itself
+    (``answer_tokens`` per answer to a real prompt, as ``answer_source`` measured it)."""
+
+    reference_workload: str
+    why: str
+    lengths: tuple[AnswerLength, ...]
+    answer_tokens: float
+    answer_source: str

@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any, TypeVar, cast
 
 from .cache_file import cached
-from .catalog import ModelEntry, find_frontier, load_gpus, load_host_defaults, load_licences, load_quality
+from .catalog import ModelEntry, find_frontier, load_answer_lengths, load_gpus, load_host_defaults, load_licences, load_quality
 from .engines.llama_server import find_llama_server, read_engine_flags
 from .errors import TierlocalError
 from .fit.estimate import RunRequest
@@ -126,11 +126,13 @@ def catalog_recommendation(
     ctx_up_to_training: bool = False,
     licence: str = "any",
     users: int | None = None,
+    thinking: str = "auto",
 ) -> CatalogRecommendation:
     """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots
     (at most each model's trained context with ``ctx_up_to_training``: no --ctx given), of the
     licences ``licence`` allows (``any``, ``commercial``, ``open``); with ``users``, judged by each
-    user's decode speed when that many use a model at once.
+    user's decode speed when that many use a model at once; ``thinking`` (``auto``, ``on``,
+    ``off``): the modes of each model that are candidates.
 
     This CPU's calibration prices the host's part only when the host is this machine (no
     ``--ram``): another machine's CPU was never timed here.
@@ -165,6 +167,8 @@ def catalog_recommendation(
         licences=load_licences(),
         licence=licence,
         users=users,
+        answer_lengths=load_answer_lengths(),
+        thinking=thinking,
     )
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
     unused = unused_calibration(version) if not hardware.ram_overridden else None

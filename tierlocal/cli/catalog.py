@@ -21,7 +21,7 @@ from ..fit.memory import kv_cache, server_context
 from ..fit.model import model_spec
 from ..gguf.compact import to_compact
 from ..gguf.summary import summarize
-from ..plan.quality import MIN_REPORTERS
+from ..plan.quality import MIN_REPORTERS, ModelQuality, mode_scores
 from ..recommendation import catalog_quality
 from ..units import format_bytes, format_count
 from .common import COMPACT_WIDTH, console, json_option, print_json
@@ -87,25 +87,32 @@ def _family_json(entries: list[ModelEntry], *, facts: bool) -> dict[str, object]
 
 
 def _quality_json(family: str) -> dict[str, object] | None:
-    """The model's score per task and the published figures they come from (None: none)."""
-    scores = catalog_quality().get(family)
+    """The model's score per task (in the mode most of its figures are in), its other mode's
+    where it has both, and the published figures they come from (None: none)."""
+    every = catalog_quality()
+    scores = every.get(family)
     if not scores:
         return None
-    figures = {id(f): f for q in scores.values() for f in q.figures}
+    by_mode = mode_scores(every, family)
+    main = next(iter(scores.values())).mode
+    figures = {json.dumps(f.to_json(), sort_keys=True): f for tasks in by_mode.values() for q in tasks.values() for f in q.figures}
     return {
-        "scores": {
-            task: {
-                "score": round(q.score, 1),
-                "basis": q.basis,
-                "benchmarks_reported": q.reported,
-                "independent_figures": q.independent_figures,
-                "independent_sources": q.independent_sources,
-                "thin": q.thin,
-                "evidence": q.evidence,
-            }
-            for task, q in scores.items()
-        },
+        "mode": main,
+        "scores": {task: _score_json(q) for task, q in scores.items()},
+        "other_modes": {mode: {task: _score_json(q) for task, q in tasks.items()} for mode, tasks in by_mode.items() if mode != main},
         "figures": [f.to_json() for f in figures.values()],
+    }
+
+
+def _score_json(quality: ModelQuality) -> dict[str, object]:
+    return {
+        "score": round(quality.score, 1),
+        "basis": quality.basis,
+        "benchmarks_reported": quality.reported,
+        "independent_figures": quality.independent_figures,
+        "independent_sources": quality.independent_sources,
+        "thin": quality.thin,
+        "evidence": quality.evidence,
     }
 
 
@@ -122,7 +129,9 @@ def _quality_cell(quality: dict[str, object] | None) -> str:
 def _quality_lines(quality: dict[str, object]) -> str:
     """Each task's score, then every figure it comes from with its source."""
     scores = quality["scores"]
-    lines = "; ".join(f"{task} {s['score']:.1f} from {s['evidence']}" for task, s in scores.items())  # type: ignore[attr-defined]
+    lines = f"{quality['mode']}: " + "; ".join(f"{task} {s['score']:.1f} from {s['evidence']}" for task, s in scores.items())  # type: ignore[attr-defined]
+    for mode, other in quality["other_modes"].items():  # type: ignore[attr-defined]
+        lines += f" — {mode}: " + "; ".join(f"{task} {s['score']:.1f} from {s['evidence']}" for task, s in other.items())
     figures = quality["figures"]
     cited = "".join(
         f"\n    {escape(str(f['benchmark']))} ({f['mode']}) {f['score']:g}: {escape(str(f['setting']))} — {escape(str(f['source']))}, {f['date']}"

@@ -23,7 +23,7 @@ from ..measure.calibration_cache import unused_calibration
 from ..plan.inputs import PlanAsk
 from ..plan.local_cost import local_cost, rental_price
 from ..plan.machine import machine_for
-from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES, role_for
+from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES, THINKING, role_for
 from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
 from ..plan.speeds import most_users_at
 from ..recommendation import catalog_recommendation, engine_version
@@ -109,8 +109,16 @@ __all__ = ["check"]
     type=click.Choice(list(PREFERENCES)),
     default="balanced",
     show_default=True,
-    help="How the catalog recommendation weighs quality against speed: quality (speed only breaks ties), balanced (2 score points per doubling of "
-    "tok/s), speed (8).",
+    help="How the catalog recommendation weighs quality against speed: quality (speed only breaks ties), balanced (2 score points per halving of "
+    "the time to a typical answer, reasoning included), speed (8).",
+)
+@click.option(
+    "--thinking",
+    type=click.Choice(THINKING),
+    default="auto",
+    show_default=True,
+    help="Which modes the catalog recommendation weighs: auto (a model that can answer with or without a reasoning trace is a candidate in each, "
+    "with its own score and time to answer); on (thinking modes only); off (answering directly only).",
 )
 @click.option(
     "--licence",
@@ -192,6 +200,7 @@ class CatalogChoices(TypedDict):
     purpose: str
     prefer: str
     licence: str
+    thinking: str
     show_all: bool
 
 
@@ -248,6 +257,7 @@ def _check_catalog(
     purpose: str,
     prefer: str,
     licence: str,
+    thinking: str,
     show_all: bool,
     as_json: bool,
 ) -> None:
@@ -270,12 +280,13 @@ def _check_catalog(
         ctx_up_to_training=ctx is None,
         licence=licence,
         users=users,
+        thinking=thinking,
     )
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
     shown = recommendation.best or (recommendation.candidates[0] if named and recommendation.candidates else None)
     if shown is not None and shown.plan is not None:
         shown = replace(shown, plan=priced(shown.plan))
-        recommendation = replace(recommendation, candidates=tuple(shown if c.entry == shown.entry else c for c in recommendation.candidates))
+        recommendation = replace(recommendation, candidates=tuple(shown if c.key == shown.key else c for c in recommendation.candidates))
     if as_json:
         payload = recommendation.to_json()
         payload["plan"] = shown.plan.to_json() if shown and shown.plan else None

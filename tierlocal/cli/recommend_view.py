@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..plan.answer_time import AnswerTime
 from ..plan.candidates import Candidate, CatalogRecommendation
 from ..plan.single_machine import SingleMachinePlan
 from ..plan.source import SourceCheck
@@ -47,10 +48,15 @@ def render_catalog_recommendation(
     else:
         entry = best.entry
         ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
+        switch = best.switchable and best.mode is not None
+        mode = (", thinking first" if best.mode == "thinking" else ", answering without thinking") if switch else ""
+        serve = f"; serve it with `tierlocal serve {entry.family} --thinking {'on' if best.mode == 'thinking' else 'off'}`" if switch else ""
         out.print(
             f"[bold]Recommended:[/bold] {entry.family} {entry.quant} ({format_count(best.params)} parameters, {best.bits_per_weight:.2f} bits/weight"
-            f"{ollama}) — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`.{_licence_words(best)}"
+            f"{ollama}){mode} — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`{serve}.{_licence_words(best)}"
         )
+        if best.answer is not None:
+            out.print(_answer_words(best.answer, recommendation.users))
         if best.note:
             out.print(f"[bold yellow]Note[/bold yellow]: {escape(best.note)}.")
         if best.plan is not None and render_plan is not None:
@@ -68,6 +74,28 @@ def render_catalog_recommendation(
         "* from all its figures, none for this task), less its quantisation's measured loss; - no published figures."
     )
     _print_frontier(out, recommendation)
+
+
+def _answer_words(timed: AnswerTime, users: int | None) -> str:
+    """The time to a typical answer and its arithmetic, in one line."""
+    answer = timed.answer
+    reasoning = answer.reasoning_tokens
+    tokens = (
+        f"~{reasoning:,.0f} reasoning + ~{answer.tokens - reasoning:,.0f} answer tokens"
+        if reasoning and answer.mode == "thinking"
+        else f"~{answer.tokens:,.0f} output tokens"
+    )
+    each = f" (each user's, {users} at once)" if users and users > 1 else ""
+    read = f"read in {timed.first_token_s:.1f} s" if timed.first_token_s is not None else "(its reading time unknown, counted as none)"
+    basis = (
+        f"tokens per answer measured on {answer.workload}"
+        if answer.basis == "measured"
+        else f"tokens per answer not measured for this model: the median of the {answer.mode} models measured on {answer.workload}"
+    )
+    return escape(
+        f"Typical answer: ~{timed.seconds:,.0f} s here — a {timed.prompt_tokens}-token prompt {read}, then {tokens} "
+        f"at ~{timed.decode_tokens_per_s:,.1f} tok/s{each} ({basis}; docs/how-it-works/quality.md)."
+    )
 
 
 #: The mark after a speed in the table, per basis (tierlocal.fit.speed.BASES).
@@ -122,22 +150,38 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
         for column, column_width in fixed.items():
             table.add_column(column, width=column_width, justify="left" if column == "where" else "right", no_wrap=column != "where")
         for candidate in rows:
-            family, quant, params, needs, busiest, where, speed, score, verdict = _row(candidate)
+            family, quant, params, needs, busiest, where, speed, answer, score, verdict = _row(candidate)
+            answered = f" · answer {answer}" if answer != "-" else ""
             table.add_row(
-                f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · score {score} · [dim]{verdict}[/dim]", needs, busiest, speed, where
+                f"[bold]{escape(family)}[/bold]\n{escape(quant)} · {params} · score {score}{answered} · [dim]{verdict}[/dim]",
+                needs,
+                busiest,
+                speed,
+                where,
             )
         return table
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in ("model", "quant", "params", "needs", "busiest: need/free", "where", "~tok/s", "score", "verdict"):
-        table.add_column(column, justify="right" if column in ("params", "needs", "busiest: need/free", "~tok/s", "score") else "left")
+    names = max((len(c.entry.family) for c in rows), default=5)
+    for column in ("model", "quant", "params", "needs", "busiest: need/free", "where", "~tok/s\nanswer", "score", "verdict"):
+        # A name is never cut: the verdict wraps instead.
+        table.add_column(
+            column,
+            justify="right" if column in ("params", "needs", "busiest: need/free", "~tok/s\nanswer", "score") else "left",
+            min_width=names if column == "model" else None,
+        )
     for candidate in rows:
-        table.add_row(*_row(candidate))
+        family, quant, params, needs, busiest, where, speed, answer, score, verdict = _row(candidate)
+        if candidate.switchable and candidate.mode is not None:
+            family += "\n[dim]" + ("thinking" if candidate.mode == "thinking" else "no thinking") + "[/dim]"
+        cells = [family, quant, params, needs, busiest, where, speed + (f"\n{answer}" if answer != "-" else ""), score, verdict]
+        table.add_row(*cells)
     return table
 
 
 def _row(candidate: Candidate) -> list[str]:
     """model, quant, params, needs (the whole run), busiest device (its need / free), where,
-    tok/s, quality score (* when not from this task's own figures), verdict."""
+    tok/s, the time to a typical answer, quality score (*
+    when not from this task's own figures), verdict."""
     entry = candidate.entry
     params = format_count(candidate.params) + (f"-A{format_count(entry.active_params)}" if entry.active_params < entry.params else "")
     speed = "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}"
@@ -155,7 +199,15 @@ def _row(candidate: Candidate) -> list[str]:
         verdict = "best: " + candidate.reason
     quality = candidate.quality
     score = "-" if quality is None else f"{quality.score:.1f}" + ("*" if quality.model.basis == "general" else "")
-    return [entry.family, entry.quant, params, needs, busiest, candidate.where, speed, score, escape(verdict)]
+    return [entry.family, entry.quant, params, needs, busiest, candidate.where, speed, _answer_cell(candidate), score, escape(verdict)]
+
+
+def _answer_cell(candidate: Candidate) -> str:
+    """``think 193 s`` / ``9.4 s``: the time to a typical answer, marked where it thinks first."""
+    if candidate.answer is None:
+        return "-"
+    seconds = candidate.answer.seconds
+    return f"{seconds:,.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def _print_frontier(out: Console, recommendation: CatalogRecommendation) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..engines.flags import reasoning_flags
 from ..errors import TierlocalError, UsageError
 from ..fit.concurrency import UsersSpeed
 from ..resolve import resolve_model
@@ -49,6 +50,14 @@ __all__ = ["serve", "status"]
     "--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model)."
 )
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
+@click.option(
+    "--thinking",
+    type=click.Choice(("auto", "on", "off")),
+    default="auto",
+    show_default=True,
+    help="For a model that can answer with or without a reasoning trace (Qwen3, Qwen3.5/3.6, Gemma 4, …): on or off (llama-server's "
+    "--reasoning, which sets the chat template's enable_thinking); auto keeps the template's default. `check` says which mode it picked.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Once ready, print the plan, what llama.cpp did and the delta as one JSON object.")
 def serve(
     source: str | None,
@@ -60,6 +69,7 @@ def serve(
     pull: bool,
     load_timeout: float | None,
     threads: int | None,
+    thinking: str,
     as_json: bool,
     **served: Any,
 ) -> None:
@@ -74,6 +84,7 @@ def serve(
       tierlocal serve ./gemma-3-270m-Q4_K_M.gguf --ctx 8192 --parallel 2
       tierlocal serve ./model.gguf --users 4          # four users at once, one KV cache they share
       tierlocal serve qwen3-8b --pull --ctx max
+      tierlocal serve qwen3.5-9b --thinking off      # answer directly: no reasoning trace first
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3
       tierlocal serve ./model.gguf --flash-attn off -- --temp 0.7 --no-webui
@@ -88,6 +99,7 @@ def serve(
         )
         return
     source = _one_model(source, ram, engine, served)
+    engine_args = _with_thinking(engine_args, thinking, engine)
     ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
     # A catalog name is planned for this machine (as --gpu describes it): detected only then.
     model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens)
@@ -123,6 +135,23 @@ def _one_model(source: str | None, ram: str | None, engine: str, served: dict[st
             f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
         )
     return source
+
+
+def _with_thinking(engine_args: tuple[str, ...], thinking: str, engine: str) -> tuple[str, ...]:
+    """``engine_args`` with llama-server's ``--reasoning`` for ``--thinking on|off``.
+
+    Raises:
+        UsageError: --thinking on|off with another engine, or beside a --reasoning of its own.
+    """
+    if thinking == "auto":
+        return engine_args
+    if engine != "llama-server":
+        raise UsageError(
+            f"--thinking is passed to llama-server only, not --engine {engine}", hint="Ollama takes `think` per request; drop --thinking"
+        )
+    if any(arg in ("--reasoning", "-rea") or arg.startswith("--reasoning=") for arg in engine_args):
+        raise UsageError("--thinking and llama-server's own --reasoning both given", hint="keep one of them")
+    return (*engine_args, *reasoning_flags("thinking" if thinking == "on" else "standard"))
 
 
 def _say(message: str) -> None:

@@ -17,7 +17,17 @@ from ..errors import EngineError, UsageError
 from ..fit.estimate import RunEstimate
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 
-__all__ = ["EngineFlags", "parse_help", "server_args", "planned_command", "launch_argv", "check_engine_args", "role_flags", "PLANNED_OPTIONS"]
+__all__ = [
+    "EngineFlags",
+    "parse_help",
+    "server_args",
+    "planned_command",
+    "launch_argv",
+    "check_engine_args",
+    "role_flags",
+    "reasoning_flags",
+    "PLANNED_OPTIONS",
+]
 
 # "-fa,   --flash-attn [on|off|auto]   set ..." : an option, an optional argument after one
 # space (a choice in braces may hold commas: "--rope-scaling {none,linear,yarn}"), then ", " and
@@ -154,6 +164,13 @@ def role_flags(role: str | None, *, pooled: bool) -> tuple[str, ...]:
     if role != "embeddings":
         return ()
     return ("--embeddings",) if pooled else ("--embeddings", "--pooling", "mean")
+
+
+def reasoning_flags(mode: str | None) -> tuple[str, ...]:
+    """The llama-server options that ask a model with both modes for ``mode``: ``--reasoning on``
+    (``thinking``) or ``off`` (``standard``), which set the chat template's ``enable_thinking``
+    (common/arg.cpp of the pinned llama.cpp); none for None (the template's default)."""
+    return {"thinking": ("--reasoning", "on"), "standard": ("--reasoning", "off")}.get(mode or "", ())
 
 
 def planned_command(

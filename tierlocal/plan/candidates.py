@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ..catalog import ModelEntry
 from ..hardware.types import Hardware
 from ..published import LicenceTerms
+from .answer_time import AnswerTime
 from .quality import EntryQuality
 from .rule_of_thumb import Budget, CatalogFit, FrontierVerdict
 from .source import SourceCheck
@@ -46,6 +47,18 @@ class Candidate:
     quality: EntryQuality | None = None
     #: What the model's licence allows (None: recipes/licences.toml does not know it).
     licence: LicenceTerms | None = None
+    #: The mode it answers in (``thinking``: a reasoning trace first; ``standard``: directly; None:
+    #: unknown, no figures): a model with both is two candidates, one per mode.
+    mode: str | None = None
+    #: The time to a typical answer in that mode on this machine (None: no speed or no measurement).
+    answer: AnswerTime | None = None
+    #: The model can answer with or without thinking (its other mode is another candidate).
+    switchable: bool = False
+
+    @property
+    def key(self) -> str:
+        """The entry's key, and the mode where it is known (``qwen3-8b:q4_k_m@thinking``)."""
+        return self.entry.key if self.mode is None else f"{self.entry.key}@{self.mode}"
 
     @property
     def size_params(self) -> float:
@@ -85,6 +98,8 @@ class Candidate:
             "est_prefill_tokens_per_s": _rounded(self.plan.headline.prefill_tokens_per_s) if self.plan else None,
             "bound_decode_tokens_per_s": _rounded(self.plan.headline.bound_decode_tokens_per_s) if self.plan else _rounded(self.decode_tokens_per_s),
             "quality": self.quality.to_json() if self.quality else None,
+            "mode": self.mode,
+            "answer": self.answer.to_json() if self.answer else None,
             "licence": entry.licence,
             "licence_terms": self.licence.to_json() if self.licence else None,
             "method": "estimator" if self.plan else "rule-of-thumb",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..published import QualityFigure, QuantLoss
 
@@ -78,6 +78,13 @@ class ModelQuality:
     reported: int
     columns: int
     figures: tuple[QualityFigure, ...]
+
+    @property
+    def mode(self) -> str:
+        """The mode its figures are in (``thinking``, ``standard``), or ``both`` for a score
+        that pools them (none does since hybrids are fitted per mode), ``none`` without figures."""
+        modes = {figure.mode for figure in self.figures}
+        return modes.pop() if len(modes) == 1 else ("both" if modes else "none")
 
     @property
     def independent_figures(self) -> int:
@@ -156,15 +163,45 @@ def fit_quality(figures: Sequence[QualityFigure], benchmark_tasks: Mapping[str, 
     """model → task → :class:`ModelQuality`, for every model with a figure in a fitted column
     (module docstring). ``benchmark_tasks``: benchmark → the tasks it counts for. A model with a
     figure for a :data:`SEPARATE_TASKS` task (an embedding model) is left out of the general fit
-    and scored by that task's own fit alone."""
-    separate = {f.model for f in figures if set(benchmark_tasks.get(f.benchmark, ())) & set(SEPARATE_TASKS)}
-    _, strength = _fit_task("general", [f for f in figures if f.model not in separate], None)
-    found: dict[str, dict[str, ModelQuality]] = {}
+    and scored by that task's own fit alone.
+
+    A model with figures in both modes (a hybrid: Qwen3's thinking switch) is fitted as two, one
+    per mode, each on its own figures: ``MODEL@thinking`` and ``MODEL@standard`` hold each mode's
+    scores, ``MODEL`` the mode most of its figures are in (thinking on a tie). Every model also
+    has ``MODEL@MODE`` for its one mode (:func:`mode_scores` lists them)."""
+    modes: dict[str, dict[str, int]] = {}
+    for figure in figures:
+        modes.setdefault(figure.model, {}).setdefault(figure.mode, 0)
+        modes[figure.model][figure.mode] += 1
+    split = {model for model, counts in modes.items() if len(counts) > 1}
+    units = [replace(f, model=f"{f.model}@{f.mode}") if f.model in split else f for f in figures]
+    separate = {f.model for f in units if set(benchmark_tasks.get(f.benchmark, ())) & set(SEPARATE_TASKS)}
+    _, strength = _fit_task("general", [f for f in units if f.model not in separate], None)
+    fitted: dict[str, dict[str, ModelQuality]] = {}
     for task in TASKS:
-        own, _ = _fit_task(task, [f for f in figures if task in benchmark_tasks.get(f.benchmark, ())], None if task in SEPARATE_TASKS else strength)
-        for model, quality in own.items():
-            found.setdefault(model, {})[task] = quality
+        own, _ = _fit_task(task, [f for f in units if task in benchmark_tasks.get(f.benchmark, ())], None if task in SEPARATE_TASKS else strength)
+        for unit, quality in own.items():
+            fitted.setdefault(unit, {})[task] = quality
+    found: dict[str, dict[str, ModelQuality]] = {}
+    for unit, tasks in fitted.items():
+        model, _, mode = unit.partition("@")
+        restored = {task: replace(q, model=model, figures=tuple(replace(f, model=model) for f in q.figures)) for task, q in tasks.items()}
+        if mode:
+            found[unit] = restored
+        else:
+            found[unit] = found[f"{unit}@{next(iter(modes[unit]))}"] = restored
+    for model in split:
+        counts = modes[model]
+        main = max(sorted(counts), key=lambda m: (counts[m], m == "thinking"))
+        if f"{model}@{main}" in found:
+            found[model] = found[f"{model}@{main}"]
     return found
+
+
+def mode_scores(scores: Mapping[str, Mapping[str, ModelQuality]], model: str) -> dict[str, Mapping[str, ModelQuality]]:
+    """``model``'s scores per mode (``thinking``, ``standard``): both for a hybrid, its one mode
+    for any other model with a score, none without."""
+    return {mode: scores[f"{model}@{mode}"] for mode in ("thinking", "standard") if f"{model}@{mode}" in scores}
 
 
 def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, float] | None) -> tuple[dict[str, ModelQuality], dict[str, float]]:

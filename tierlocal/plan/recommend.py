@@ -27,11 +27,13 @@ A purpose ranks the entries of its role: ``embeddings`` the embedding models (re
 ``role``), every other purpose the generation models; an embedding model's speed is its prompt
 (prefill) tokens/s.
 
-The best eligible entry weighs quality against speed: each file's score for the task
+The best eligible entry weighs quality against time: each file's score for the task
 (:mod:`.quality`: the model's published figures made comparable, less its quantisation's
-measured loss) plus :data:`PREFERENCES` points per doubling of its decode speed (``quality``:
-speed only breaks ties; ``balanced``, the default; ``speed``). The pick maximises that, so no
-other eligible entry is both at least as good and at least as fast. Entries without a score
+measured loss; a model with both modes is a candidate per mode, :mod:`.modes`) less
+:data:`PREFERENCES` points per doubling of the wait for a typical answer beyond
+:data:`PATIENCE_S` (:mod:`.answer_time`: the prompt, a thinking mode's trace and the answer at
+the plan's speeds; ``quality``: time only breaks ties; ``balanced``, the default; ``speed``). The
+pick maximises that, so no other eligible entry is both at least as good and at least as quick. Entries without a score
 (no published figures) rank after those with one, among themselves by size, dense-equivalent
 (a mixture of experts counts √(total × active) parameters), then precision (bits per weight,
 counted up to Q6_K's: :data:`PRECISION_CAP_BITS`), then speed, then the newer release. Tight
@@ -51,11 +53,12 @@ from ..fit.estimate import RunRequest
 from ..fit.model import ModelSpec
 from ..gguf import ModelSummary
 from ..hardware.types import Hardware
-from ..published import LicenceTerms, QuantLoss
+from ..published import AnswerLengths, LicenceTerms, QuantLoss
 from ..units import format_bytes
 from .candidates import Candidate, CatalogRecommendation
 from .inputs import PlanAsk, PlanInputs
-from .quality import EntryQuality, ModelQuality, entry_quality
+from .modes import EMBEDDING_PURPOSES, THINKING, candidates_by_mode, mode_command, mode_notes
+from .quality import EntryQuality, ModelQuality
 from .rule_of_thumb import CatalogFit, fit_entry, frontier_verdict, memory_budget
 from .source import SourceCheck, check_model
 from .where import load_note, where_text
@@ -68,16 +71,16 @@ __all__ = [
     "PRECISION_CAP_BITS",
     "LONG_CONTEXT_TOKENS",
     "LICENCE_FILTERS",
+    "THINKING",
+    "PATIENCE_S",
+    "ANSWER_SCALE_TOKENS",
+    "wait_seconds",
     "recommend_catalog",
 ]
 
 PURPOSES = ("chat", "code", "reasoning", "long-context", "embeddings")
-#: The purposes an embedding model is ranked for (its speed is the prompt's: it reads, never writes);
-#: every other purpose ranks the generation models (catalog role ``chat``).
-EMBEDDING_PURPOSES = ("embeddings",)
-#: Score points one doubling of decode speed is worth, per ``--prefer``: a choice, not a
-#: measurement (``balanced``: a Q4_K_M that loses ~1.5 points to its Q8_0 and runs ~1.8x as
-#: fast is preferred to it).
+#: Score points one doubling of the wait for a typical answer costs (past :data:`PATIENCE_S`),
+#: per ``--prefer``: a choice, not a measurement.
 PREFERENCES = {"quality": 0.0, "balanced": 2.0, "speed": 8.0}
 #: Precision counts up to Q6_K's bits per weight (its files carry 6.5–6.6): a choice, not a
 #: measurement — above it the gain is small beside size and speed, so a faster Q6_K beats a
@@ -89,6 +92,15 @@ LONG_CONTEXT_TOKENS = 131_072
 _PUBLISHED_TEMPLATE = TemplateChoice("header", note="the published file's own chat template (serve checks it once the file is here)")
 #: Status names, best first in the table.
 _ORDER = {"best": 0, "fits": 1, "tight": 2, "too slow": 3, "not for long-context": 4, "licence": 5, "no room": 6}
+#: The answer (tokens) a candidate is timed for where no time to a typical answer is known (no
+#: measurement of its mode): the ranking weighs the wait for that many tokens at its decode speed.
+ANSWER_SCALE_TOKENS = 1000.0
+#: The wait (seconds) below which a faster answer weighs little: a choice, not a measurement.
+#: The cost of a wait is log2(1 + seconds / PATIENCE_S) × the preference's points — near 0 for an
+#: answer in 2 s, a point per doubling past half a minute.
+PATIENCE_S = 10.0
+#: The wait an entry with no known speed is weighed at: ranked after those with one.
+_UNKNOWN_WAIT_S = 3600.0
 #: ``--licence``: the uses of recipes/licences.toml each choice keeps.
 LICENCE_FILTERS = {"any": ("open", "conditions", "non-commercial"), "commercial": ("open", "conditions"), "open": ("open",)}
 
@@ -114,10 +126,13 @@ def recommend_catalog(
     licences: Mapping[str, LicenceTerms] | None = None,
     licence: str = "any",
     users: int | None = None,
+    answer_lengths: AnswerLengths | None = None,
+    thinking: str = "auto",
 ) -> CatalogRecommendation:
     """Plan every entry (``models``: spec and summary by key, else the rule of thumb) on ``where`` at ``ctx`` per slot × ``parallel``
     (``ctx_up_to_training``: ≤ its trained context), speed per user at ``users``; rank (module docstring) by ``quality`` less
-    ``quant_losses`` against speed as ``prefer`` says; ``licence`` leaves out what ``licences`` disallow."""
+    ``quant_losses`` against the time to a typical answer (``answer_lengths``) as ``prefer`` says; ``licence`` leaves out what
+    ``licences`` disallow; ``thinking`` (:data:`THINKING`) which modes of a model are candidates."""
     budget = memory_budget(hardware, host)
     ask = PlanAsk(ctx, parallel, request or RunRequest(), users=users, up_to_training=ctx_up_to_training)
     on_this_machine = partial(check_model, where=where, ask=ask, template=_PUBLISHED_TEMPLATE)
@@ -126,19 +141,20 @@ def recommend_catalog(
         path = f"<{entry.family}-{entry.quant}.gguf after tierlocal pull>"
         return _loaded(on_this_machine(entry.key, *models[entry.key], model_path=path, detail=detail))
 
-    def judged(entry: ModelEntry) -> Candidate:
+    def judged(entry: ModelEntry) -> list[Candidate]:
         if entry.key in models:
             candidate = _from_plan(entry, plan(entry, False), min_tokens_per_s, purpose, tight_fraction)
         else:
             fit = fit_entry(entry, budget, host, ctx=ctx, parallel=parallel, up_to_training=ctx_up_to_training)
             candidate = _from_rule(entry, fit, min_tokens_per_s, purpose)
-        scored = entry_quality((quality or {}).get(entry.family, {}).get(purpose), entry.quant, quant_losses or {})
-        return _licensed(replace(candidate, quality=scored, licence=(licences or {}).get(entry.licence)), licence)
+        candidate = replace(candidate, licence=(licences or {}).get(entry.licence))
+        each = candidates_by_mode(candidate, quality or {}, thinking, quant_losses or {}, answer_lengths, purpose)
+        return [_licensed(moded, licence) for moded in each]
 
     served = [entry for entry in entries if not entry.frontier and entry.role == role_for(purpose)]
-    ranked = _rank([judged(entry) for entry in served], PREFERENCES[prefer], purpose)
+    ranked = _rank([candidate for entry in served for candidate in judged(entry)], PREFERENCES[prefer], purpose)
     frontier = tuple(frontier_verdict(entry, gpus) for entry in entries if entry.frontier)
-    notes = _quality_notes(ranked, purpose)
+    notes = _quality_notes(ranked, purpose) + mode_notes(served, quality or {}, thinking, purpose)
     if purpose in EMBEDDING_PURPOSES:
         notes = ("~tok/s is the prompt's (prefill): an embedding model reads its input and writes nothing", *notes)
     found = CatalogRecommendation(hardware, budget, ctx, parallel, min_tokens_per_s, purpose, ranked, frontier, notes, prefer, licence, users)
@@ -150,7 +166,9 @@ def _with_detail(recommendation: CatalogRecommendation, plan: Callable[[ModelEnt
     row (the closest, when nothing fits) — planned again with every detail."""
     first = recommendation.candidates[0] if recommendation.candidates else None
     shown = {id(c) for c in (recommendation.best, recommendation.smaller, recommendation.larger, first) if c is not None}
-    candidates = tuple(replace(c, plan=plan(c.entry)) if id(c) in shown and c.plan is not None else c for c in recommendation.candidates)
+    candidates = tuple(
+        replace(c, plan=mode_command(plan(c.entry), c)) if id(c) in shown and c.plan is not None else c for c in recommendation.candidates
+    )
     return replace(recommendation, candidates=candidates)
 
 
@@ -273,16 +291,30 @@ def _known_speed(candidate: Candidate) -> float:
     return speed
 
 
-def _utility(quality: EntryQuality, speed: float | None, points_per_doubling: float) -> float:
-    """Score plus the speed's worth (:data:`PREFERENCES`); no speed term when the speed is
-    unknown or zero."""
-    return quality.score + (points_per_doubling * math.log2(speed) if speed and points_per_doubling else 0.0)
+def wait_seconds(candidate: Candidate) -> float:
+    """The seconds the ranking weighs: the time to a typical answer where it is known, else a
+    :data:`ANSWER_SCALE_TOKENS`-token answer at the decode speed, else an hour (unknown speed)."""
+    if candidate.answer is not None:
+        return candidate.answer.seconds
+    speed = candidate.decode_tokens_per_s
+    return ANSWER_SCALE_TOKENS / speed if speed else _UNKNOWN_WAIT_S
 
 
-def _rank_key(candidate: Candidate, points_per_doubling: float) -> tuple[float, ...]:
+def _utility(quality: EntryQuality, seconds: float, points_per_doubling: float) -> float:
+    """Score less the wait's cost (:data:`PREFERENCES` points per doubling of the wait beyond
+    :data:`PATIENCE_S`: ``log2(1 + seconds / PATIENCE_S)``)."""
+    return quality.score - points_per_doubling * math.log2(1.0 + seconds / PATIENCE_S)
+
+
+def _rank_key(candidate: Candidate, points_per_doubling: float, purpose: str = "chat") -> tuple[float, ...]:
     if candidate.quality is None:
         return (0.0, 0.0, 0.0, *_size_key(candidate))
-    return (1.0, _utility(candidate.quality, candidate.decode_tokens_per_s, points_per_doubling), _known_speed(candidate), *_size_key(candidate))
+    if purpose in EMBEDDING_PURPOSES:  # nothing to wait for: documents to read, at the prompt's tokens/s
+        speed = candidate.decode_tokens_per_s
+        utility = candidate.quality.score + (points_per_doubling * math.log2(speed) if speed else 0.0)
+    else:
+        utility = _utility(candidate.quality, wait_seconds(candidate), points_per_doubling)
+    return (1.0, utility, _known_speed(candidate), *_size_key(candidate))
 
 
 def _rank(candidates: list[Candidate], points_per_doubling: float, purpose: str) -> tuple[Candidate, ...]:
@@ -290,16 +322,17 @@ def _rank(candidates: list[Candidate], points_per_doubling: float, purpose: str)
     fitting = [c for c in candidates if c.status == "fits"] or [c for c in candidates if c.status == "tight"]
     # A score on thin evidence never wins on it alone: such an entry is the pick only when nothing better attested fits.
     eligible = [c for c in fitting if c.quality is None or not c.quality.model.thin] or fitting
-    ordered = sorted(candidates, key=lambda c: (_ORDER[c.status], tuple(-v for v in _rank_key(c, points_per_doubling))))
+    ordered = sorted(candidates, key=lambda c: (_ORDER[c.status], tuple(-v for v in _rank_key(c, points_per_doubling, purpose))))
     if not eligible:
         return tuple(ordered)
-    winner = max(eligible, key=lambda c: _rank_key(c, points_per_doubling))
+    winner = max(eligible, key=lambda c: _rank_key(c, points_per_doubling, purpose))
     if winner.quality is None:
         why = "largest model that fits (no published quality figures)" + (", highest precision" if winner.bits_per_weight > 6 else "")
     elif points_per_doubling == 0:
         why = f"the highest {purpose} score that fits ({winner.quality.score:.1f})"
     else:
-        why = f"the {purpose} score ({winner.quality.score:.1f}) and speed that weigh most"
+        pace = "time to answer" if winner.answer is not None else "speed"
+        why = f"the {purpose} score ({winner.quality.score:.1f}) and {pace} that weigh most"
     if winner.quality is not None and winner.quality.model.thin:
         why += f" (thin evidence: {winner.quality.model.evidence.removesuffix('; thin')}; nothing better attested fits)"
     if winner.status == "tight":
@@ -332,6 +365,10 @@ def _compared(candidate: Candidate, winner: Candidate) -> str:
         return "fits; slower" if _known_speed(candidate) < _known_speed(winner) else "fits; an older release of the same size"
     points = winner.quality.score - candidate.quality.score
     score = f"{points:.1f} points lower" if points >= 0.05 else f"{-points:.1f} points higher" if points <= -0.05 else "the same score"
+    if candidate.answer is not None and winner.answer is not None:
+        ratio = winner.answer.seconds / candidate.answer.seconds
+        pace = f"answers {ratio:.1f}× sooner" if ratio >= 1.05 else f"answers {1 / ratio:.1f}× later" if ratio <= 1 / 1.05 else "as fast"
+        return f"fits; {score}, {pace}"
     ours, theirs = candidate.decode_tokens_per_s, winner.decode_tokens_per_s
     if not ours or not theirs:
         return f"fits; {score}"

@@ -120,7 +120,7 @@ class FitsScreen(Screen[None]):
         self.recommendation = recommendation
         self.rows = rows_of(recommendation)
         if self.selected_key is None and recommendation.best is not None:
-            self.selected_key = recommendation.best.entry.key
+            self.selected_key = recommendation.best.key
         self._refill()
 
     def _refill(self) -> None:

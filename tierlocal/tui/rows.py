@@ -61,7 +61,7 @@ def rows_of(recommendation: CatalogRecommendation) -> list[FitsRow]:
         file_bytes = candidate.plan.file_bytes if candidate.plan else entry.file_bytes
         rows.append(
             FitsRow(
-                key=entry.key,
+                key=candidate.key,
                 rank=rank,
                 model=entry.family,
                 quant=entry.quant,
@@ -110,7 +110,10 @@ def visible_rows(rows: Sequence[FitsRow], *, text: str = "", fit_filter: str = "
 def next_quant(rows: Sequence[FitsRow], current: FitsRow) -> FitsRow:
     """The same model's next quantisation after ``current`` among ``rows`` (by bits per weight,
     wrapping around); ``current`` itself when the model has one."""
-    same = sorted((row for row in rows if row.model == current.model), key=lambda row: (row.candidate.bits_per_weight, row.quant))
+    same = sorted(
+        (row for row in rows if row.model == current.model and row.candidate.mode == current.candidate.mode),
+        key=lambda row: (row.candidate.bits_per_weight, row.quant),
+    )
     index = next(i for i, row in enumerate(same) if row.key == current.key)
     return same[(index + 1) % len(same)]
 
