@@ -13,6 +13,7 @@ import click
 from ..engines.flags import reasoning_flags
 from ..errors import TierlocalError, UsageError
 from ..fit.concurrency import UsersSpeed
+from ..plan.modes import THINKING
 from ..resolve import resolve_model
 from ..serve import ENGINES
 from ..serve import serve as run_serve
@@ -52,7 +53,7 @@ __all__ = ["serve", "status"]
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
 @click.option(
     "--thinking",
-    type=click.Choice(("auto", "on", "off")),
+    type=click.Choice(THINKING),
     default="auto",
     show_default=True,
     help="For a model that can answer with or without a reasoning trace (Qwen3, Qwen3.5/3.6, Gemma 4, …): on or off (llama-server's "
