@@ -60,7 +60,10 @@ def test_the_seconds_are_the_prompt_then_every_output_token_at_the_decode_speed(
     assert typical is not None
     timed = answer_time(typical, prefill_tokens_per_s=256.0, decode_tokens_per_s=20.0, prompt_tokens=512)
     assert (
-        timed is not None and timed.first_token_s == 2.0 and timed.seconds == pytest.approx(2.0 + 155.0) and timed.reasoning_s == pytest.approx(130.0)
+        timed is not None
+        and timed.first_token_s == 2.0
+        and timed.seconds == pytest.approx(2.0 + 155.0)
+        and timed.answer.reasoning_tokens / timed.decode_tokens_per_s == pytest.approx(130.0)
     )
     unknown_prefill = answer_time(typical, None, 20.0)
     assert unknown_prefill is not None and unknown_prefill.first_token_s is None and unknown_prefill.seconds == pytest.approx(155.0)

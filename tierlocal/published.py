@@ -330,22 +330,6 @@ class AnswerLength:
     source: str
     date: str
 
-    @property
-    def answer_tokens(self) -> float | None:
-        """The tokens of the answer itself, where the source splits them."""
-        return None if self.reasoning_tokens is None else self.tokens_per_answer - self.reasoning_tokens
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "model": self.model,
-            "mode": self.mode,
-            "tokens_per_answer": round(self.tokens_per_answer),
-            "reasoning_tokens": None if self.reasoning_tokens is None else round(self.reasoning_tokens),
-            "workload": self.workload,
-            "source": self.source,
-            "date": self.date,
-        }
-
 
 @dataclass(frozen=True)
 class AnswerLengths:

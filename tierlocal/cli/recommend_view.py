@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..catalog import load_answer_lengths
 from ..plan.answer_time import AnswerTime
 from ..plan.candidates import Candidate, CatalogRecommendation
 from ..plan.single_machine import SingleMachinePlan
@@ -56,7 +57,7 @@ def render_catalog_recommendation(
             f"{ollama}){mode} — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`{serve}.{_licence_words(best)}"
         )
         if best.answer is not None:
-            out.print(_answer_words(best.answer, recommendation.users))
+            out.print(_answer_words(best.answer, recommendation.users, load_answer_lengths().answer_source.partition(" (")[0]))
         if best.note:
             out.print(f"[bold yellow]Note[/bold yellow]: {escape(best.note)}.")
         if best.plan is not None and render_plan is not None:
@@ -76,25 +77,23 @@ def render_catalog_recommendation(
     _print_frontier(out, recommendation)
 
 
-def _answer_words(timed: AnswerTime, users: int | None) -> str:
+def _answer_words(timed: AnswerTime, users: int | None, answer_source: str | None) -> str:
     """The time to a typical answer and its arithmetic, in one line."""
     answer = timed.answer
-    reasoning = answer.reasoning_tokens
-    tokens = (
-        f"~{reasoning:,.0f} reasoning + ~{answer.tokens - reasoning:,.0f} answer tokens"
-        if reasoning and answer.mode == "thinking"
-        else f"~{answer.tokens:,.0f} output tokens"
-    )
+    trace = answer.reasoning_tokens
+    tokens = f"~{trace:,.0f} reasoning + ~{answer.tokens - trace:,.0f} answer tokens" if trace else f"~{answer.tokens:,.0f} answer tokens"
     each = f" (each user's, {users} at once)" if users and users > 1 else ""
     read = f"read in {timed.first_token_s:.1f} s" if timed.first_token_s is not None else "(its reading time unknown, counted as none)"
-    basis = (
-        f"tokens per answer measured on {answer.workload}"
-        if answer.basis == "measured"
-        else f"tokens per answer not measured for this model: the median of the {answer.mode} models measured on {answer.workload}"
-    )
+    traced = {
+        "measured": f"the trace measured for this model on {answer.workload}",
+        "scaled": f"the trace measured for this model elsewhere, carried to {answer.workload}",
+        "assumed": f"the trace not measured for this model: the median thinking model's on {answer.workload}",
+    }
+    basis = traced[answer.basis] + "; " if answer.mode == "thinking" else ""
+    typical = f"the answer: {answer_source}" if answer_source else "the typical answer"
     return escape(
         f"Typical answer: ~{timed.seconds:,.0f} s here — a {timed.prompt_tokens}-token prompt {read}, then {tokens} "
-        f"at ~{timed.decode_tokens_per_s:,.1f} tok/s{each} ({basis}; docs/how-it-works/quality.md)."
+        f"at ~{timed.decode_tokens_per_s:,.1f} tok/s{each} ({basis}{typical}; docs/how-it-works/quality.md)."
     )
 
 
@@ -203,7 +202,7 @@ def _row(candidate: Candidate) -> list[str]:
 
 
 def _answer_cell(candidate: Candidate) -> str:
-    """``think 193 s`` / ``9.4 s``: the time to a typical answer, marked where it thinks first."""
+    """``193 s`` / ``9.4 s``: the time to a typical answer (the mode is under the model's name)."""
     if candidate.answer is None:
         return "-"
     seconds = candidate.answer.seconds

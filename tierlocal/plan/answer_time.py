@@ -43,13 +43,13 @@ TYPICAL_PROMPT_TOKENS = 512
 @dataclass(frozen=True)
 class TypicalAnswer:
     """The output tokens one answer takes in ``mode``: ``tokens`` in all (reasoning included),
-    ``reasoning_tokens`` of them before the answer (None: not split by the source); ``basis``
+    ``reasoning_tokens`` of them the trace before the answer (0 answering directly); ``basis``
     ``measured``, ``scaled`` or ``assumed`` (module docstring), on the reference ``workload``,
     from the unit's own ``lengths`` (none when assumed)."""
 
     mode: str
     tokens: float
-    reasoning_tokens: float | None
+    reasoning_tokens: float
     basis: str
     workload: str
     lengths: tuple[AnswerLength, ...]
@@ -58,7 +58,7 @@ class TypicalAnswer:
         return {
             "mode": self.mode,
             "tokens": round(self.tokens),
-            "reasoning_tokens": None if self.reasoning_tokens is None else round(self.reasoning_tokens),
+            "reasoning_tokens": round(self.reasoning_tokens),
             "basis": self.basis,
             "workload": self.workload,
             "sources": sorted({length.source for length in self.lengths}) if self.basis != "assumed" else [],
@@ -76,12 +76,6 @@ class AnswerTime:
     first_token_s: float | None
     seconds: float
     decode_tokens_per_s: float
-
-    @property
-    def reasoning_s(self) -> float | None:
-        """The seconds the reasoning trace alone takes (None: not split by the source)."""
-        reasoning = self.answer.reasoning_tokens
-        return None if reasoning is None else reasoning / self.decode_tokens_per_s
 
     def to_json(self) -> dict[str, object]:
         return {
