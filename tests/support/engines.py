@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -26,21 +26,38 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class PortTaken(Exception):
+    """The server could not bind: another process holds the port :func:`free_port` gave."""
+
+
 @contextmanager
 def started(
-    argv: list[str], log_path: Path, ready_url: str, env: dict[str, str] | None = None, timeout_s: float = _LOAD_TIMEOUT_S
+    argv: list[str],
+    log_path: Path,
+    ready_url: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = _LOAD_TIMEOUT_S,
+    is_ours: Callable[[httpx2.Response], bool] = lambda _response: True,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Start a server with its output going to a file (never a pipe that can fill), wait until
-    ``ready_url`` answers 200, stop it gracefully afterwards (unless the test already did)."""
+    ``ready_url`` answers 200 with what ``is_ours`` recognises (a port another test's server took
+    meanwhile answers too), stop it gracefully afterwards (unless the test already did).
+
+    Raises:
+        PortTaken: the server exited saying its address is in use.
+    """
     with log_path.open("w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if process.poll() is not None:
+                if "in use" in log_path.read_text().lower():
+                    raise PortTaken(f"{argv[0]} could not bind {ready_url}:\n{log_path.read_text()[-3000:]}")
                 pytest.fail(f"{argv[0]} exited with {process.returncode} while loading:\n{log_path.read_text()[-3000:]}")
             try:
-                if httpx2.get(ready_url, timeout=2).status_code == 200:
+                response = httpx2.get(ready_url, timeout=2)
+                if response.status_code == 200 and is_ours(response):
                     break
             except httpx2.HTTPError:
                 pass

@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx2
+
 from tests.support.assets import Assets
 from tests.support.cli import REPO_ROOT, run_cli
-from tests.support.engines import free_port, llama_server_argv, running, started
+from tests.support.engines import PortTaken, free_port, llama_server_argv, running, started
 
 
 @dataclass
@@ -58,8 +60,26 @@ def gateway(
     log = directory / "gateway.log"
     argv = [sys.executable, "-m", "tierlocal", "gateway", "--config", str(config), "--workers", str(workers)]
     environment = {**(env or {}), "PYTHONPATH": str(REPO_ROOT)}
-    with started(argv, log, f"http://127.0.0.1:{port}/health", environment, timeout_s=60) as process:
-        yield RunningGateway(f"http://127.0.0.1:{port}/v1", key, config, directory / "state", log, process)
+    for attempt in range(3):
+        # The port free_port gave may be taken by another test's server before the gateway binds
+        # it (CI once read that llama-server's /health and /v1/models as the gateway's): only the
+        # gateway's own /health (its routes) is ready, and a taken port is tried again with another.
+        try:
+            with started(argv, log, f"http://127.0.0.1:{port}/health", environment, timeout_s=60, is_ours=_routes_listed) as process:
+                yield RunningGateway(f"http://127.0.0.1:{port}/v1", key, config, directory / "state", log, process)
+            return
+        except PortTaken:
+            if attempt == 2:
+                raise
+            config, port = write_config(directory, body, server=server)
+
+
+def _routes_listed(response: httpx2.Response) -> bool:
+    """The gateway's /health lists its routes; an engine's does not."""
+    try:
+        return "routes" in response.json()
+    except ValueError:
+        return False
 
 
 @dataclass
