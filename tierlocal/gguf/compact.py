@@ -29,8 +29,9 @@ class CompactError(ValueError):
     """A compact header that is not one, or claims more than a header may."""
 
 
-def to_compact(headers: Sequence[GGUFHeader]) -> dict[str, object]:
-    """The compact form of a model's headers (one per shard), JSON-ready."""
+def to_compact(headers: Sequence[GGUFHeader], *, array_bytes: bool = False) -> dict[str, object]:
+    """The compact form of a model's headers (one per shard), JSON-ready; ``array_bytes``: with
+    each long array's byte length (what a later read of another quantisation may pass over)."""
     return {
         "format": COMPACT_FORMAT,
         "version": COMPACT_VERSION,
@@ -38,7 +39,7 @@ def to_compact(headers: Sequence[GGUFHeader]) -> dict[str, object]:
             {
                 "name": header.source.rsplit("/", 1)[-1],
                 "gguf_version": header.version,
-                "metadata": {key: _value_out(value) for key, value in header.metadata.items()},
+                "metadata": {key: _value_out(value, array_bytes) for key, value in header.metadata.items()},
                 "tensors": [[t.name, list(t.shape), t.ggml_type, t.offset] for t in header.tensors],
                 "header_bytes": header.header_bytes,
                 "data_offset": header.data_offset,
@@ -50,9 +51,9 @@ def to_compact(headers: Sequence[GGUFHeader]) -> dict[str, object]:
     }
 
 
-def _value_out(value: object) -> object:
+def _value_out(value: object, array_bytes: bool) -> object:
     if isinstance(value, ArraySummary):
-        return {_ARRAY: value.element_type, "length": value.length}
+        return {_ARRAY: value.element_type, "length": value.length, **({"bytes": value.byte_length} if array_bytes and value.byte_length else {})}
     return value
 
 
@@ -103,9 +104,10 @@ def _count(value: object, what: str) -> int:
 
 def _value_in(value: object, what: str, limits: HeaderLimits) -> object:
     if isinstance(value, Mapping):
-        if set(value) != {_ARRAY, "length"} or not isinstance(value[_ARRAY], str):
+        if set(value) - {"bytes"} != {_ARRAY, "length"} or not isinstance(value[_ARRAY], str):
             raise CompactError(f"{what}: an object value must be an array summary")
-        return ArraySummary(value[_ARRAY], min(_count(value["length"], what), limits.max_array_elements))
+        byte_length = _count(value.get("bytes", 0), what)
+        return ArraySummary(value[_ARRAY], min(_count(value["length"], what), limits.max_array_elements), min(byte_length, limits.max_header_bytes))
     if isinstance(value, list) and len(value) > limits.max_kept_array_elements:
         raise CompactError(f"{what}: a kept array holds at most {limits.max_kept_array_elements} values")
     if isinstance(value, str) and len(value) > limits.max_string_bytes:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import constants
 from ..errors import HeaderError
+from .cursor import SCALAR_FORMATS, SCALAR_SIZES, Cursor
 from .tables import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
 __all__ = [
@@ -77,10 +78,12 @@ class HeaderLimits:
 
 @dataclass(frozen=True)
 class ArraySummary:
-    """A metadata array too long to keep (a vocabulary): its element type and length."""
+    """A metadata array too long to keep (a vocabulary): its element type and length, and the
+    bytes its elements take in the file (0: not known; not part of its identity)."""
 
     element_type: str
     length: int
+    byte_length: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -113,127 +116,11 @@ class GGUFHeader:
     alignment: int
 
 
-_SCALAR_FORMATS: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<B",
-    GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H",
-    GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I",
-    GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f",
-    GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q",
-    GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT64: "<d",
-}
-_SCALAR_SIZES = {vtype: struct.calcsize(fmt) for vtype, fmt in _SCALAR_FORMATS.items()}
-_U64 = struct.Struct("<Q")
 _MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 _MIN_KV_BYTES = 8 + 4  # key length, value type
 
 
-class _Cursor:
-    """Sequential reads over a RangeReader, fetching in growing chunks."""
-
-    def __init__(self, reader: RangeReader, limits: HeaderLimits) -> None:
-        self.reader = reader
-        self.limits = limits
-        self.buffer = bytearray()
-        self.pos = 0
-
-    def fail(self, what: str, offset: int | None = None) -> HeaderError:
-        return HeaderError(
-            self.reader.name,
-            self.pos if offset is None else offset,
-            what,
-            hint="the file is not a complete GGUF model; download it again or check the URL",
-        )
-
-    def remaining(self) -> int:
-        return self.reader.size - self.pos
-
-    def ensure(self, count: int, what: str) -> None:
-        end = self.pos + count
-        if end <= len(self.buffer):
-            return
-        if end > self.reader.size:
-            raise self.fail(f"{what} needs {count} bytes but the file ends after {self.remaining()}")
-        if end > self.limits.max_header_bytes:
-            raise self.fail(f"{what} would take the header past {self.limits.max_header_bytes} bytes")
-        while len(self.buffer) < end:
-            grow = min(max(len(self.buffer) // 2, self.limits.first_read_bytes), self.limits.max_read_bytes)
-            want = len(self.buffer) + max(end - len(self.buffer), grow)
-            want = min(want, self.reader.size, self.limits.max_header_bytes) - len(self.buffer)
-            chunk = self.reader.read(len(self.buffer), want)
-            if not chunk:
-                raise self.fail(f"{what}: the source returned no data at byte {len(self.buffer)}", len(self.buffer))
-            self.buffer += chunk
-
-    def take(self, count: int, what: str) -> bytes:
-        self.ensure(count, what)
-        data = bytes(self.buffer[self.pos : self.pos + count])
-        self.pos += count
-        return data
-
-    def skip(self, count: int, what: str) -> None:
-        self.ensure(count, what)
-        self.pos += count
-
-    def scalar(self, vtype: GGUFValueType, what: str) -> int | float | bool:
-        fmt = _SCALAR_FORMATS[vtype]
-        value: int | float | bool = struct.unpack_from(fmt, self.take(_SCALAR_SIZES[vtype], what))[0]
-        return value
-
-    def u32(self, what: str) -> int:
-        return int(self.scalar(GGUFValueType.UINT32, what))
-
-    def u64(self, what: str) -> int:
-        return int(self.scalar(GGUFValueType.UINT64, what))
-
-    def string(self, what: str) -> str:
-        start = self.pos
-        length = self.u64(f"length of {what}")
-        if length > self.limits.max_string_bytes:
-            raise self.fail(f"{what} claims {length} bytes (limit {self.limits.max_string_bytes})", start)
-        raw = self.take(length, what)
-        try:
-            return str(raw, "utf-8")
-        except UnicodeDecodeError:
-            raise self.fail(f"{what} is not valid UTF-8", start) from None
-
-    def skip_strings(self, count: int, what: str) -> None:
-        """Skip ``count`` strings. A vocabulary holds ~10^5 of them, and every `check` of a file
-        walks them: a tight loop over the bytes already read (Gemma 3's 262,144 tokens: ~22 ms
-        on a 2-core EPYC, against ~50 ms for a loop that kept ``self.pos`` current), and the
-        checked read — which fetches more of the header, or fails naming the string and its
-        offset — for a string not wholly within them."""
-        limit = self.limits.max_string_bytes
-        unpack_length = _U64.unpack_from
-        index = 0
-        while index < count:
-            buffer, pos = self.buffer, self.pos
-            size, first = len(buffer), index
-            try:
-                # a for loop: the while loop's own counting took half as long again
-                for index in range(first, count):  # noqa: B007 (where it stopped is used below)
-                    length = unpack_length(buffer, pos)[0]  # struct.error past the bytes read
-                    if length > limit or pos + 8 + length > size:
-                        break
-                    pos += 8 + length
-                else:
-                    self.pos = pos
-                    return
-            except struct.error:
-                pass
-            self.pos = pos
-            length = self.u64(f"length of {what}[{index}]")
-            if length > limit:
-                raise self.fail(f"{what}[{index}] claims {length} bytes (limit {limit})", pos)
-            self.skip(length, f"{what}[{index}]")
-            index += 1
-
-
-def _value_type(cursor: _Cursor, what: str) -> GGUFValueType:
+def _value_type(cursor: Cursor, what: str) -> GGUFValueType:
     start = cursor.pos
     raw = cursor.u32(f"value type of {what}")
     try:
@@ -242,14 +129,14 @@ def _value_type(cursor: _Cursor, what: str) -> GGUFValueType:
         raise cursor.fail(f"{what} has unknown value type {raw}", start) from None
 
 
-def _read_array(cursor: _Cursor, key: str) -> object:
+def _read_array(cursor: Cursor, key: str) -> object:
     start = cursor.pos
     element_type = _value_type(cursor, f"elements of {key}")
     if element_type == GGUFValueType.ARRAY:
         raise cursor.fail(f"{key} is an array of arrays, which GGUF does not allow", start)
     length = cursor.u64(f"length of {key}")
     limits = cursor.limits
-    min_element = 8 if element_type == GGUFValueType.STRING else _SCALAR_SIZES[element_type]
+    min_element = 8 if element_type == GGUFValueType.STRING else SCALAR_SIZES[element_type]
     if length > limits.max_array_elements or length * min_element > cursor.remaining():
         raise cursor.fail(
             f"{key} claims {length} elements, more than the file can hold (limit {limits.max_array_elements})",
@@ -259,17 +146,22 @@ def _read_array(cursor: _Cursor, key: str) -> object:
     if element_type == GGUFValueType.STRING:
         if keep:
             return [cursor.string(f"{key}[{index}]") for index in range(length)]
-        cursor.skip_strings(length, key)
-        return ArraySummary(element_type.name, length)
-    size = _SCALAR_SIZES[element_type]
+        elements = cursor.pos
+        like = cursor.like.get(key)
+        if isinstance(like, ArraySummary) and like.byte_length and (like.element_type, like.length) == (element_type.name, length):
+            cursor.jump(like.byte_length, key)  # the other file's bytes: checked by the caller against its tensors
+        else:
+            cursor.skip_strings(length, key)
+        return ArraySummary(element_type.name, length, cursor.pos - elements)
+    size = SCALAR_SIZES[element_type]
     if not keep:
-        cursor.skip(length * size, key)
-        return ArraySummary(element_type.name, length)
-    fmt = "<" + _SCALAR_FORMATS[element_type][1] * length
+        cursor.jump(length * size, key)  # fixed-size elements: nothing in them is needed
+        return ArraySummary(element_type.name, length, length * size)
+    fmt = "<" + SCALAR_FORMATS[element_type][1] * length
     return list(struct.unpack(fmt, cursor.take(length * size, key)))
 
 
-def _read_value(cursor: _Cursor, key: str) -> object:
+def _read_value(cursor: Cursor, key: str) -> object:
     vtype = _value_type(cursor, key)
     if vtype == GGUFValueType.STRING:
         return cursor.string(key)
@@ -278,7 +170,7 @@ def _read_value(cursor: _Cursor, key: str) -> object:
     return cursor.scalar(vtype, key)
 
 
-def _tensor_bytes(cursor: _Cursor, name: str, shape: tuple[int, ...], type_id: int, start: int) -> tuple[str, int, int]:
+def _tensor_bytes(cursor: Cursor, name: str, shape: tuple[int, ...], type_id: int, start: int) -> tuple[str, int, int]:
     try:
         qtype = GGMLQuantizationType(type_id)
     except ValueError:
@@ -299,7 +191,7 @@ def _tensor_bytes(cursor: _Cursor, name: str, shape: tuple[int, ...], type_id: i
     return qtype.name, n_elements, n_elements // block_size * type_size
 
 
-def _read_tensor_info(cursor: _Cursor, index: int) -> TensorInfo:
+def _read_tensor_info(cursor: Cursor, index: int) -> TensorInfo:
     start = cursor.pos
     name = cursor.string(f"name of tensor {index}")
     n_dims = cursor.u32(f"dimension count of tensor {name!r}")
@@ -312,7 +204,7 @@ def _read_tensor_info(cursor: _Cursor, index: int) -> TensorInfo:
     return TensorInfo(name, shape, ggml_type, offset, n_elements, n_bytes)
 
 
-def _check_counts(cursor: _Cursor, n_tensors: int, n_kv: int) -> None:
+def _check_counts(cursor: Cursor, n_tensors: int, n_kv: int) -> None:
     limits = cursor.limits
     if n_tensors > limits.max_tensors or n_tensors * _MIN_TENSOR_INFO_BYTES > cursor.remaining():
         raise cursor.fail(f"header claims {n_tensors} tensors, more than the file can hold", 8)
@@ -320,7 +212,7 @@ def _check_counts(cursor: _Cursor, n_tensors: int, n_kv: int) -> None:
         raise cursor.fail(f"header claims {n_kv} metadata entries, more than the file can hold", 16)
 
 
-def _check_tensor_extents(cursor: _Cursor, tensors: list[TensorInfo], data_offset: int, alignment: int) -> None:
+def _check_tensor_extents(cursor: Cursor, tensors: list[TensorInfo], data_offset: int, alignment: int) -> None:
     data_bytes = cursor.reader.size - data_offset
     seen: set[str] = set()
     for tensor in tensors:
@@ -338,12 +230,16 @@ def _check_tensor_extents(cursor: _Cursor, tensors: list[TensorInfo], data_offse
             )
 
 
-def parse_header(reader: RangeReader, limits: HeaderLimits | None = None) -> GGUFHeader:
+def parse_header(reader: RangeReader, limits: HeaderLimits | None = None, like: GGUFHeader | None = None) -> GGUFHeader:
     """Parse the header of one GGUF file without reading its tensor data.
 
     Args:
         reader: the file's bytes (local, HTTP Range, hub, memory).
         limits: bounds on counts and lengths; the defaults suit every real model.
+        like: another quantisation of the same model, whose long string arrays (the vocabulary)
+            this file repeats: each is passed over by its byte length there, unread. Nothing
+            checks those bytes; the caller compares the result with ``like`` (its tensors) and
+            parses again without it when they differ.
 
     Returns:
         The header: metadata (long arrays summarised), tensor infos with their byte sizes,
@@ -352,7 +248,7 @@ def parse_header(reader: RangeReader, limits: HeaderLimits | None = None) -> GGU
     Raises:
         HeaderError: the bytes are not a valid GGUF header, or claim more than the file holds.
     """
-    cursor = _Cursor(reader, limits or HeaderLimits())
+    cursor = Cursor(reader, limits or HeaderLimits(), like.metadata if like is not None else None)
     magic = cursor.u32("magic")
     if magic != GGUF_MAGIC:
         raise cursor.fail("not a GGUF file (wrong magic bytes)", 0)
