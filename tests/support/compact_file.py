@@ -7,14 +7,18 @@ of the catalog entry checks the catalog path against the file path, not against 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from tierlocal.gguf.synthetic import finish_with_tensors
+from tierlocal.gguf.synthetic import SparseWriter, finish_with_tensors
 
-__all__ = ["write_compact_as_gguf"]
+__all__ = ["write_compact_as_gguf", "write_compact_as_split"]
+
+_ALIGN = 32
 
 _ARRAY = "__array__"
 
@@ -40,11 +44,42 @@ def _placeholder(element_type: str, length: int) -> list[object]:
 
 def write_compact_as_gguf(compact: Mapping[str, object], path: Path) -> Path:
     """Write the first (only) file a compact header describes as a sparse GGUF at ``path``."""
+    writer, tensors = _writer(compact, path)
+    return finish_with_tensors(writer, path, tensors)
+
+
+def write_compact_as_split(compact: Mapping[str, object], path: Path, shards: int) -> list[Path]:
+    """Write the model as ``shards`` sparse files the way llama.cpp's gguf-split lays them out
+    (the gguf package's writer in split mode: every key in the first shard, ``split.no``,
+    ``split.count`` and ``split.tensors.count`` in each, the tensors shared out in order), named
+    ``STEM-0000i-of-0000n.gguf`` beside ``path``; returns the shards' paths."""
+    _, tensors = _writer(compact, path)
+    writer, _ = _writer(compact, path, split_max_tensors=math.ceil(len(tensors) / shards))
+    for name, dims, tensor_type in tensors:
+        t_block, t_bytes = GGML_QUANT_SIZES[tensor_type]
+        writer.add_tensor_info(name, tuple(reversed(dims)), np.dtype(np.float32), math.prod(dims) // t_block * t_bytes, raw_dtype=tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    names = writer.format_shard_names(path)
+    data = [sum(-(-info.nbytes // _ALIGN) * _ALIGN for info in shard.values()) for shard in writer.tensors]
+    writer.close()
+    for shard_path, data_bytes in zip(names, data, strict=True):
+        start = -(-shard_path.stat().st_size // _ALIGN) * _ALIGN
+        with shard_path.open("r+b") as handle:
+            handle.truncate(start + data_bytes)
+    return names
+
+
+def _writer(
+    compact: Mapping[str, object], path: Path, split_max_tensors: int = 0
+) -> tuple[SparseWriter, list[tuple[str, tuple[int, ...], GGMLQuantizationType]]]:
+    """A writer holding the compact header's metadata, and its tensors (name, ggml shape, type)."""
     files = compact["files"]
     assert isinstance(files, list) and len(files) == 1, "one-file models only"
     entry = files[0]
     metadata = dict(entry["metadata"])
-    writer = GGUFWriter(path, str(metadata.pop("general.architecture")))
+    writer = SparseWriter(path, str(metadata.pop("general.architecture")), split_max_tensors=split_max_tensors)
     metadata.pop("general.alignment", None)
     for key, value in metadata.items():
         if isinstance(value, Mapping) and _ARRAY in value:
@@ -55,7 +90,7 @@ def write_compact_as_gguf(compact: Mapping[str, object], path: Path) -> Path:
         else:
             writer.add_key_value(key, value, _scalar_type(value))
     tensors = [(name, tuple(shape), GGMLQuantizationType[qtype]) for name, shape, qtype, _ in entry["tensors"]]
-    return finish_with_tensors(writer, path, tensors)
+    return writer, tensors
 
 
 def first_blocks(compact: Mapping[str, object], n_blocks: int) -> dict[str, object]:

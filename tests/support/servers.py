@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 _RANGE_RE = re.compile(r"^bytes=(\d+)-(\d*)$")
 _CHUNK = 64 * 1024
@@ -194,12 +194,39 @@ class HubRepo:
     declared_sha256: dict[str, str] = field(default_factory=dict)
     drop_after: dict[str, int] = field(default_factory=dict)
     chunk_delay_s: float = 0.0
+    #: The model card's metadata (``cardData``: base_model, license …), and the repo's record as
+    #: the hub lists it. A gated repo lists its files to anyone; only ``token`` may fetch them.
+    card: dict[str, object] = field(default_factory=dict)
+    gated: bool = False
+    downloads: int = 0
+    likes: int = 0
+    last_modified: str = "2025-06-01T00:00:00.000Z"
+
+    def record(self) -> dict[str, object]:
+        """The fields the hub's model listing and model info give for this repo."""
+        return {
+            "_id": hashlib.sha1(self.repo_id.encode()).hexdigest()[:24],
+            "id": self.repo_id,
+            "modelId": self.repo_id,
+            "author": self.repo_id.split("/")[0],
+            "private": self.private,
+            "gated": "manual" if self.gated else False,
+            "downloads": self.downloads,
+            "likes": self.likes,
+            "lastModified": self.last_modified,
+            "createdAt": self.last_modified,
+            "tags": ["gguf", "endpoints_compatible", "region:us"],
+            "library_name": "gguf",
+        }
 
 
 class _HubHandler(_Handler):
     repos: dict[str, HubRepo]
     sha_cache: dict[Path, str]
     dropped: set[tuple[str, str]]
+    #: Answer 429 (with ``Retry-After: retry_after_s``) to every request after this many (None: never).
+    limit_after: int | None
+    retry_after_s: int
 
     def do_HEAD(self) -> None:
         self._route(head=True)
@@ -220,11 +247,20 @@ class _HubHandler(_Handler):
         return self.sha_cache[path]
 
     def _authorised(self, repo: HubRepo) -> bool:
-        return not repo.private or self.headers.get("Authorization") == f"Bearer {repo.token}"
+        return not repo.private or self._token_of(repo)
+
+    def _token_of(self, repo: HubRepo) -> bool:
+        return self.headers.get("Authorization") == f"Bearer {repo.token}"
 
     def _route(self, *, head: bool) -> None:
         self.state.record(self.command, self.path, dict(self.headers))
         path = unquote(urlsplit(self.path).path)
+        if self.limit_after is not None and len(self.state.requests) > self.limit_after:
+            self._send_json(429, {"error": "You have exceeded our rate limit"}, {"Retry-After": str(self.retry_after_s)})
+            return
+        if path == "/api/models":
+            self._search()
+            return
         cdn = re.match(r"^/cdn/(?P<owner>[^/]+)/(?P<repo>[^/]+)/(?P<file>.+)$", path)
         if cdn:
             repo = self.repos.get(f"{cdn['owner']}/{cdn['repo']}")
@@ -267,7 +303,12 @@ class _HubHandler(_Handler):
                     if p.suffix == ".gguf":
                         sibling["lfs"] = {"sha256": self._sha256(repo, p), "size": size, "pointerSize": 134}
                 siblings.append(sibling)
-            self._send_json(200, {"id": repo.repo_id, "sha": COMMIT, "private": repo.private, "siblings": siblings})
+            record = {**repo.record(), "sha": COMMIT, "siblings": siblings, "cardData": repo.card}
+            self._send_json(200, record)
+            return
+        if repo.gated and not self._token_of(repo):
+            message = f"Access to model {repo.repo_id} is restricted. You must have access to it and be authenticated to access it."
+            self._send_json(401, {"error": message}, {"X-Error-Code": "GatedRepo", "X-Error-Message": message})
             return
         file_path = repo.directory / match["file"]
         if not file_path.is_file():
@@ -291,11 +332,29 @@ class _HubHandler(_Handler):
             return
         self._send_file(file_path, head=head, extra={"X-Repo-Commit": COMMIT, "ETag": f'"{sha[:40]}"'})
 
+    def _search(self) -> None:
+        """``GET /api/models``: the public repos (and the token's private ones) whose id holds
+        ``search``, with every ``filter`` tag, sorted descending by ``sort``, at most ``limit``;
+        ``expand`` (or ``cardData``/``full``) adds the card."""
+        query = parse_qs(urlsplit(self.path).query)
+        words = (query.get("search") or [""])[0].lower()
+        tags = query.get("filter", [])
+        sort = (query.get("sort") or ["downloads"])[0]
+        limit = int((query.get("limit") or ["1000"])[0])
+        with_card = "cardData" in query.get("expand", []) or "cardData" in query or "full" in query
+        found = [r for r in self.repos.values() if words in r.repo_id.lower() and (not r.private or self._token_of(r))]
+        found = [r for r in found if all(tag in r.record()["tags"] for tag in tags)]  # type: ignore[operator]
+        key = {"downloads": "downloads", "likes": "likes", "lastModified": "lastModified", "trendingScore": "likes"}.get(sort, "downloads")
+        found.sort(key=lambda r: (r.record()[key], r.repo_id), reverse=True)
+        self._send_json(200, [{**r.record(), **({"cardData": r.card} if with_card else {})} for r in found[:limit]])
+
 
 @contextmanager
-def fake_hub(repos: list[HubRepo]) -> Iterator[tuple[str, ServerState]]:
-    """A hub on loopback; point ``HF_ENDPOINT`` at the URL it yields."""
+def fake_hub(repos: list[HubRepo], *, limit_after: int | None = None, retry_after_s: int = 30) -> Iterator[tuple[str, ServerState]]:
+    """A hub on loopback; point ``HF_ENDPOINT`` at the URL it yields. After ``limit_after``
+    requests it answers each with 429 and ``Retry-After: retry_after_s``."""
     state = ServerState()
-    handler = type("Handler", (_HubHandler,), {"repos": {r.repo_id: r for r in repos}, "sha_cache": {}, "dropped": set(), "state": state})
+    members = {"repos": {r.repo_id: r for r in repos}, "sha_cache": {}, "dropped": set(), "state": state}
+    handler = type("Handler", (_HubHandler,), {**members, "limit_after": limit_after, "retry_after_s": retry_after_s})
     with _serve(handler) as url:
         yield url, state

@@ -13,11 +13,15 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..errors import SourceError, UsageError
 
-__all__ = ["RepoFile", "RepoListing", "FileLocation", "hub_errors", "list_gguf_files", "locate_file", "select_files"]
+if TYPE_CHECKING:  # huggingface_hub loads when the hub is used
+    from huggingface_hub import ModelInfo
+
+__all__ = ["RepoFile", "RepoListing", "FileLocation", "hub_errors", "rate_limited", "card_facts", "list_gguf_files", "locate_file", "select_files"]
 
 #: A split GGUF's shard name, ``model-00002-of-00003.gguf`` (llama.cpp's gguf-split), with or
 #: without a directory: the one pattern the fetchers and header sources share.
@@ -37,11 +41,21 @@ class RepoFile:
 
 @dataclass(frozen=True)
 class RepoListing:
-    """A repo's GGUF files at one commit."""
+    """A repo's GGUF files at one commit, and what its model card says about them."""
 
     repo_id: str
     commit: str
     files: tuple[RepoFile, ...]
+    #: The card's ``base_model`` (the weights these files were made from; a list on some cards).
+    base_models: tuple[str, ...] = ()
+    #: The card's ``license`` (an SPDX-style id, ``other``; None: not stated).
+    licence: str | None = None
+    #: Downloads over the last 30 days and likes, as the hub counts them (None: not given).
+    downloads: int | None = None
+    likes: int | None = None
+    #: When the repo last changed (ISO 8601), and whether its files need an accepted licence.
+    last_modified: str | None = None
+    gated: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,9 +99,21 @@ def hub_errors(name: str, revision: str | None = None) -> Iterator[None]:
         ) from None
     except hf_errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else 0
+        if status == 429:
+            raise rate_limited(name, exc.response.headers.get("Retry-After") if exc.response is not None else None) from None
         raise SourceError(name, f"the hub answered HTTP {status}", hint="try again later, or check HF_ENDPOINT") from None
     except httpx2.HTTPError as exc:
         raise SourceError(name, f"cannot reach the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
+
+
+def rate_limited(name: str, retry_after: str | None) -> SourceError:
+    """The one-line error for the hub's HTTP 429, with the wait it asked for (``Retry-After``)."""
+    wait = f"; it asks to wait {int(retry_after)} s" if retry_after is not None and retry_after.strip().isdigit() else ""
+    return SourceError(
+        name,
+        f"the hub is rate-limiting these requests (HTTP 429{wait})",
+        hint="try again later; a token (HF_TOKEN or `hf auth login`) has higher limits",
+    )
 
 
 def list_gguf_files(repo_id: str, revision: str | None = None) -> RepoListing:
@@ -110,7 +136,18 @@ def list_gguf_files(repo_id: str, revision: str | None = None) -> RepoListing:
         if size is None or size < 0:
             raise SourceError(name, f"the hub gave no size for {sibling.rfilename}", hint="try again later, or check HF_ENDPOINT")
         files.append(RepoFile(sibling.rfilename, int(size), lfs.sha256 if lfs is not None else None))
-    return RepoListing(repo_id, info.sha or revision or "main", tuple(sorted(files, key=lambda f: f.path)))
+    return RepoListing(repo_id, info.sha or revision or "main", tuple(sorted(files, key=lambda f: f.path)), *card_facts(info))
+
+
+def card_facts(info: ModelInfo) -> tuple[tuple[str, ...], str | None, int | None, int | None, str | None, bool]:
+    """What a repo's hub record says beside its files: the card's base models (bounded: 16) and
+    licence, downloads, likes, when it last changed, and whether it is gated."""
+    card = info.card_data
+    base = card.get("base_model") if card is not None else None
+    bases = tuple(str(b) for b in ([base] if isinstance(base, str) else base if isinstance(base, list) else ())[:16] if isinstance(b, str))
+    licence = card.get("license") if card is not None else None
+    modified = info.last_modified.isoformat() if info.last_modified is not None else None
+    return bases, str(licence) if isinstance(licence, str) else None, info.downloads, info.likes, modified, bool(info.gated)
 
 
 def _quant_pattern(quant: str) -> re.Pattern[str]:
@@ -119,13 +156,13 @@ def _quant_pattern(quant: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9_])", re.IGNORECASE)
 
 
-def _file_set_key(path: str) -> str:
+def file_set_key(path: str) -> str:
     """The name shared by every shard of a split file (the path itself when unsplit)."""
     match = SHARD_NAME.match(path)
     return match.group("prefix") if match else path
 
 
-def _quant_of(path: str) -> str | None:
+def quant_of(path: str) -> str | None:
     match = re.search(
         r"(?<![A-Za-z0-9])(I?Q\d[A-Z0-9_]*|F16|BF16|F32|MXFP4[A-Z0-9_]*|TQ\d_\d)(?![A-Za-z0-9])", path.rsplit("/", 1)[-1], re.IGNORECASE
     )
@@ -143,8 +180,8 @@ def select_files(listing: RepoListing, *, quant: str | None = None, filename: st
     if not listing.files:
         raise UsageError(f"{name}: the repo has no .gguf files", hint="check OWNER/REPO; tierlocal pulls GGUF files only")
     if filename is not None:
-        wanted = _file_set_key(filename)
-        matches = [f for f in listing.files if _file_set_key(f.path) == wanted]
+        wanted = file_set_key(filename)
+        matches = [f for f in listing.files if file_set_key(f.path) == wanted]
         if not matches:
             raise UsageError(f"{name}: no file {filename!r} in the repo", hint=f"it has: {_describe(listing)}")
     else:
@@ -156,7 +193,7 @@ def select_files(listing: RepoListing, *, quant: str | None = None, filename: st
             raise UsageError(f"{name}: no GGUF file matches quantisation {quant!r}", hint=f"the repo has: {_describe(listing)}")
     sets: dict[str, list[RepoFile]] = {}
     for repo_file in matches:
-        sets.setdefault(_file_set_key(repo_file.path), []).append(repo_file)
+        sets.setdefault(file_set_key(repo_file.path), []).append(repo_file)
     if len(sets) > 1:
         choices = ", ".join(sorted(sets))
         raise UsageError(f"{name}: {quant or filename!r} matches {len(sets)} different files: {choices}", hint="name one: hf://OWNER/REPO/FILE.gguf")
@@ -174,7 +211,7 @@ def _check_shards_complete(name: str, files: list[RepoFile]) -> None:
     if indices != list(range(1, count + 1)):
         raise SourceError(
             name,
-            f"{_file_set_key(files[0].path)} is split into {count} shards but the repo has {len(indices)}",
+            f"{file_set_key(files[0].path)} is split into {count} shards but the repo has {len(indices)}",
             hint="the upload may be incomplete; try another revision",
         )
 
@@ -183,8 +220,8 @@ def _describe(listing: RepoListing) -> str:
     """What a repo offers, one entry per file set: the quantisation when the name shows one."""
     entries: dict[str, str] = {}
     for repo_file in listing.files:
-        key = _file_set_key(repo_file.path)
-        entries.setdefault(key, _quant_of(key) or key.rsplit("/", 1)[-1])
+        key = file_set_key(repo_file.path)
+        entries.setdefault(key, quant_of(key) or key.rsplit("/", 1)[-1])
     labels = sorted(set(entries.values()))
     return ", ".join(labels[:40]) + (f" … ({len(labels)} in all)" if len(labels) > 40 else "")
 

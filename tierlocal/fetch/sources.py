@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .. import constants
 from ..errors import SourceError, UsageError
 from ..gguf.parse import GGUFHeader, HeaderLimits, RangeReader, parse_header
-from .hub import SHARD_NAME, locate_file
+from .hub import SHARD_NAME, locate_file, rate_limited
 
 if TYPE_CHECKING:  # httpx2 loads when a URL is read (a local file needs no HTTP client)
     import httpx2
@@ -111,6 +111,7 @@ class HttpRangeReader:
     The first request (bytes 0 .. ``first_read_bytes``) also learns the file size from
     ``Content-Range``; its bytes are kept so the parser's first read costs nothing more.
     A server that ignores Range (answers 200) is refused rather than downloaded.
+    ``bytes_read``: the body bytes fetched so far.
     """
 
     def __init__(
@@ -126,6 +127,7 @@ class HttpRangeReader:
         self.name = name or _redact_url(url)
         self._client = client
         self._headers = dict(headers or {})
+        self.bytes_read = 0
         self._prefetch, self.size = self._fetch(0, first_read_bytes, learn_size=True)
 
     def read(self, offset: int, length: int) -> bytes:
@@ -144,6 +146,8 @@ class HttpRangeReader:
             with self._client.stream("GET", self.url, headers=headers) as response:
                 if response.status_code == 416 and learn_size:
                     raise SourceError(self.name, "the file is empty", hint="check the URL")
+                if response.status_code == 429:
+                    raise rate_limited(self.name, response.headers.get("Retry-After"))
                 if response.status_code != 206:
                     raise _http_status_error(self.name, response.status_code)
                 total = _content_range_total(response.headers.get("Content-Range"), offset)
@@ -152,6 +156,7 @@ class HttpRangeReader:
                 data = bytearray()
                 for chunk in response.iter_bytes():
                     data += chunk
+                    self.bytes_read += len(chunk)
                     if len(data) > length:
                         raise SourceError(self.name, f"the server sent more than the {length} bytes asked for")
         except httpx2.HTTPError as exc:
@@ -185,7 +190,7 @@ def _redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def _hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client) -> HttpRangeReader:
+def hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client) -> HttpRangeReader:
     assert spec.repo_id is not None
     name = f"hf://{spec.repo_id}/{filename}" + (f"@{spec.revision}" if spec.revision else "")
     location = locate_file(spec.repo_id, filename, spec.revision)
@@ -212,7 +217,7 @@ def _open_readers(spec: SourceSpec, client: httpx2.Client | None) -> Iterator[li
 
             hub_client = client or get_session()
             for filename in shard_names(spec.location):
-                readers.append(_hf_reader(spec, filename, hub_client))
+                readers.append(hf_reader(spec, filename, hub_client))
         yield readers
     finally:
         for reader in readers:

@@ -1,0 +1,231 @@
+"""A Hub repository's GGUF files as quantisations: the files grouped (every shard of a split
+file together, ``mmproj`` projectors apart), and each quantisation's headers read with range
+requests — in parallel, at most :data:`MAX_WORKERS` at once, and kept by each file's LFS sha256
+(:class:`HeaderCache`) so that a second read of the same files fetches no byte of them.
+
+I/O: the hub (through :mod:`.hub` and :mod:`.sources`) and the header cache's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import HeaderError, SourceError, TierlocalError
+from ..gguf.compact import CompactError, from_compact, to_compact
+from ..gguf.parse import GGUFHeader, parse_header
+from .hub import SHARD_NAME, RepoFile, RepoListing, file_set_key, quant_of
+from .sources import HttpRangeReader, SourceSpec, hf_reader
+
+if TYPE_CHECKING:
+    import httpx2
+
+__all__ = ["MAX_WORKERS", "RepoQuant", "QuantHeaders", "HeaderCache", "repo_quants", "read_quant_headers"]
+
+#: Header reads in flight at once (each a HEAD to the hub and one or two range requests).
+MAX_WORKERS = 8
+#: Quantisation sets one repository may hold before the rest are left unread.
+MAX_QUANTS = 200
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class RepoQuant:
+    """One quantisation of a repository: its file, or every shard of a split one, and its label
+    (``Q4_K_M``, ``UD-Q4_K_XL``; the file name where no label shows or two would clash)."""
+
+    label: str
+    files: tuple[RepoFile, ...]
+    projector: bool
+    #: Every shard the file names is in the listing.
+    complete: bool = True
+
+    @property
+    def size(self) -> int:
+        """The file's bytes, all shards."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files)
+
+    def to_json(self) -> dict[str, object]:
+        return {"quant": self.label, "files": list(self.paths), "file_bytes": self.size, "projector": self.projector, "complete": self.complete}
+
+
+@dataclass(frozen=True)
+class QuantHeaders:
+    """A quantisation's headers as read (empty with ``error``: why they could not be), the body
+    bytes fetched for them (0 from the cache) and whether the cache held them all."""
+
+    quant: RepoQuant
+    headers: tuple[GGUFHeader, ...]
+    bytes_read: int
+    cached: bool
+    error: str | None = None
+
+
+def _label(key: str) -> str:
+    base = key.rsplit("/", 1)[-1].removesuffix(".gguf")
+    quant = quant_of(key)
+    if quant is None:
+        return base
+    # A publisher's prefix that is part of the recipe (unsloth's dynamic "UD-", mradermacher's imatrix "i1-").
+    prefix = re.search(rf"(?<![A-Za-z0-9])(UD|i1)-{re.escape(quant)}", base, re.IGNORECASE)
+    return f"{prefix.group(1)}-{quant}" if prefix else quant
+
+
+def repo_quants(listing: RepoListing) -> list[RepoQuant]:
+    """The listing's GGUF files as quantisations, split shards grouped, smallest first (at most
+    :data:`MAX_QUANTS`)."""
+    sets: dict[str, list[RepoFile]] = {}
+    for repo_file in listing.files:
+        sets.setdefault(file_set_key(repo_file.path), []).append(repo_file)
+    labels = {key: _label(key) for key in sets}
+    clashing = {label for label in labels.values() if list(labels.values()).count(label) > 1}
+    quants = []
+    for key, files in sets.items():
+        label = labels[key] if labels[key] not in clashing else key.rsplit("/", 1)[-1].removesuffix(".gguf")
+        quants.append(RepoQuant(label, tuple(sorted(files, key=lambda f: f.path)), "mmproj" in key.lower(), _complete(files)))
+    return sorted(quants, key=lambda q: (q.size, q.label))[:MAX_QUANTS]
+
+
+def _complete(files: Sequence[RepoFile]) -> bool:
+    match = SHARD_NAME.match(files[0].path)
+    if match is None:
+        return len(files) == 1
+    indices = sorted(int(m.group("index")) for f in files if (m := SHARD_NAME.match(f.path)))
+    return indices == list(range(1, int(match.group("count")) + 1))
+
+
+class HeaderCache:
+    """One compact header (:mod:`tierlocal.gguf.compact`) per file, named by the file's LFS
+    sha256: the same bytes on any repository, revision or publisher give the same header."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def _path(self, sha256: str | None) -> Path | None:
+        return self.directory / f"{sha256}.json" if sha256 is not None and _SHA256.match(sha256) else None
+
+    def get(self, repo_file: RepoFile, name: str) -> GGUFHeader | None:
+        """The cached header of ``repo_file`` named ``name`` (None: not cached, or unreadable)."""
+        path = self._path(repo_file.sha256)
+        if path is None or not path.is_file():
+            return None
+        try:
+            (header,) = from_compact(json.loads(path.read_text()), name)
+        except (OSError, ValueError, CompactError):
+            return None
+        return header if header.file_bytes == repo_file.size else None
+
+    def put(self, repo_file: RepoFile, header: GGUFHeader) -> None:
+        """Keep ``header`` (written whole, then renamed into place: a reader never sees half)."""
+        path = self._path(repo_file.sha256)
+        if path is None:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.directory, suffix=".tmp", delete=False) as handle:
+                json.dump(to_compact([header], array_bytes=True), handle)
+            os.replace(handle.name, path)
+        except OSError:
+            return  # a cache that cannot be written costs a second read, nothing else
+
+
+def read_quant_headers(
+    listing: RepoListing,
+    quants: Sequence[RepoQuant],
+    cache: HeaderCache | None,
+    *,
+    revision: str | None = None,
+    workers: int = MAX_WORKERS,
+    progress: Callable[[RepoQuant], None] | None = None,
+) -> list[QuantHeaders]:
+    """Each of ``quants``' headers, read at the listing's commit or taken from ``cache``; the
+    first in full, then the others in parallel (``workers`` at once), each passing over the
+    vocabulary the first one holds (:func:`~tierlocal.gguf.parse.parse_header`'s ``like``: the
+    quantisations of one model share it) and read again in full where its tensors then differ.
+    ``progress`` is called as each quantisation is done.
+
+    A quantisation whose header cannot be read carries the error; a repository whose files the
+    token cannot read (gated, private) raises it, since no file of it will read either.
+
+    Raises:
+        SourceError: the hub refused access or rate-limited the reads.
+    """
+    from huggingface_hub import get_session
+
+    spec = SourceSpec("hf", f"hf://{listing.repo_id}", "", repo_id=listing.repo_id, revision=revision or listing.commit)
+    read = partial(_read_quant, spec, get_session(), cache, progress)
+    if not quants:
+        return []
+    first = read(quants[0], None)
+    like = first.headers[0] if first.headers else None
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(quants)))) as pool:
+        return [first, *pool.map(partial(read, like=like), quants[1:])]
+
+
+def _read_quant(
+    spec: SourceSpec,
+    client: httpx2.Client,
+    cache: HeaderCache | None,
+    progress: Callable[[RepoQuant], None] | None,
+    quant: RepoQuant,
+    like: GGUFHeader | None,
+) -> QuantHeaders:
+    headers, fetched, cached = [], 0, True
+    try:
+        for index, repo_file in enumerate(quant.files):
+            name = f"hf://{spec.repo_id}/{repo_file.path}"
+            header = cache.get(repo_file, name) if cache is not None else None
+            if header is None:
+                cached = False
+                header, count = _read_file(spec, client, repo_file.path, name, like if index == 0 else None)
+                fetched += count
+                if cache is not None:
+                    cache.put(repo_file, header)
+            headers.append(header)
+    except SourceError as exc:
+        if _access_refused(exc):
+            # Named by the repository: no file of it will read either.
+            raise SourceError(spec.text, str(exc).removeprefix(f"{exc.source}: "), hint=exc.hint) from None
+        return QuantHeaders(quant, (), fetched, False, str(exc))
+    except TierlocalError as exc:
+        return QuantHeaders(quant, (), fetched, False, str(exc))
+    finally:
+        if progress is not None:
+            progress(quant)
+    return QuantHeaders(quant, tuple(headers), fetched, cached)
+
+
+def _read_file(spec: SourceSpec, client: httpx2.Client, path: str, name: str, like: GGUFHeader | None) -> tuple[GGUFHeader, int]:
+    """One file's header and the body bytes fetched for it: passing over ``like``'s vocabulary
+    where its tensors then agree with ``like``'s, else read again in full."""
+    reader: HttpRangeReader = hf_reader(spec, path, client)
+    if like is not None:
+        try:
+            header = parse_header(reader, like=like)
+            if _agrees(header, like):
+                return replace(header, source=name), reader.bytes_read
+        except HeaderError:
+            pass
+    return replace(parse_header(reader), source=name), reader.bytes_read
+
+
+def _agrees(header: GGUFHeader, like: GGUFHeader) -> bool:
+    """Every tensor ``header`` names is one of ``like``'s, of the same shape (a shard holds some)."""
+    shapes = {t.name: t.shape for t in like.tensors}
+    return bool(header.tensors) and all(shapes.get(t.name) == t.shape for t in header.tensors)
+
+
+def _access_refused(error: SourceError) -> bool:
+    return any(words in str(error) for words in ("gated", "access denied", "not found, or private", "rate-limiting", "HF_HUB_OFFLINE"))
