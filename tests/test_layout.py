@@ -23,6 +23,7 @@ PACKAGE = REPO_ROOT / "tierlocal"
 #: The pure core: planning arithmetic over plain data. Nothing here may reach these, however
 #: indirectly: no network client, no process, no hardware probe, no terminal UI.
 PURE = [
+    "tierlocal.gguf.cursor",
     "tierlocal.fit",
     "tierlocal.fit.model",
     "tierlocal.fit.memory",
@@ -246,6 +247,7 @@ LAYERS = [
     "cpu_figures",
     "inputs_here",
     "recommendation",
+    "hub_recommendation",
     "tiers",
     "resolve",
     "report",

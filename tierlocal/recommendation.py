@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, replace
 from functools import cache
 from typing import Any, TypeVar, cast
@@ -29,7 +29,7 @@ from .plan.machine import machine_for
 from .plan.quality import ModelQuality, fit_quality
 from .plan.recommend import recommend_catalog
 from .plan.single_machine import SingleMachinePlan, single_machine_plan
-from .planning_cache import catalog_models
+from .planning_cache import CatalogModel, catalog_models
 from .published import QualityFigure, QuantLoss
 
 __all__ = ["catalog_recommendation", "catalog_quality", "engine_version"]
@@ -127,15 +127,15 @@ def catalog_recommendation(
     licence: str = "any",
     users: int | None = None,
     thinking: str = "auto",
+    models: Mapping[str, CatalogModel] | None = None,
 ) -> CatalogRecommendation:
     """Plan and rank ``entries`` on ``hardware`` at ``ctx`` tokens per slot × ``parallel`` slots
     (at most each model's trained context with ``ctx_up_to_training``: no --ctx given), of the
     licences ``licence`` allows (``any``, ``commercial``, ``open``); with ``users``, judged by each
     user's decode speed when that many use a model at once; ``thinking`` (``auto``, ``on``,
-    ``off``): the modes of each model that are candidates.
-
-    This CPU's calibration prices the host's part only when the host is this machine (no
-    ``--ram``): another machine's CPU was never timed here.
+    ``off``): the modes of each model that are candidates; ``models``: spec and summary by key
+    where not from the catalog's headers (a Hub repository's). This CPU's calibration prices the
+    host's part only when the host is this machine (no ``--ram``).
 
     Raises:
         CatalogError: a catalog header is unreadable.
@@ -145,7 +145,7 @@ def catalog_recommendation(
     version = engine_version() if not hardware.ram_overridden else None
     where = plan_inputs(machine, version, host_is_here=not hardware.ram_overridden)
     # The cached digests serve devices that bind every tensor; a binding limit plans from the headers.
-    models = catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
+    models = models if models is not None else catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
     scores, losses = _quality()
     recommendation = recommend_catalog(

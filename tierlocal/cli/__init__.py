@@ -42,6 +42,7 @@ class _LazyGroup(click.Group):
         "catalog": "tierlocal.cli.catalog:catalog",
         "dashboard": "tierlocal.cli.dashboard:dashboard",
         "ui": "tierlocal.cli.ui:ui",
+        "search": "tierlocal.cli.search:search",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -13,23 +13,17 @@ import click
 from .. import constants
 from ..catalog import ModelEntry, find_model, load_host_defaults, load_models, load_rental_offers
 from ..errors import UsageError
-from ..fit.concurrency import UsersSpeed
 from ..fit.estimate import Machine, RunRequest
-from ..fit.model import model_spec
-from ..fit.users_measured import anchored, with_measured
 from ..hardware.types import Hardware
-from ..inputs_here import plan_inputs
-from ..measure.calibration_cache import unused_calibration
 from ..plan.inputs import PlanAsk
 from ..plan.local_cost import local_cost, rental_price
 from ..plan.machine import machine_for
 from ..plan.recommend import LICENCE_FILTERS, PREFERENCES, PURPOSES, THINKING, role_for
-from ..plan.source import SourceCheck, check_source, parse_ctx, parse_parallel
-from ..plan.speeds import most_users_at
-from ..recommendation import catalog_recommendation, engine_version
-from ..serve.bench import bench_device, bench_key, bench_path, measured_speed
-from ..serve.bench_users import measured_users
+from ..plan.source import SourceCheck, parse_ctx, parse_parallel
+from ..recommendation import catalog_recommendation
 from ..serve.set_plan import plan_model_set
+from .check_file import check_one_source
+from .check_repo import check_repo, is_repo_source
 from .common import gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
 from .recommend_view import render_catalog_recommendation
 from .set_view import render_set_plan
@@ -155,12 +149,13 @@ def check(
     """What fits this machine (or the one --gpu describes), and how to run it.
 
     Without SOURCE (or with a catalog name): plan every entry of the built-in catalog (recipes/models.toml, each quantisation's header
-    kept in recipes/headers/) with the same estimator as a file, offline, and rank them: the best with its per-device plan, every other
-    with why it lost; and say plainly which frontier models can never fit one machine.
+    in recipes/headers/) with the same estimator as a file, offline, and rank them, each with why it lost; and say which frontier
+    models can never fit one machine.
 
     With SOURCE (a GGUF path, URL or hf:// file — header only — or a catalog name): the per-device estimate of weights, KV cache,
     compute and output buffers, the largest -ngl that fits (or the one you give), --ctx max / --parallel max solved, the llama-server
-    command line and the Ollama settings. With several SOURCEs, or --set FILE: the set planned together (docs/model-sets.md).
+    command line and the Ollama settings. With hf://OWNER/REPO[@REVISION]: each of its quantisations so, ranked as the catalog is.
+    With several SOURCEs, or --set FILE: the set planned together (docs/model-sets.md).
 
     \b
     Examples:
@@ -169,6 +164,7 @@ def check(
       tierlocal check --ram 16GiB --for long-context
       tierlocal check --gpu 12GiB --for code --prefer speed
       tierlocal check qwen3-30b-a3b --gpu 24GiB
+      tierlocal check hf://unsloth/Qwen3-8B-GGUF --gpu 12GiB
       tierlocal check --gpu 24GiB --ctx 32768
       tierlocal check ./model.gguf --ctx max --json
       tierlocal check ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
@@ -186,11 +182,27 @@ def check(
     if len(sources) > 1 or set_file is not None:
         return _check_set(sources, set_file, hardware, ctx, parallel, request, users, as_json)
     priced = partial(_with_cost, machine_for(hardware, load_host_defaults()), price_per_hour, api_price)
-    if source is not None and not named:
-        result = priced(_check_one_source(source, hardware, ctx, parallel, request, users, _slots_floor(parallel, choices["min_speed"])))
-        print_json(result.to_json()) if as_json else render_source_check(result, min_speed=choices["min_speed"])
-        return
-    _check_catalog(named, hardware, ctx, parallel, request, users, priced, as_json=as_json, **choices)
+    one = check_repo if source is not None and is_repo_source(source) else _check_file  # a repository's quantisations, or one file
+    ranking = partial(one, source) if source is not None and not named else partial(_check_catalog, named)
+    ranking(hardware, ctx, parallel, request, users, priced, as_json=as_json, **choices)
+
+
+def _check_file(
+    source: str,
+    hardware: Hardware,
+    ctx: str | None,
+    parallel: str,
+    request: RunRequest,
+    users: int | None,
+    priced: Callable[[SourceCheck], SourceCheck],
+    *,
+    as_json: bool,
+    min_speed: float,
+    **_: object,
+) -> None:
+    """``check SOURCE``: one file's plan, shown."""
+    result = priced(check_one_source(source, hardware, ctx, parallel, request, users, _slots_floor(parallel, min_speed)))
+    print_json(result.to_json()) if as_json else render_source_check(result, min_speed=min_speed)
 
 
 class CatalogChoices(TypedDict):
@@ -323,60 +335,6 @@ def _slots_floor(parallel: str, min_speed: float) -> float | None:
 def _given(option: str) -> bool:
     """Whether the command line gave ``option`` (not its default)."""
     return click.get_current_context().get_parameter_source(option) is not click.core.ParameterSource.DEFAULT
-
-
-def _check_one_source(
-    source: str, hardware: Hardware, ctx: str | None, parallel: str, request: RunRequest, users: int | None, floor: float | None = None
-) -> SourceCheck:
-    """``check SOURCE``: its plan here; with ``floor`` (``--parallel max --min-speed``) the most
-    slots memory holds cut to the most users who each keep that speed."""
-    from ..fetch.sources import read_headers  # the hub's client loads only when a file is read (~0.15 s)
-
-    if "/" not in source and not source.endswith(".gguf"):
-        hint = "see recipes/models.toml, or give a path, URL or hf://OWNER/REPO/FILE.gguf"
-        raise UsageError(f"{source!r} is neither a catalog model nor a GGUF path", hint=hint)
-    version = engine_version()
-    where = plan_inputs(machine_for(hardware, load_host_defaults()), version, host_is_here=not hardware.ram_overridden)
-    headers = read_headers(source)
-    if floor is not None:
-        request = replace(request, kv_unified=True)  # the slots are sized for users at once: one batch for all of them
-    asked = ctx is None
-
-    def plan(slots: int | str | None, users: int | None) -> SourceCheck:
-        tokens = parse_ctx(ctx) if ctx is not None else constants.DEFAULT_CTX
-        return check_source(source, headers, where, PlanAsk(tokens, slots, request, users, up_to_training=asked, cap_at_training=True))
-
-    result = plan(parse_parallel(parallel), users)
-    if floor is not None and result.estimate is not None and result.estimate.fits:
-        held = result.estimate.params.n_seq_max
-        kept = most_users_at(model_spec(headers), result.estimate, where.machine, where.host_speed, where.gpu_speed, floor)
-        if kept < held:
-            note = f"{held} slots fit in memory; {kept} keep each user at {floor:g} tok/s or faster (--min-speed), so the plan has {kept}"
-            result = replace(plan(kept, users or kept), slots_note=note)
-    unused = unused_calibration(version) if not hardware.ram_overridden else None
-    key = _bench_key(source, result, version)
-    measured, users_record = (measured_speed(key), measured_users(key)) if key else (None, None)
-    table = with_measured(result.users, users_record) if users_record else _anchored(result, measured)
-    return replace(result, measured=measured, calibration_note=unused, users=table)
-
-
-def _anchored(result: SourceCheck, measured: dict[str, object] | None) -> tuple[UsersSpeed, ...]:
-    """The users table scaled to a single-stream `tierlocal bench` of this file, engine and device (as it is without one)."""
-    fitted = result.speed.estimate if result.speed else None
-    decode, prefill = (measured or {}).get("decode_tokens_per_s"), (measured or {}).get("prefill_tokens_per_s")
-    if fitted is None or not fitted.decode_tokens_per_s or not fitted.prefill_tokens_per_s:
-        return result.users
-    if not isinstance(decode, int | float) or not isinstance(prefill, int | float) or decode <= 0 or prefill <= 0:
-        return result.users
-    return anchored(result.users, decode / fitted.decode_tokens_per_s, fitted.prefill_tokens_per_s / prefill)
-
-
-def _bench_key(source: str, result: SourceCheck, version: str | None) -> dict[str, object] | None:
-    """What `tierlocal bench` files a measurement of this model file, the llama-server found here
-    and the planned device under (None: no plan, no record yet, or no binary to name the build)."""
-    if result.estimate is None or not version or not bench_path().is_file():
-        return None
-    return bench_key(source, version, bench_device(result.to_json()))
 
 
 def _with_cost(machine: Machine, price_per_hour: float | None, api_price: float | None, result: SourceCheck) -> SourceCheck:

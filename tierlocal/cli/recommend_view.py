@@ -5,6 +5,7 @@ frontier models that never fit one machine."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rich import box
 from rich.console import Console
@@ -19,10 +20,21 @@ from ..plan.source import SourceCheck
 from ..units import format_bytes, format_count, format_decimal_bytes, format_marketed_bytes
 from .common import COMPACT_WIDTH, console
 
-__all__ = ["render_catalog_recommendation"]
+__all__ = ["Wording", "render_catalog_recommendation"]
 
 #: Rows of the candidates table without --all: the best, then the nearest losers.
 _ROWS = 14
+
+
+@dataclass(frozen=True)
+class Wording:
+    """What a ranking ranks (``ranked``: the words for one of them; ``title``: the table's) and
+    how to fetch and serve its pick (``commands``: the pick and its serve option → the sentence;
+    None: the catalog's)."""
+
+    ranked: str = "catalog model"
+    title: str = "The catalog on this machine, best first"
+    commands: Callable[[Candidate, str], str] | None = None
 
 
 def render_catalog_recommendation(
@@ -31,15 +43,17 @@ def render_catalog_recommendation(
     show_all: bool = False,
     render_plan: Callable[[SourceCheck], None] | None = None,
     closest: Candidate | None = None,
+    wording: Wording | None = None,
 ) -> None:
     """The answer first, then its plan (or, when nothing fits, ``closest``'s: why not), then
-    the ranking with reasons."""
+    the ranking with reasons (``wording``: what is ranked, and how to fetch and serve the pick)."""
+    wording = wording or Wording()
     out = console()
     _print_machine(out, recommendation)
     best = recommendation.best
     if best is None:
         out.print(
-            f"[bold]Verdict:[/bold] no catalog model{_licensed(recommendation)} fits this machine at {recommendation.ctx:,} tokens × "
+            f"[bold]Verdict:[/bold] no {wording.ranked}{_licensed(recommendation)} fits this machine at {recommendation.ctx:,} tokens × "
             f"{recommendation.parallel} slot(s) "
             f"and decodes ≥ {recommendation.min_tokens_per_s:g} tok/s; lower --ctx or --min-speed, or use tier 3 (a hosted API)."
         )
@@ -51,10 +65,11 @@ def render_catalog_recommendation(
         ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
         switch = best.switchable and best.mode is not None
         mode = (", thinking first" if best.mode == "thinking" else ", answering without thinking") if switch else ""
-        serve = f"; serve it with `tierlocal serve {entry.family} --thinking {'on' if best.mode == 'thinking' else 'off'}`" if switch else ""
+        thinking = f" --thinking {'on' if best.mode == 'thinking' else 'off'}" if switch else ""
+        fetch = wording.commands(best, thinking) if wording.commands else _catalog_commands(best, thinking)
         out.print(
             f"[bold]Recommended:[/bold] {entry.family} {entry.quant} ({format_count(best.params)} parameters, {best.bits_per_weight:.2f} bits/weight"
-            f"{ollama}){mode} — {escape(best.reason)}. Pull it with `tierlocal pull {entry.family}`{serve}.{_licence_words(best)}"
+            f"{ollama}){mode} — {escape(best.reason)}. {fetch}.{_licence_words(best)}"
         )
         if best.answer is not None:
             out.print(_answer_words(best.answer, recommendation.users, load_answer_lengths().answer_source.partition(" (")[0]))
@@ -62,7 +77,7 @@ def render_catalog_recommendation(
             out.print(f"[bold yellow]Note[/bold yellow]: {escape(best.note)}.")
         if best.plan is not None and render_plan is not None:
             render_plan(best.plan)
-    out.print(_candidates_table(recommendation, show_all, out.width))
+    out.print(_candidates_table(recommendation, show_all, out.width, wording.title))
     for note in recommendation.notes:
         out.print(f"Note: {escape(note)}.")
     shown = recommendation.candidates if show_all else recommendation.candidates[:_ROWS]
@@ -75,6 +90,12 @@ def render_catalog_recommendation(
         "* from all its figures, none for this task), less its quantisation's measured loss; - no published figures."
     )
     _print_frontier(out, recommendation)
+
+
+def _catalog_commands(best: Candidate, thinking: str) -> str:
+    """How to fetch and serve a catalog entry (``thinking``: the serve option for its mode)."""
+    serve = f"; serve it with `tierlocal serve {best.entry.family}{thinking}`" if thinking else ""
+    return f"Pull it with `tierlocal pull {best.entry.family}`{serve}"
 
 
 def _answer_words(timed: AnswerTime, users: int | None, answer_source: str | None) -> str:
@@ -130,14 +151,14 @@ def _print_machine(out: Console, recommendation: CatalogRecommendation) -> None:
     )
 
 
-def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, width: int = 200) -> Table:
+def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, width: int = 200, title: str = "") -> Table:
     """The ranked entries; under :data:`COMPACT_WIDTH` columns (an 80-column SSH session) a
     compact layout: no vertical rules, the quantisation and the verdict under the model's name,
     needed and free memory in one column — no name is cut and the verdict wraps as a phrase."""
     rows = recommendation.candidates if show_all else recommendation.candidates[:_ROWS]
     hidden = len(recommendation.candidates) - len(rows)
     caption = f"{hidden} more below these: --all lists every entry" if hidden else None
-    title = "The catalog on this machine, best first"
+    title = title or Wording().title
     if width < COMPACT_WIDTH:
         table = Table(
             title=title, title_justify="left", caption=caption, caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False

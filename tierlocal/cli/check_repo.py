@@ -1,0 +1,170 @@
+"""``tierlocal check hf://OWNER/REPO[@REVISION]``: every quantisation of a Hub repository planned
+for this machine from its own headers (range requests only, cached by the files' hashes) and
+ranked as the catalog is, with the evidence it inherits from its base model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from .. import constants
+from ..errors import UsageError
+from ..fetch.hf import parse_hf_pull
+from ..fetch.hub import RepoListing, list_gguf_files
+from ..fetch.repo_read import HeaderCache, QuantHeaders, RepoQuant, read_quant_headers, repo_quants
+from ..fit.estimate import RunRequest
+from ..hardware.types import Hardware
+from ..hub_recommendation import RepoRecommendation, repo_recommendation
+from ..plan.candidates import Candidate
+from ..plan.source import SourceCheck, parse_ctx
+from ..units import format_bytes
+from .common import console, print_json
+from .recommend_view import Wording, render_catalog_recommendation
+from .source_view import render_source_check
+
+__all__ = ["is_repo_source", "header_cache", "check_repo"]
+
+
+def is_repo_source(source: str) -> bool:
+    """``hf://OWNER/REPO`` or ``hf://OWNER/REPO@REVISION``: a repository, no file named."""
+    rest = source.removeprefix("hf://").rsplit("@", 1)[0] if source.startswith("hf://") else ""
+    return rest.count("/") == 1 and all(rest.split("/"))
+
+
+def header_cache() -> HeaderCache:
+    """Where Hub headers are kept by their files' sha256 (``~/.cache/tierlocal/hub-headers``)."""
+    return HeaderCache(constants.cache_dir() / "hub-headers")
+
+
+@contextmanager
+def _progress(enabled: bool, total: int, repo_id: str) -> Iterator[Callable[[RepoQuant], None] | None]:
+    if not enabled or total < 2:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console(stderr=True), transient=True) as progress:
+        task = progress.add_task(f"reading headers of hf://{repo_id}", total=total)
+        yield lambda _quant: progress.advance(task)
+
+
+def read_repo(source: str, *, interactive: bool) -> tuple[str | None, list[QuantHeaders], list[RepoQuant], RepoListing]:
+    """The revision asked for, the model quantisations' headers, every quantisation (projectors
+    and incomplete splits too) and the repository's listing.
+
+    Raises:
+        UsageError: the repository holds no GGUF model file.
+        SourceError: the hub refused or could not answer.
+    """
+    spec = parse_hf_pull(source)
+    listing = list_gguf_files(spec.repo_id, spec.revision)
+    quants = repo_quants(listing)
+    models = [q for q in quants if not q.projector and q.complete]
+    if not models:
+        raise UsageError(f"{source}: the repo has no complete .gguf model file", hint="check OWNER/REPO; tierlocal plans GGUF files only")
+    with _progress(interactive, len(models), spec.repo_id) as advance:
+        reads = read_quant_headers(listing, models, header_cache(), revision=spec.revision, progress=advance)
+    return spec.revision, reads, quants, listing
+
+
+def check_repo(
+    source: str,
+    hardware: Hardware,
+    ctx: str | None,
+    parallel: str,
+    request: RunRequest,
+    users: int | None,
+    priced: Callable[[SourceCheck], SourceCheck],
+    *,
+    as_json: bool,
+    min_speed: float,
+    purpose: str,
+    prefer: str,
+    licence: str,
+    thinking: str,
+    show_all: bool,
+) -> None:
+    """Plan, rank and show every quantisation of the repository ``source`` names."""
+    if (ctx is not None and not ctx.isdigit()) or not parallel.isdigit():
+        raise UsageError(
+            "a repository's ranking takes numbers for --ctx and --parallel", hint="'max' and 'auto' need one file: hf://OWNER/REPO/FILE.gguf"
+        )
+    revision, reads, quants, listing = read_repo(source, interactive=not as_json and console(stderr=True).is_terminal)
+    tokens = parse_ctx(ctx) if ctx is not None else constants.LONG_CONTEXT_CTX if purpose == "long-context" else constants.DEFAULT_CTX
+    result = repo_recommendation(
+        listing,
+        reads,
+        quants,
+        hardware,
+        revision=revision,
+        ctx=tokens,
+        parallel=int(parallel),
+        min_tokens_per_s=min_speed,
+        purpose=purpose,
+        request=request,
+        prefer=prefer,
+        ctx_up_to_training=ctx is None,
+        licence=licence,
+        users=users,
+        thinking=thinking,
+    )
+    best = result.recommendation.best
+    if best is not None and best.plan is not None:
+        shown = replace(best, plan=priced(best.plan))
+        candidates = tuple(shown if c.key == best.key else c for c in result.recommendation.candidates)
+        result = replace(result, recommendation=replace(result.recommendation, candidates=candidates))
+    if as_json:
+        payload = result.to_json()
+        best = result.recommendation.best
+        payload["plan"] = best.plan.to_json() if best and best.plan else None
+        print_json(payload)
+        return
+    _render(result, min_speed, show_all)
+
+
+def _commands(result: RepoRecommendation, best: Candidate, thinking: str) -> str:
+    repo = result.listing.repo_id + (f"@{result.revision}" if result.revision else "")
+    read = result.read_of(best)
+    first = read.quant.paths[0] if read else ""
+    return (
+        f"Pull it with `tierlocal pull hf://{repo} --quant {best.entry.quant}`; "
+        f"serve it with `tierlocal serve hf://{result.listing.repo_id}/{first} --pull{thinking}`"
+    )
+
+
+def _render(result: RepoRecommendation, min_speed: float, show_all: bool) -> None:
+    out = console()
+    listing = result.listing
+    base = result.base
+    if base is not None:
+        why = (
+            "the catalog pulls it from this repo" if base.gguf_repo and base.gguf_repo.lower() == listing.repo_id.lower() else "its card's base_model"
+        )
+        out.print(f"hf://{escape(listing.repo_id)}: quantisations of {base.family} ({why}); scores, modes and licence inherited from the catalog.")
+    else:
+        named = ", ".join(listing.base_models) or "none named"
+        out.print(f"hf://{escape(listing.repo_id)}: base model {escape(named)}, not in the catalog: no quality figures, ranked by size and speed.")
+    wording = Wording(
+        ranked=f"quantisation of hf://{listing.repo_id}",
+        title=f"hf://{listing.repo_id} on this machine, best first",
+        commands=partial(_commands, result),
+    )
+    render_catalog_recommendation(
+        result.recommendation, show_all=show_all, render_plan=partial(render_source_check, min_speed=min_speed), wording=wording
+    )
+    cached = sum(1 for r in result.reads if r.cached)
+    out.print(
+        f"Headers: {len(result.reads)} quantisations, {format_bytes(result.bytes_read)} read of {format_bytes(result.file_bytes)} of files"
+        + (f" ({cached} from the cache)" if cached else "")
+        + "."
+    )
+    for projector in result.projectors:
+        out.print(f"Projector: {escape(', '.join(projector.paths))} ({format_bytes(projector.size)}): plan it beside a model with --mmproj.")
+    for quant in result.incomplete:
+        out.print(f"[yellow]Incomplete[/yellow] {escape(quant.label)}: only {len(quant.files)} of its shards are in the repo; left out.")
+    for read in result.reads:
+        if read.error:
+            out.print(f"[yellow]Unreadable[/yellow] {escape(read.quant.label)}: {escape(read.error)}")
