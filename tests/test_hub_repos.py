@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli import run_cli
+from tests.support.cli import REPO_ROOT, run_cli
 from tests.support.doc_json import assert_documented
 from tests.support.hub_repos import LAYOUTS, PRIVATE_TOKEN, hub_repos
 from tests.support.servers import HubRepo, ServerState, fake_hub
@@ -292,3 +292,55 @@ def test_a_quantisation_passes_over_the_vocabulary_its_sibling_holds(repos: list
     wrong = replace(q4, metadata={**q4.metadata, "tokenizer.ggml.tokens": replace(tokens, byte_length=tokens.byte_length + 1)})
     with pytest.raises(HeaderError):
         parse_header(LocalFileReader(directory / "Qwen3-8B-Q8_0.gguf"), like=wrong)
+
+
+def test_serve_takes_a_repository_at_its_best_quantisation_or_the_one_given(hub: tuple[str, ServerState], tmp_path: Path) -> None:
+    endpoint, _ = hub
+    env = _env(endpoint, tmp_path, HF_HUB_CACHE=str(tmp_path / "hf"))
+    ranked = _check(endpoint, tmp_path, "unsloth/Qwen3-8B-GGUF", "--gpu", "RTX 4090")
+    chosen = run_cli("serve", "hf://unsloth/Qwen3-8B-GGUF", "--gpu", "RTX 4090", env=env)
+    given = run_cli("serve", "hf://unsloth/Qwen3-8B-GGUF", "--quant", "Q4_K_M", env=env)
+    best = ranked["recommendation"]["quant"]
+    assert chosen.returncode == given.returncode == 2
+    assert f"hf://unsloth/Qwen3-8B-GGUF: {best}, " in chosen.stderr
+    assert chosen.stderr.splitlines()[-2:] == [
+        "error: hf://unsloth/Qwen3-8B-GGUF: not downloaded yet",
+        f"hint: add --pull, or run `tierlocal pull hf://unsloth/Qwen3-8B-GGUF --quant {best}` first",
+    ]
+    assert given.stderr.splitlines()[-1] == "hint: add --pull, or run `tierlocal pull hf://unsloth/Qwen3-8B-GGUF --quant Q4_K_M` first"
+
+
+def test_a_publishers_label_takes_the_loss_of_the_type_its_header_names(hub: tuple[str, ServerState], tmp_path: Path) -> None:
+    """unsloth's UD-Q4_K_XL here carries Q4_K_M's header (general.file_type Q4_K_M): it is scored
+    as that, not as a file without loss."""
+    endpoint, _ = hub
+    payload = _check(endpoint, tmp_path, "unsloth/Qwen3-0.6B-GGUF", "--ram", "16GiB")
+    by_quant = {(c["quant"], c["mode"]): c["quality"] for c in payload["candidates"]}
+    for mode in ("thinking", "standard"):
+        ud, q4 = by_quant[("UD-Q4_K_XL", mode)], by_quant[("Q4_K_M", mode)]
+        assert ud["quant_loss"] == q4["quant_loss"] and ud["quant_loss_measured"] is True
+        assert ud["score"] == q4["score"] < by_quant[("Q8_0", mode)]["score"]
+
+
+def test_catalog_headers_are_captured_from_a_repository(hub: tuple[str, ServerState], tmp_path: Path) -> None:
+    """`catalog capture hf://OWNER/REPO --name NAME` writes NAME.QUANT.json for each quantisation, read
+    as `check` reads them (the others passing over the first's tokenizer): the same metadata and
+    tensors (offsets too) as the catalog's own headers these files were written from (the file's name and its
+    header's byte counts, with placeholder tokens, are the file's own)."""
+    endpoint, _ = hub
+    out = tmp_path / "headers"
+    result = run_cli("catalog", "capture", "hf://unsloth/Qwen3-8B-GGUF", "--name", "qwen3-8b", "--dir", str(out), env=_env(endpoint, tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["qwen3-8b.Q4_K_M.json", "qwen3-8b.Q6_K.json", "qwen3-8b.Q8_0.json"]
+    for path in out.iterdir():
+        ours = json.loads(path.read_text())["files"][0]
+        theirs = json.loads((REPO_ROOT / "recipes" / "headers" / path.name).read_text())["files"][0]
+        assert (ours["metadata"], ours["gguf_version"], ours["alignment"]) == (theirs["metadata"], theirs["gguf_version"], theirs["alignment"])
+        assert ours["tensors"] == theirs["tensors"]  # names, shapes, types and offsets
+    wrong = run_cli(
+        "catalog", "capture", "hf://unsloth/Qwen3-8B-GGUF", "--name", "q", "--quant", "Q2_K", "--dir", str(out), env=_env(endpoint, tmp_path)
+    )
+    assert wrong.returncode == 2 and wrong.stderr.splitlines() == [
+        "error: hf://unsloth/Qwen3-8B-GGUF: no quantisation Q2_K",
+        "hint: it has: Q4_K_M, Q6_K, Q8_0",
+    ]

@@ -19,10 +19,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from . import constants
 from .catalog import ModelEntry, load_models
-from .fetch.hub import RepoListing
+from .errors import UsageError
+from .fetch.hub import RepoListing, list_gguf_files
 from .fetch.hub_search import FoundRepo, SearchSkip
-from .fetch.repo_read import QuantHeaders, RepoQuant
+from .fetch.repo_read import QuantHeaders, RepoQuant, default_header_cache, read_quant_headers, repo_quants
 from .fit.model import model_spec
 from .gguf import summarize
 from .gguf.parse import GGUFHeader
@@ -37,6 +39,7 @@ __all__ = [
     "SearchRecommendation",
     "base_entry",
     "repo_entries",
+    "repo_choice",
     "repo_recommendation",
     "search_recommendation",
 ]
@@ -177,6 +180,32 @@ def repo_entries(listing: RepoListing, reads: Sequence[QuantHeaders], base: Mode
         )
         models[key] = (spec, summary)
     return entries, models
+
+
+def repo_choice(repo_id: str, revision: str | None, hardware: Hardware, ctx: int | None) -> tuple[str, str]:
+    """The quantisation of ``repo_id`` that ranks first on ``hardware`` at ``ctx`` tokens (None:
+    the default, up to the trained context), and why: what ``serve hf://OWNER/REPO`` takes.
+
+    Raises:
+        UsageError: no quantisation fits, or the repository holds no model file.
+        SourceError: the hub refused or could not answer.
+    """
+    listing = list_gguf_files(repo_id, revision)
+    quants = repo_quants(listing)
+    models = [q for q in quants if not q.projector and q.complete]
+    if not models:
+        raise UsageError(f"hf://{repo_id}: the repo has no complete .gguf model file", hint="check OWNER/REPO; tierlocal serves GGUF files")
+    reads = read_quant_headers(listing, models, default_header_cache(), revision=revision)
+    ask = {
+        "ctx": ctx or constants.DEFAULT_CTX,
+        "parallel": 1,
+        "min_tokens_per_s": constants.DEFAULT_MIN_TOKENS_PER_S,
+        "ctx_up_to_training": ctx is None,
+    }
+    best = repo_recommendation(listing, reads, quants, hardware, revision=revision, **ask).recommendation.best
+    if best is None:
+        raise UsageError(f"hf://{repo_id}: no quantisation fits this machine", hint=f"see `tierlocal check hf://{repo_id}`, or give --quant")
+    return best.entry.quant, best.reason
 
 
 def repo_recommendation(

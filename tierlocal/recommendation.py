@@ -148,6 +148,7 @@ def catalog_recommendation(
     models = models if models is not None else catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
     scores, losses = _quality()
+    losses = _losses_by_file_type(losses, entries, models)
     recommendation = recommend_catalog(
         entries,
         models,
@@ -173,6 +174,19 @@ def catalog_recommendation(
     frontier = tuple(replace(verdict, single_machine=_single_machine(verdict.entry.family, hardware, ctx)) for verdict in recommendation.frontier)
     unused = unused_calibration(version) if not hardware.ram_overridden else None
     return replace(recommendation, frontier=frontier, notes=recommendation.notes + ((unused,) if unused else ()))
+
+
+def _losses_by_file_type(losses: dict[str, QuantLoss], entries: Sequence[ModelEntry], models: Mapping[str, CatalogModel]) -> dict[str, QuantLoss]:
+    """``losses`` and, for a file whose label is no measured quantisation (unsloth's
+    ``UD-Q4_K_XL``, an imatrix ``i1-Q4_K_M``), the loss of the type its header names
+    (``general.file_type``: what llama-quantize was asked for)."""
+    extra = {}
+    for entry in entries:
+        summary = models[entry.key][1] if entry.key in models else None
+        file_type = (summary.file_type or "").upper() if summary else ""
+        if entry.quant.upper() not in losses and file_type in losses:
+            extra[entry.quant.upper()] = losses[file_type]
+    return {**losses, **extra} if extra else losses
 
 
 def _single_machine(name: str, hardware: Hardware, ctx: int) -> SingleMachinePlan | None:

@@ -14,6 +14,7 @@ from .fetch.hf import cached_gguf, parse_hf_pull, plan_hf_pull, run_pull
 from .fetch.ollama_store import ollama_store_blob
 from .hardware.detect import detect
 from .hardware.types import Hardware
+from .hub_recommendation import repo_choice
 from .recommendation import catalog_recommendation
 from .units import format_bytes
 
@@ -28,12 +29,14 @@ def resolve_model(
     hardware: Callable[[], Hardware] = detect,
     ctx: int | None = None,
     pull_option: bool = True,
+    quant: str | None = None,
 ) -> Path:
     """A local GGUF path for SOURCE: the path itself, an ollama:// tag's blob in Ollama's store,
     or an hf:// / catalog model from the hub cache (downloaded first when ``pull``). A catalog
     name is taken at the quantisation the recommendation picks for the machine ``hardware()``
     gives (detected when asked: only a catalog name needs it) at ``ctx`` tokens per slot (None: the default, up to each model's trained context).
-    ``pull_option``: the command has ``--pull`` (the hint names it).
+    ``pull_option``: the command has ``--pull`` (the hint names it). An ``hf://OWNER/REPO``
+    source is taken at ``quant``, else at the quantisation its ranking here puts first.
 
     Raises:
         UsageError: an unknown name, a malformed source, or a model not downloaded yet.
@@ -54,20 +57,29 @@ def resolve_model(
         say(f"{source}: {reason}")
         spec = parse_hf_pull(repo)
     else:
-        spec, quant = parse_hf_pull(source), None
+        spec = parse_hf_pull(source)
+        if spec.filename is None and quant is None:
+            quant, reason = repo_choice(spec.repo_id, spec.revision, hardware(), ctx)
+            say(f"{source}: {quant}, {reason}")
     wanted_quant = None if spec.filename else quant
     cached = cached_gguf(spec, quant=wanted_quant)  # the hub is asked only when something is missing
     if cached is not None:
         return cached
     if not pull:
         raise UsageError(
-            f"{source}: not downloaded yet", hint=("add --pull, or run " if pull_option else "run ") + f"`tierlocal pull {source}` first"
+            f"{source}: not downloaded yet",
+            hint=("add --pull, or run " if pull_option else "run ")
+            + f"`tierlocal pull {source}{f' --quant {wanted_quant}' if wanted_quant else ''}` first",
         )
     plan = plan_hf_pull(spec, quant=wanted_quant, dest_dir=None)
     if not all(planned.present for planned in plan.files):
         say(f"pulling {plan.source}: {', '.join(f.repo_file.path for f in plan.files)}")
         run_pull(plan)
     return plan.files[0].final_path
+
+
+def _quant_option(quant: str | None) -> str:
+    return f" --quant {quant}" if quant else ""
 
 
 def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None, *, named: list[ModelEntry] | None = None) -> tuple[str, str, str]:

@@ -6,6 +6,7 @@ downloaded beyond it)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -14,16 +15,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import ModelEntry, find_model, load_entry_headers, load_models, load_quality
-from ..errors import UsageError
+from ..catalog import ModelEntry, find_model, load_entry_headers, load_models, load_quality, recipes_dir
+from ..errors import SourceError, UsageError
+from ..fetch.hf import parse_hf_pull
+from ..fetch.hub import list_gguf_files
+from ..fetch.repo_read import default_header_cache, read_quant_headers, repo_quants
 from ..fetch.sources import read_headers
 from ..fit.memory import kv_cache, server_context
 from ..fit.model import model_spec
 from ..gguf.compact import to_compact
+from ..gguf.parse import GGUFHeader
 from ..gguf.summary import summarize
 from ..plan.quality import MIN_REPORTERS, ModelQuality, mode_scores
 from ..recommendation import catalog_quality
 from ..units import format_bytes, format_count
+from .check_repo import is_repo_source
 from .common import COMPACT_WIDTH, console, json_option, print_json
 
 __all__ = ["catalog"]
@@ -251,19 +257,63 @@ def show(name: str, as_json: bool) -> None:
 @catalog.command("capture")
 @click.argument("source")
 @click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), help="Write the compact header here (default: stdout).")
-def capture(source: str, out: Path | None) -> None:
+@click.option("--name", help="hf://OWNER/REPO: the catalog name the files are written under (NAME.QUANT.json).")
+@click.option(
+    "--dir", "directory", type=click.Path(file_okay=False, path_type=Path), help="hf://OWNER/REPO: where to write them (default: recipes/headers)."
+)
+@click.option("--quant", "quants", multiple=True, help="hf://OWNER/REPO: only these quantisations (default: every one).")
+def capture(source: str, out: Path | None, name: str | None, directory: Path | None, quants: tuple[str, ...]) -> None:
     """Read SOURCE's header (a GGUF path, URL or hf://OWNER/REPO/FILE.gguf; a split model by its
     first shard) and write its compact form: metadata without vocabulary-sized arrays, and every
-    tensor's name, shape, type and offset — what `check` needs to plan the file without it.
+    tensor's name, shape, type and offset — what `check` needs to plan the file without it. With
+    hf://OWNER/REPO, every quantisation in the repository (its headers read as `check hf://OWNER/REPO`
+    reads them), each to NAME.QUANT.json: a catalog entry's headers from the published files.
 
     \b
-    Example:
+    Examples:
       tierlocal catalog capture hf://ggml-org/gemma-3-4b-it-GGUF/gemma-3-4b-it-Q4_K_M.gguf --out recipes/headers/gemma-3-4b-it-Q4_K_M.json
+      tierlocal catalog capture hf://unsloth/Qwen3-8B-GGUF --name qwen3-8b --quant Q4_K_M --quant Q8_0
     """
-    text = json.dumps(to_compact(read_headers(source)), indent=1, sort_keys=True) + "\n"
-    if out is None:
-        click.echo(text, nl=False)
+    if is_repo_source(source):
+        if name is None:
+            raise UsageError("capturing a repository needs the catalog name its files are written under", hint="add --name NAME")
+        for label, headers in _repo_headers(source, quants):
+            _write_compact(list(headers), (directory or recipes_dir() / "headers") / f"{name}.{label}.json")
         return
+    if out is None:
+        click.echo(_compact_text(read_headers(source)), nl=False)
+        return
+    _write_compact(read_headers(source), out)
+
+
+def _repo_headers(source: str, quants: tuple[str, ...]) -> list[tuple[str, tuple[GGUFHeader, ...]]]:
+    """Each (or each asked-for) quantisation's label and headers in the repository ``source``.
+
+    Raises:
+        UsageError: a quantisation asked for is not in the repository.
+        SourceError: a header cannot be read.
+    """
+    spec = parse_hf_pull(source)
+    listing = list_gguf_files(spec.repo_id, spec.revision)
+    found = [q for q in repo_quants(listing) if not q.projector and q.complete]
+    wanted = [q for q in found if not quants or q.label.upper() in {w.upper() for w in quants}]
+    missing = sorted({w.upper() for w in quants} - {q.label.upper() for q in wanted})
+    if missing or not wanted:
+        raise UsageError(f"{source}: no quantisation {', '.join(missing) or 'to capture'}", hint=f"it has: {', '.join(q.label for q in found)}")
+    reads = read_quant_headers(listing, wanted, default_header_cache(), revision=spec.revision)
+    for read in reads:
+        if read.error:
+            raise SourceError(source, f"{read.quant.label}: {read.error}")
+    return [(read.quant.label, read.headers) for read in reads]
+
+
+def _compact_text(headers: Sequence[GGUFHeader]) -> str:
+    return json.dumps(to_compact(headers), indent=1, sort_keys=True) + "\n"
+
+
+def _write_compact(headers: Sequence[GGUFHeader], out: Path) -> None:
+    """Write the compact form of ``headers`` to ``out``, whole or not at all."""
+    text = _compact_text(headers)
     if out.exists() and out.is_dir():
         raise UsageError(f"{out} is a directory", hint="give a file name for the compact header")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from .. import constants
 from ..errors import UsageError
 from ..fetch.hf import parse_hf_pull
 from ..fetch.hub import RepoListing, list_gguf_files
-from ..fetch.repo_read import HeaderCache, QuantHeaders, RepoQuant, read_quant_headers, repo_quants
+from ..fetch.repo_read import QuantHeaders, RepoQuant, default_header_cache, read_quant_headers, repo_quants
 from ..fit.estimate import RunRequest
 from ..hardware.types import Hardware
 from ..hub_recommendation import RepoRecommendation, repo_recommendation
@@ -27,18 +27,13 @@ from .common import console, print_json
 from .recommend_view import Wording, render_catalog_recommendation
 from .source_view import render_source_check
 
-__all__ = ["is_repo_source", "header_cache", "check_repo"]
+__all__ = ["is_repo_source", "check_repo"]
 
 
 def is_repo_source(source: str) -> bool:
     """``hf://OWNER/REPO`` or ``hf://OWNER/REPO@REVISION``: a repository, no file named."""
     rest = source.removeprefix("hf://").rsplit("@", 1)[0] if source.startswith("hf://") else ""
     return rest.count("/") == 1 and all(rest.split("/"))
-
-
-def header_cache() -> HeaderCache:
-    """Where Hub headers are kept by their files' sha256 (``~/.cache/tierlocal/hub-headers``)."""
-    return HeaderCache(constants.cache_dir() / "hub-headers")
 
 
 @contextmanager
@@ -66,7 +61,7 @@ def read_repo(source: str, *, interactive: bool) -> tuple[str | None, list[Quant
     if not models:
         raise UsageError(f"{source}: the repo has no complete .gguf model file", hint="check OWNER/REPO; tierlocal plans GGUF files only")
     with _progress(interactive, len(models), spec.repo_id) as advance:
-        reads = read_quant_headers(listing, models, header_cache(), revision=spec.revision, progress=advance)
+        reads = read_quant_headers(listing, models, default_header_cache(), revision=spec.revision, progress=advance)
     return spec.revision, reads, quants, listing
 
 
@@ -127,11 +122,9 @@ def check_repo(
 
 def _commands(result: RepoRecommendation, best: Candidate, thinking: str) -> str:
     repo = result.listing.repo_id + (f"@{result.revision}" if result.revision else "")
-    read = result.read_of(best)
-    first = read.quant.paths[0] if read else ""
     return (
         f"Pull it with `tierlocal pull hf://{repo} --quant {best.entry.quant}`; "
-        f"serve it with `tierlocal serve hf://{result.listing.repo_id}/{first} --pull{thinking}`"
+        f"serve it with `tierlocal serve hf://{repo} --quant {best.entry.quant} --pull{thinking}`"
     )
 
 

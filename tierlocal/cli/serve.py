@@ -48,6 +48,10 @@ __all__ = ["serve", "status"]
 @serve_options
 @click.option("--pull", is_flag=True, help="Download an hf:// or catalog model first if it is not in the hub cache.")
 @click.option(
+    "--quant",
+    help="The quantisation of an hf://OWNER/REPO source (Q4_K_M, UD-Q4_K_XL …; default: the one `check hf://OWNER/REPO` ranks first here).",
+)
+@click.option(
     "--load-timeout", type=click.FloatRange(1), help="Seconds to wait for the engine to become healthy (default: 120 + 1 per 50 MB of model)."
 )
 @click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads for llama-server (-t).")
@@ -68,6 +72,7 @@ def serve(
     ollama_binary: str | None,
     engine_args: tuple[str, ...],
     pull: bool,
+    quant: str | None,
     load_timeout: float | None,
     threads: int | None,
     thinking: str,
@@ -85,6 +90,7 @@ def serve(
       tierlocal serve ./gemma-3-270m-Q4_K_M.gguf --ctx 8192 --parallel 2
       tierlocal serve ./model.gguf --users 4          # four users at once, one KV cache they share
       tierlocal serve qwen3-8b --pull --ctx max
+      tierlocal serve hf://unsloth/Qwen3-8B-GGUF --quant Q6_K --pull
       tierlocal serve qwen3.5-9b --thinking off      # answer directly: no reasoning trace first
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3
@@ -103,7 +109,7 @@ def serve(
     engine_args = _with_thinking(engine_args, thinking, engine)
     ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
     # A catalog name is planned for this machine (as --gpu describes it): detected only then.
-    model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens)
+    model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens, quant=quant)
     options = serve_options_from(
         model,
         served,

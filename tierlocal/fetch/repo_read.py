@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import constants
 from ..errors import HeaderError, SourceError, TierlocalError
 from ..gguf.compact import CompactError, from_compact, to_compact
 from ..gguf.parse import GGUFHeader, parse_header
@@ -28,7 +29,7 @@ from .sources import HttpRangeReader, SourceSpec, hf_reader
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["MAX_WORKERS", "RepoQuant", "QuantHeaders", "HeaderCache", "repo_quants", "read_quant_headers"]
+__all__ = ["MAX_WORKERS", "RepoQuant", "QuantHeaders", "HeaderCache", "default_header_cache", "repo_quants", "read_quant_headers"]
 
 #: Header reads in flight at once (each a HEAD to the hub and one or two range requests).
 MAX_WORKERS = 8
@@ -139,6 +140,11 @@ class HeaderCache:
             os.replace(handle.name, path)
         except OSError:
             return  # a cache that cannot be written costs a second read, nothing else
+
+
+def default_header_cache() -> HeaderCache:
+    """Where Hub headers are kept by their files' sha256 (``~/.cache/tierlocal/hub-headers``)."""
+    return HeaderCache(constants.cache_dir() / "hub-headers")
 
 
 def read_quant_headers(
