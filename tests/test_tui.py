@@ -290,3 +290,38 @@ def test_without_a_terminal_it_says_so_in_one_line() -> None:
         "error: tierlocal ui needs a terminal",
         "hint: run it in an SSH session or a terminal; `tierlocal check --json` is the scriptable answer",
     ]
+
+
+def test_the_hub_screen_searches_and_plans_as_search_does(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Key 3, words, Enter: the repositories `tierlocal search` finds for the same machine, each at
+    the same quantisation, with the same best; against the loopback hub of tests/test_hub_repos.py."""
+    import huggingface_hub.constants as hf_constants
+
+    from tests.support.hub_repos import hub_repos
+    from tests.support.servers import fake_hub
+    from tests.test_hub_repos import _test_cache
+    from tierlocal.tui.hub import HubScreen
+
+    with fake_hub(hub_repos(_test_cache())) as (endpoint, _):
+        monkeypatch.setattr(hf_constants, "ENDPOINT", endpoint)
+        monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        env = {"HF_ENDPOINT": endpoint, "XDG_CACHE_HOME": str(tmp_path)}
+        found = json.loads(run_cli("search", "qwen3", *MACHINE, "--ctx", "8192", "--min-speed", "5", "--json", env=env).stdout)
+
+        async def steps(app: TierlocalApp, pilot: object) -> None:
+            await pilot.press("3")  # type: ignore[attr-defined]
+            await _until(pilot, lambda: isinstance(app.screen, HubScreen))
+            screen = app.screen
+            assert isinstance(screen, HubScreen)
+            screen.query_one(Input).value = "qwen3"
+            await pilot.press("enter")  # type: ignore[attr-defined]
+            await _until(pilot, lambda: screen.found is not None and screen.query_one(DataTable).row_count > 0)
+            table = screen.query_one(DataTable)
+            rows = [(str(table.get_row_at(i)[0]), str(table.get_row_at(i)[2])) for i in range(table.row_count)]
+            assert rows == [(r["repo"], r["candidate"]["quant"]) for r in found["results"]]
+            assert str(screen.query_one("#hub-status", Static).render()).startswith(
+                f"{len(rows)} repositories match 'qwen3'; best here: {found['best']}"
+            )
+
+        _drive(_planning(), steps)

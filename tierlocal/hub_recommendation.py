@@ -23,7 +23,7 @@ from . import constants
 from .catalog import ModelEntry, load_models
 from .errors import UsageError
 from .fetch.hub import RepoListing, list_gguf_files
-from .fetch.hub_search import FoundRepo, SearchSkip
+from .fetch.hub_search import FoundRepo, SearchSkip, read_found, search_repos
 from .fetch.repo_read import QuantHeaders, RepoQuant, default_header_cache, read_quant_headers, repo_quants
 from .fit.model import model_spec
 from .gguf import summarize
@@ -41,6 +41,7 @@ __all__ = [
     "repo_entries",
     "repo_choice",
     "repo_recommendation",
+    "search_hub",
     "search_recommendation",
 ]
 
@@ -280,6 +281,20 @@ class SearchRecommendation:
             "results": [r.to_json() for r in self.results],
             "skipped": [s.to_json() for s in self.skipped],
         }
+
+
+def search_hub(words: str, hardware: Hardware, *, sort: str = "downloads", limit: int = 20, **ask: object) -> SearchRecommendation:
+    """``tierlocal search``: the GGUF repositories whose names hold ``words``, each planned on
+    ``hardware`` (:mod:`tierlocal.fetch.hub_search` says which of its files; ``ask``: what
+    :func:`catalog_recommendation` takes).
+
+    Raises:
+        SourceError: the hub refused, rate-limited or could not be reached.
+    """
+    found = search_repos(words, sort=sort, limit=limit)
+    memory = sum(gpu.free_bytes for gpu in hardware.gpus if not gpu.unified_pool_bytes) + hardware.ram_available_bytes
+    read, skipped = read_found(found, memory, default_header_cache())
+    return search_recommendation(read, skipped, hardware, **ask)
 
 
 def search_recommendation(found: Sequence[FoundRepo], skipped: Sequence[SearchSkip], hardware: Hardware, **ask: object) -> SearchRecommendation:

@@ -10,12 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import constants
-from ..catalog import load_host_defaults
 from ..errors import UsageError
-from ..fetch.hub_search import SORTS, read_found, search_repos
-from ..fetch.repo_read import default_header_cache
-from ..hub_recommendation import SearchRecommendation, SearchResult, search_recommendation
-from ..plan.rule_of_thumb import memory_budget
+from ..fetch.hub_search import SORTS
+from ..hub_recommendation import SearchRecommendation, SearchResult, search_hub
 from ..units import format_bytes, format_count
 from .common import console, gpu_option, json_option, machine, print_json, ram_options
 
@@ -68,11 +65,7 @@ def search(
         raise UsageError("search needs words to look for", hint="e.g. tierlocal search qwen3")
     hardware = machine(gpus, ram, ram_bandwidth)
     started = time.monotonic()
-    found = search_repos(query, sort=sort, limit=limit)
-    memory = sum(gpu.free_bytes for gpu in hardware.gpus if not gpu.unified_pool_bytes) + hardware.ram_available_bytes
-    memory = max(memory, memory_budget(hardware, load_host_defaults()).memory_bytes)
-    read, skipped = read_found(found, memory, default_header_cache())
-    result = search_recommendation(read, skipped, hardware, ctx=ctx, parallel=1, min_tokens_per_s=min_speed, ctx_up_to_training=True)
+    result = search_hub(query, hardware, sort=sort, limit=limit, ctx=ctx, parallel=1, min_tokens_per_s=min_speed, ctx_up_to_training=True)
     if as_json:
         print_json({"query": query, "sort": sort, **result.to_json(), "seconds": round(time.monotonic() - started, 2)})
         return

@@ -1,4 +1,4 @@
-"""``tierlocal ui``'s application: two screens, What fits (1) and Live (2), keyboard first
+"""``tierlocal ui``'s application: three screens, What fits (1), Live (2) and Hub (3), keyboard first
 (mouse optional), laid out for 80×24 and up; ``q`` or Ctrl-C quits."""
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ _CSS = """
 #fits-progress { height: 1; padding: 0 1; }
 #fits-message { height: auto; max-height: 3; padding: 0 1; }
 #live-body { height: 1fr; padding: 0 1; }
+#hub-status { height: auto; padding: 0 1; background: $boost; }
+#hub-table { height: 1fr; }
 #live-engines { height: auto; }
 .engine { height: auto; margin-bottom: 1; }
 .engine-text { height: auto; }
@@ -49,6 +51,7 @@ class TierlocalApp(App[None]):
     BINDINGS = [  # noqa: RUF012 (Textual's own class attribute)
         Binding("1", "show('fits')", "what fits"),
         Binding("2", "show('live')", "live"),
+        Binding("3", "show('hub')", "hub"),
         Binding("question_mark", "show_help_panel", "keys"),
         Binding("q", "quit", "quit"),
         Binding("ctrl+c", "quit", "quit", show=False, priority=True),
@@ -69,11 +72,15 @@ class TierlocalApp(App[None]):
         self.push_screen(self.start_on)
 
     def _install(self, name: str) -> None:
-        """Live is made when first shown (its HTTP client is a tenth of a second to import)."""
+        """Live and Hub are made when first shown (their HTTP clients are a tenth of a second to import)."""
         if name == "live" and not self.is_screen_installed("live"):
             from .live import LiveScreen
 
             self.install_screen(LiveScreen(self.gateway_config), "live")
+        if name == "hub" and not self.is_screen_installed("hub"):
+            from .hub import HubScreen
+
+            self.install_screen(HubScreen(self.planning), "hub")
 
     def action_show(self, name: str) -> None:
         self._install(name)
