@@ -61,6 +61,9 @@ def main() -> None:
             found, wall = _run(env, *search_args)
             timings[f"search {run} ({len(found['results'])} repos planned) seconds"] = float(found["seconds"])  # type: ignore[arg-type]
             timings[f"search {run} wall (with the CLI's start)"] = wall
+            read = sum(r["header_bytes_read"] for r in found["results"])  # type: ignore[attr-defined]
+            planned = sum(len(r["planned_quants"]) for r in found["results"])  # type: ignore[attr-defined]
+            print(f"search {run}: {planned} quantisations of {len(found['results'])} repositories planned, {read:,} header bytes read")
     if "--json" in sys.argv:
         print(json.dumps({"rows": rows, "timings_s": timings}, indent=2))
         return

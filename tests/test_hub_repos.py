@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,9 @@ from tests.support.hub_repos import LAYOUTS, PRIVATE_TOKEN, hub_repos
 from tests.support.servers import HubRepo, ServerState, fake_hub
 from tierlocal.errors import HeaderError
 from tierlocal.fetch.hub import RepoFile, RepoListing
-from tierlocal.fetch.repo_read import repo_quants
+from tierlocal.fetch.repo_read import ArrayBytes, repo_quants
 from tierlocal.fetch.sources import LocalFileReader
-from tierlocal.gguf.parse import ArraySummary, parse_header
+from tierlocal.gguf.parse import ends_at_its_data, parse_header
 
 _MACHINE = ("--gpu", "RTX 4090", "--ram", "64GiB")
 
@@ -82,7 +81,7 @@ def test_a_repository_ranks_every_quantisation_reading_only_headers(hub: tuple[s
     assert isinstance(candidates, list)
     assert sorted({c["quant"] for c in candidates}) == ["Q4_K_M", "Q6_K", "Q8_0"]
     q8 = next(c for c in candidates if c["quant"] == "Q8_0")
-    assert q8["files"] == [f"Q8_0/Llama-3.3-70B-Instruct-Q8_0-0000{i}-of-00002.gguf" for i in (1, 2)]
+    assert q8["files"] == [f"Llama-3.3-70B-Instruct-Q8_0/Llama-3.3-70B-Instruct-Q8_0-0000{i}-of-00002.gguf" for i in (1, 2)]
     # Headers only: what the hub sent is what the parser read, a ten-thousandth of the files.
     assert sent == payload["header_bytes_read"]
     # The smallest is read whole; the others pass over the vocabulary it holds.
@@ -277,21 +276,30 @@ class _Counting:
         return data
 
 
-def test_a_quantisation_passes_over_the_vocabulary_its_sibling_holds(repos: list[HubRepo]) -> None:
-    directory = next(r.directory for r in repos if r.repo_id == "unsloth/Qwen3-8B-GGUF")
-    q4 = parse_header(LocalFileReader(directory / "Qwen3-8B-Q4_K_M.gguf"))
-    q8_full = parse_header(LocalFileReader(directory / "Qwen3-8B-Q8_0.gguf"))
-    counting = _Counting(LocalFileReader(directory / "Qwen3-8B-Q8_0.gguf"))
-    q8 = parse_header(counting, like=q4)  # type: ignore[arg-type]
-    assert q8 == q8_full  # the same header, tensor types included
-    assert counting.bytes_read < q8.header_bytes / 3
-    # A vocabulary of another byte length (one token longer) misplaces the rest: the parse fails,
-    # or its tensors disagree with the sibling's (repo_read then reads the file in full).
-    tokens = q4.metadata["tokenizer.ggml.tokens"]
-    assert isinstance(tokens, ArraySummary)
-    wrong = replace(q4, metadata={**q4.metadata, "tokenizer.ggml.tokens": replace(tokens, byte_length=tokens.byte_length + 1)})
-    with pytest.raises(HeaderError):
-        parse_header(LocalFileReader(directory / "Qwen3-8B-Q8_0.gguf"), like=wrong)
+def test_a_file_passes_over_a_vocabulary_another_file_held(repos: list[HubRepo]) -> None:
+    """Another quantisation of the model, or another model of its family (Qwen3-14B from another
+    publisher), passes over the Qwen3 vocabulary by the byte length the first file gave it: the
+    same header, a fraction of the reads; a wrong length is caught (the parse fails, or the header
+    does not end at its data) and repo_read then reads the file in full."""
+    directory = {r.repo_id: r.directory for r in repos}
+    known = ArrayBytes()
+    known.learn(parse_header(LocalFileReader(directory["unsloth/Qwen3-8B-GGUF"] / "Qwen3-8B-Q4_K_M.gguf")))
+    for path in (directory["unsloth/Qwen3-8B-GGUF"] / "Qwen3-8B-Q8_0.gguf", directory["bartowski/Qwen_Qwen3-14B-GGUF"] / "Qwen_Qwen3-14B-Q6_K.gguf"):
+        counting = _Counting(LocalFileReader(path))
+        passed = parse_header(counting, known_bytes=known)  # type: ignore[arg-type]
+        assert passed == parse_header(LocalFileReader(path))  # the same header, tensor types included
+        assert ends_at_its_data(passed)
+        assert counting.bytes_read < passed.header_bytes / 3
+
+    def wrong(key: str, element_type: str, length: int) -> int | None:
+        right = known(key, element_type, length)
+        return right + 1 if right else None  # one byte more than the vocabulary takes
+
+    try:
+        misread = parse_header(LocalFileReader(directory["unsloth/Qwen3-8B-GGUF"] / "Qwen3-8B-Q8_0.gguf"), known_bytes=wrong)
+    except HeaderError:
+        return
+    assert not ends_at_its_data(misread)
 
 
 def test_serve_takes_a_repository_at_its_best_quantisation_or_the_one_given(hub: tuple[str, ServerState], tmp_path: Path) -> None:

@@ -148,7 +148,6 @@ def catalog_recommendation(
     models = models if models is not None else catalog_models(entries, from_digests=machine.max_tensor_bytes is None)
     request = request or RunRequest()
     scores, losses = _quality()
-    losses = _losses_by_file_type(losses, entries, models)
     recommendation = recommend_catalog(
         entries,
         models,
@@ -162,7 +161,7 @@ def catalog_recommendation(
         purpose=purpose,
         request=replace(request, parallel=parallel),
         quality=scores,
-        quant_losses=losses,
+        quant_losses=_losses_by_file_type(losses, entries, models),
         prefer=prefer,
         ctx_up_to_training=ctx_up_to_training,
         licences=load_licences(),

@@ -10,6 +10,14 @@ it; its data is a hole, so a 75 GB file costs a few MB of disk. The one label wh
 catalog has no header for (unsloth's ``UD-Q4_K_XL``) carries Q4_K_M's tensor types: the name
 is what is under test there. Built once into the test cache (outside the checkout), keyed by
 this module and the headers it reads.
+
+The layouts follow paths quoted in public download scripts and configs (the Hub itself is not
+reachable where this was written, 2026-12-06): unsloth's older repos put a split quantisation in
+a folder named like the file (``Llama-3.3-70B-Instruct-Q8_0/…-00001-of-00002.gguf``), its newer
+ones in one named by the label (``Q8_0/Qwen3-Coder-Next-Q8_0-00001-of-00003.gguf``); Qwen splits
+even a 7B's files beside the others (``qwen2.5-7b-instruct-q8_0-00001-of-00003.gguf``); ggml-org's
+gpt-oss-120b is ``gpt-oss-120b-mxfp4-0000N-of-00003.gguf``; bartowski names older repos' files
+without the organisation (``Llama-3.3-70B-Instruct-Q4_K_M.gguf``) and newer ones with it.
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ LAYOUTS: tuple[Layout, ...] = (
         "llama-3.3-70b",
         "Llama-3.3-70B-Instruct-{Q}.gguf",
         splits={"Q6_K": 2, "Q8_0": 2},
-        split_path="{Q}/Llama-3.3-70B-Instruct-{Q}-{i}-of-{n}.gguf",
+        split_path="Llama-3.3-70B-Instruct-{Q}/Llama-3.3-70B-Instruct-{Q}-{i}-of-{n}.gguf",
         base_model="meta-llama/Llama-3.3-70B-Instruct",
         licence="llama3.3",
         downloads=40_000,

@@ -95,7 +95,6 @@ def serve(
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3
       tierlocal serve ./model.gguf --flash-attn off -- --temp 0.7 --no-webui
-      tierlocal serve ./gemma-3-4b-it-Q4_K_M.gguf --mmproj ./mmproj-model-f16.gguf
       tierlocal serve ollama://gemma3:270m --engine ollama   # a tag already in Ollama's store
       tierlocal serve ./chat.gguf ./code.gguf --ram 16GiB       # a set: one endpoint, loaded on demand
       tierlocal serve --set team.toml --port 8080

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import SourceError
 from .hub import RepoListing, card_facts, hub_errors, list_gguf_files
-from .repo_read import MAX_WORKERS, HeaderCache, QuantHeaders, RepoQuant, read_quant_headers, repo_quants
+from .repo_read import MAX_WORKERS, ArrayBytes, HeaderCache, QuantHeaders, RepoQuant, read_quant_headers, repo_quants
 
 __all__ = ["SORTS", "PLANNED_PER_REPO", "MAX_RESULTS", "FoundRepo", "SearchSkip", "search_repos", "read_found"]
 
@@ -96,6 +96,8 @@ def read_found(found: Sequence[RepoListing], memory_bytes: int, cache: HeaderCac
         SourceError: the hub rate-limited the reads, or is unreachable or offline.
     """
 
+    known = ArrayBytes()  # vocabularies learnt from one repository serve the others
+
     def read(listing: RepoListing) -> FoundRepo | SearchSkip:
         try:
             full = list_gguf_files(listing.repo_id)
@@ -103,7 +105,7 @@ def read_found(found: Sequence[RepoListing], memory_bytes: int, cache: HeaderCac
             chosen = _chosen(quants, memory_bytes)
             if not chosen:
                 return SearchSkip(listing.repo_id, "no complete .gguf model file")
-            reads = read_quant_headers(full, chosen, cache, workers=PLANNED_PER_REPO)
+            reads = read_quant_headers(full, chosen, cache, workers=PLANNED_PER_REPO, known=known)
         except SourceError as exc:
             if _fatal(exc):
                 raise

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -22,14 +23,14 @@ from typing import TYPE_CHECKING
 from .. import constants
 from ..errors import HeaderError, SourceError, TierlocalError
 from ..gguf.compact import CompactError, from_compact, to_compact
-from ..gguf.parse import GGUFHeader, parse_header
+from ..gguf.parse import ArraySummary, GGUFHeader, ends_at_its_data, parse_header
 from .hub import SHARD_NAME, RepoFile, RepoListing, file_set_key, quant_of
 from .sources import HttpRangeReader, SourceSpec, hf_reader
 
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["MAX_WORKERS", "RepoQuant", "QuantHeaders", "HeaderCache", "default_header_cache", "repo_quants", "read_quant_headers"]
+__all__ = ["MAX_WORKERS", "RepoQuant", "QuantHeaders", "HeaderCache", "ArrayBytes", "default_header_cache", "repo_quants", "read_quant_headers"]
 
 #: Header reads in flight at once (each a HEAD to the hub and one or two range requests).
 MAX_WORKERS = 8
@@ -147,6 +148,27 @@ def default_header_cache() -> HeaderCache:
     return HeaderCache(constants.cache_dir() / "hub-headers")
 
 
+class ArrayBytes:
+    """The byte lengths of the long string arrays (vocabularies) of every header seen, by key,
+    element type and length: a later file with an array of the same three passes over it by that
+    length (:func:`~tierlocal.gguf.parse.parse_header`'s ``known_bytes``). One model's
+    quantisations share a vocabulary, and so do the fine-tunes of a base. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[tuple[str, str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def learn(self, header: GGUFHeader) -> None:
+        with self._lock:
+            for key, value in header.metadata.items():
+                if isinstance(value, ArraySummary) and value.element_type == "STRING" and value.byte_length:
+                    self._bytes.setdefault((key, value.element_type, value.length), value.byte_length)
+
+    def __call__(self, key: str, element_type: str, length: int) -> int | None:
+        with self._lock:
+            return self._bytes.get((key, element_type, length))
+
+
 def read_quant_headers(
     listing: RepoListing,
     quants: Sequence[RepoQuant],
@@ -155,11 +177,12 @@ def read_quant_headers(
     revision: str | None = None,
     workers: int = MAX_WORKERS,
     progress: Callable[[RepoQuant], None] | None = None,
+    known: ArrayBytes | None = None,
 ) -> list[QuantHeaders]:
     """Each of ``quants``' headers, read at the listing's commit or taken from ``cache``; the
-    first in full, then the others in parallel (``workers`` at once), each passing over the
-    vocabulary the first one holds (:func:`~tierlocal.gguf.parse.parse_header`'s ``like``: the
-    quantisations of one model share it) and read again in full where its tensors then differ.
+    first, then the others in parallel (``workers`` at once), each passing over a vocabulary a
+    header seen before held (``known``, shared between repositories by a search; else this
+    repository's own) and read again in full where the header then does not end at its data.
     ``progress`` is called as each quantisation is done.
 
     A quantisation whose header cannot be read carries the error; a repository whose files the
@@ -171,13 +194,12 @@ def read_quant_headers(
     from huggingface_hub import get_session
 
     spec = SourceSpec("hf", f"hf://{listing.repo_id}", "", repo_id=listing.repo_id, revision=revision or listing.commit)
-    read = partial(_read_quant, spec, get_session(), cache, progress)
+    read = partial(_read_quant, spec, get_session(), cache, progress, known or ArrayBytes())
     if not quants:
         return []
-    first = read(quants[0], None)
-    like = first.headers[0] if first.headers else None
+    first = read(quants[0])
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(quants)))) as pool:
-        return [first, *pool.map(partial(read, like=like), quants[1:])]
+        return [first, *pool.map(read, quants[1:])]
 
 
 def _read_quant(
@@ -185,20 +207,21 @@ def _read_quant(
     client: httpx2.Client,
     cache: HeaderCache | None,
     progress: Callable[[RepoQuant], None] | None,
+    known: ArrayBytes,
     quant: RepoQuant,
-    like: GGUFHeader | None,
 ) -> QuantHeaders:
     headers, fetched, cached = [], 0, True
     try:
-        for index, repo_file in enumerate(quant.files):
+        for repo_file in quant.files:
             name = f"hf://{spec.repo_id}/{repo_file.path}"
             header = cache.get(repo_file, name) if cache is not None else None
             if header is None:
                 cached = False
-                header, count = _read_file(spec, client, repo_file.path, name, like if index == 0 else None)
+                header, count = _read_file(spec, client, repo_file.path, name, known)
                 fetched += count
                 if cache is not None:
                     cache.put(repo_file, header)
+            known.learn(header)
             headers.append(header)
     except SourceError as exc:
         if _access_refused(exc):
@@ -213,24 +236,17 @@ def _read_quant(
     return QuantHeaders(quant, tuple(headers), fetched, cached)
 
 
-def _read_file(spec: SourceSpec, client: httpx2.Client, path: str, name: str, like: GGUFHeader | None) -> tuple[GGUFHeader, int]:
-    """One file's header and the body bytes fetched for it: passing over ``like``'s vocabulary
-    where its tensors then agree with ``like``'s, else read again in full."""
+def _read_file(spec: SourceSpec, client: httpx2.Client, path: str, name: str, known: ArrayBytes) -> tuple[GGUFHeader, int]:
+    """One file's header and the body bytes fetched for it: passing over the vocabularies
+    ``known`` holds where the header then ends at its data, else read again in full."""
     reader: HttpRangeReader = hf_reader(spec, path, client)
-    if like is not None:
-        try:
-            header = parse_header(reader, like=like)
-            if _agrees(header, like):
-                return replace(header, source=name), reader.bytes_read
-        except HeaderError:
-            pass
+    try:
+        header = parse_header(reader, known_bytes=known)
+        if ends_at_its_data(header):
+            return replace(header, source=name), reader.bytes_read
+    except HeaderError:
+        pass
     return replace(parse_header(reader), source=name), reader.bytes_read
-
-
-def _agrees(header: GGUFHeader, like: GGUFHeader) -> bool:
-    """Every tensor ``header`` names is one of ``like``'s, of the same shape (a shard holds some)."""
-    shapes = {t.name: t.shape for t in like.tensors}
-    return bool(header.tensors) and all(shapes.get(t.name) == t.shape for t in header.tensors)
 
 
 def _access_refused(error: SourceError) -> bool:

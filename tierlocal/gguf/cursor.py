@@ -5,7 +5,7 @@ without fetching them. Pure: the reader does the I/O."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import HeaderError
@@ -37,14 +37,14 @@ class Cursor:
     """Sequential reads over a RangeReader, fetching in growing chunks. ``buffer`` holds the
     bytes from ``base`` on; :meth:`jump` passes over bytes without fetching them."""
 
-    def __init__(self, reader: RangeReader, limits: HeaderLimits, like: Mapping[str, object] | None = None) -> None:
+    def __init__(self, reader: RangeReader, limits: HeaderLimits, known_bytes: Callable[[str, str, int], int | None] | None = None) -> None:
         self.reader = reader
         self.limits = limits
         self.buffer = bytearray()
         self.base = 0
         self.pos = 0
-        #: Another file's metadata whose long string arrays this file is expected to repeat byte for byte.
-        self.like = like or {}
+        #: The bytes another file's array of a key, element type and length took (parse_header's ``known_bytes``).
+        self.known_bytes = known_bytes
 
     def fail(self, what: str, offset: int | None = None) -> HeaderError:
         return HeaderError(

@@ -13,7 +13,7 @@ Value types, quantisation block sizes and key names come from the ``gguf`` packa
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +30,8 @@ __all__ = [
     "GGUFHeader",
     "HeaderLimits",
     "parse_header",
+    "KnownBytes",
+    "ends_at_its_data",
 ]
 
 
@@ -147,9 +149,9 @@ def _read_array(cursor: Cursor, key: str) -> object:
         if keep:
             return [cursor.string(f"{key}[{index}]") for index in range(length)]
         elements = cursor.pos
-        like = cursor.like.get(key)
-        if isinstance(like, ArraySummary) and like.byte_length and (like.element_type, like.length) == (element_type.name, length):
-            cursor.jump(like.byte_length, key)  # the other file's bytes: checked by the caller against its tensors
+        known = cursor.known_bytes(key, element_type.name, length) if cursor.known_bytes is not None else None
+        if known:
+            cursor.jump(known, key)  # another file's bytes: the caller checks what follows (:func:`ends_at_its_data`)
         else:
             cursor.skip_strings(length, key)
         return ArraySummary(element_type.name, length, cursor.pos - elements)
@@ -230,16 +232,30 @@ def _check_tensor_extents(cursor: Cursor, tensors: list[TensorInfo], data_offset
             )
 
 
-def parse_header(reader: RangeReader, limits: HeaderLimits | None = None, like: GGUFHeader | None = None) -> GGUFHeader:
+#: The bytes another file's array of this key, element type and length took (None: not known).
+KnownBytes = Callable[[str, str, int], int | None]
+
+
+def ends_at_its_data(header: GGUFHeader) -> bool:
+    """Whether the file ends where its last tensor's data does (to the alignment): true of every
+    GGUF writer's output, and false when the header's end was misplaced — the check on a parse
+    that passed over arrays by another file's byte lengths (``known_bytes``)."""
+    if not header.tensors:
+        return False
+    end = header.data_offset + max(t.offset + t.n_bytes for t in header.tensors)
+    return 0 <= header.file_bytes - end < header.alignment
+
+
+def parse_header(reader: RangeReader, limits: HeaderLimits | None = None, known_bytes: KnownBytes | None = None) -> GGUFHeader:
     """Parse the header of one GGUF file without reading its tensor data.
 
     Args:
         reader: the file's bytes (local, HTTP Range, hub, memory).
         limits: bounds on counts and lengths; the defaults suit every real model.
-        like: another quantisation of the same model, whose long string arrays (the vocabulary)
-            this file repeats: each is passed over by its byte length there, unread. Nothing
-            checks those bytes; the caller compares the result with ``like`` (its tensors) and
-            parses again without it when they differ.
+        known_bytes: the byte length another file gave a long string array of the same key,
+            element type and length (a vocabulary the quantisations of one model share): such an
+            array is passed over by it, unread. Nothing checks those bytes; the caller checks the
+            result (:func:`ends_at_its_data`) and parses again without it when it fails.
 
     Returns:
         The header: metadata (long arrays summarised), tensor infos with their byte sizes,
@@ -248,7 +264,7 @@ def parse_header(reader: RangeReader, limits: HeaderLimits | None = None, like: 
     Raises:
         HeaderError: the bytes are not a valid GGUF header, or claim more than the file holds.
     """
-    cursor = Cursor(reader, limits or HeaderLimits(), like.metadata if like is not None else None)
+    cursor = Cursor(reader, limits or HeaderLimits(), known_bytes)
     magic = cursor.u32("magic")
     if magic != GGUF_MAGIC:
         raise cursor.fail("not a GGUF file (wrong magic bytes)", 0)
