@@ -68,8 +68,7 @@ def resolve_model(
     if not pull:
         raise UsageError(
             f"{source}: not downloaded yet",
-            hint=("add --pull, or run " if pull_option else "run ")
-            + f"`tierlocal pull {source}{f' --quant {wanted_quant}' if wanted_quant else ''}` first",
+            hint=("add --pull, or run " if pull_option else "run ") + f"`tierlocal pull {source}{_quant_option(wanted_quant, source)}` first",
         )
     plan = plan_hf_pull(spec, quant=wanted_quant, dest_dir=None)
     if not all(planned.present for planned in plan.files):
@@ -78,8 +77,9 @@ def resolve_model(
     return plan.files[0].final_path
 
 
-def _quant_option(quant: str | None) -> str:
-    return f" --quant {quant}" if quant else ""
+def _quant_option(quant: str | None, source: str) -> str:
+    """`pull`'s --quant for an hf://OWNER/REPO source (a catalog name's pull picks it again)."""
+    return f" --quant {quant}" if quant and source.startswith("hf://") else ""
 
 
 def catalog_choice(source: str | None, hardware: Hardware, ctx: int | None, *, named: list[ModelEntry] | None = None) -> tuple[str, str, str]:
