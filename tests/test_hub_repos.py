@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from tierlocal.errors import HeaderError
 from tierlocal.fetch.hub import RepoFile, RepoListing
 from tierlocal.fetch.repo_read import ArrayBytes, repo_quants
 from tierlocal.fetch.sources import LocalFileReader
-from tierlocal.gguf.parse import ends_at_its_data, parse_header
+from tierlocal.gguf.parse import ArraySummary, ends_at_its_data, parse_header
 
 _MACHINE = ("--gpu", "RTX 4090", "--ram", "64GiB")
 
@@ -48,7 +50,7 @@ def _env(endpoint: str, cache: Path, **more: str) -> dict[str, str]:
 def _check(endpoint: str, cache: Path, repo: str, *args: str) -> dict[str, Any]:
     result = run_cli("check", f"hf://{repo}", *args, "--json", env=_env(endpoint, cache))
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)  # type: ignore[no-any-return]
+    return json.loads(result.stdout)
 
 
 def _file_bytes_sent(state: ServerState) -> int:
@@ -286,7 +288,7 @@ def test_a_file_passes_over_a_vocabulary_another_file_held(repos: list[HubRepo])
     known.learn(parse_header(LocalFileReader(directory["unsloth/Qwen3-8B-GGUF"] / "Qwen3-8B-Q4_K_M.gguf")))
     for path in (directory["unsloth/Qwen3-8B-GGUF"] / "Qwen3-8B-Q8_0.gguf", directory["bartowski/Qwen_Qwen3-14B-GGUF"] / "Qwen_Qwen3-14B-Q6_K.gguf"):
         counting = _Counting(LocalFileReader(path))
-        passed = parse_header(counting, known_bytes=known)  # type: ignore[arg-type]
+        passed = parse_header(counting, known_bytes=known)
         assert passed == parse_header(LocalFileReader(path))  # the same header, tensor types included
         assert ends_at_its_data(passed)
         assert counting.bytes_read < passed.header_bytes / 3
@@ -352,3 +354,31 @@ def test_catalog_headers_are_captured_from_a_repository(hub: tuple[str, ServerSt
         "error: hf://unsloth/Qwen3-8B-GGUF: no quantisation Q2_K",
         "hint: it has: Q4_K_M, Q6_K, Q8_0",
     ]
+
+
+def test_a_vocabulary_being_read_is_waited_for_not_fetched_twice(repos: list[HubRepo]) -> None:
+    """Two threads meet the same vocabulary: the first reads it, the second waits and passes over
+    it by what the first learnt; one that waits too long reads it itself."""
+    directory = next(r.directory for r in repos if r.repo_id == "unsloth/Qwen3-8B-GGUF")
+    header = parse_header(LocalFileReader(directory / "Qwen3-8B-Q4_K_M.gguf"))
+    tokens = ("tokenizer.ggml.tokens", "STRING", 151_936)
+    known = ArrayBytes()
+    assert known(*tokens) is None  # this thread reads it now
+    answers: list[int | None] = []
+    waiting = threading.Thread(target=lambda: answers.append(known(*tokens)))
+    waiting.start()
+    time.sleep(0.2)
+    assert waiting.is_alive() and answers == []  # waiting for the first reader
+    known.learn(header)
+    known.release()
+    waiting.join(5)
+    summary = header.metadata["tokenizer.ggml.tokens"]
+    assert isinstance(summary, ArraySummary) and summary.byte_length > 0
+    assert answers == [summary.byte_length]
+    impatient = ArrayBytes(wait_s=0.1)
+    assert impatient(*tokens) is None
+    late: list[int | None] = []
+    other = threading.Thread(target=lambda: late.append(impatient(*tokens)))
+    other.start()
+    other.join(5)
+    assert late == [None]  # gave up waiting: it reads the array itself

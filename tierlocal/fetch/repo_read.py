@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -152,21 +153,44 @@ class ArrayBytes:
     """The byte lengths of the long string arrays (vocabularies) of every header seen, by key,
     element type and length: a later file with an array of the same three passes over it by that
     length (:func:`~tierlocal.gguf.parse.parse_header`'s ``known_bytes``). One model's
-    quantisations share a vocabulary, and so do the fine-tunes of a base. Thread-safe."""
+    quantisations share a vocabulary, and so do the fine-tunes of a base.
 
-    def __init__(self) -> None:
+    Thread-safe, and read once: a thread that meets an array another thread is reading right now
+    waits for it (at most ``wait_s`` seconds) rather than fetching the same megabytes itself."""
+
+    def __init__(self, wait_s: float = 30.0) -> None:
         self._bytes: dict[tuple[str, str, int], int] = {}
-        self._lock = threading.Lock()
+        #: The arrays being read now, and by which thread.
+        self._reading: dict[tuple[str, str, int], int] = {}
+        self._changed = threading.Condition()
+        self.wait_s = wait_s
 
     def learn(self, header: GGUFHeader) -> None:
-        with self._lock:
+        with self._changed:
             for key, value in header.metadata.items():
                 if isinstance(value, ArraySummary) and value.element_type == "STRING" and value.byte_length:
                     self._bytes.setdefault((key, value.element_type, value.length), value.byte_length)
+            self._changed.notify_all()
+
+    def release(self) -> None:
+        """This thread reads no array any longer (its header is learnt, or its read failed)."""
+        me = threading.get_ident()
+        with self._changed:
+            for array in [array for array, reader in self._reading.items() if reader == me]:
+                del self._reading[array]
+            self._changed.notify_all()
 
     def __call__(self, key: str, element_type: str, length: int) -> int | None:
-        with self._lock:
-            return self._bytes.get((key, element_type, length))
+        array, me = (key, element_type, length), threading.get_ident()
+        deadline = time.monotonic() + self.wait_s
+        with self._changed:
+            while array not in self._bytes and self._reading.get(array, me) != me:
+                if not self._changed.wait(max(deadline - time.monotonic(), 0)) and time.monotonic() >= deadline:
+                    return None
+            if array in self._bytes:
+                return self._bytes[array]
+            self._reading[array] = me  # this thread reads it; the others wait for what it learns
+            return None
 
 
 def read_quant_headers(
@@ -241,12 +265,16 @@ def _read_file(spec: SourceSpec, client: httpx2.Client, path: str, name: str, kn
     ``known`` holds where the header then ends at its data, else read again in full."""
     reader: HttpRangeReader = hf_reader(spec, path, client)
     try:
-        header = parse_header(reader, known_bytes=known)
-        if ends_at_its_data(header):
-            return replace(header, source=name), reader.bytes_read
-    except HeaderError:
-        pass
-    return replace(parse_header(reader), source=name), reader.bytes_read
+        try:
+            header = parse_header(reader, known_bytes=known)
+            if not ends_at_its_data(header):
+                header = parse_header(reader)
+        except HeaderError:
+            header = parse_header(reader)
+        known.learn(header)
+    finally:
+        known.release()
+    return replace(header, source=name), reader.bytes_read
 
 
 def _access_refused(error: SourceError) -> bool:
