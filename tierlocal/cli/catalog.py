@@ -18,7 +18,7 @@ from .. import constants
 from ..catalog import ModelEntry, find_model, load_entry_headers, load_models, load_quality, recipes_dir
 from ..errors import SourceError, UsageError
 from ..fetch.hf import parse_hf_pull
-from ..fetch.hub import list_gguf_files
+from ..fetch.hub import is_repo_source, list_gguf_files
 from ..fetch.repo_read import default_header_cache, read_quant_headers, repo_quants
 from ..fetch.sources import read_headers
 from ..fit.memory import kv_cache, server_context
@@ -29,7 +29,6 @@ from ..gguf.summary import summarize
 from ..plan.quality import MIN_REPORTERS, ModelQuality, mode_scores
 from ..recommendation import catalog_quality
 from ..units import format_bytes, format_count
-from .check_repo import is_repo_source
 from .common import COMPACT_WIDTH, console, json_option, print_json
 
 __all__ = ["catalog"]

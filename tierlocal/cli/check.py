@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import TypedDict, Unpack
+from typing import Any, TypedDict, Unpack
 
 import click
 
 from .. import constants
 from ..catalog import ModelEntry, find_model, load_host_defaults, load_models, load_rental_offers
 from ..errors import UsageError
+from ..fetch.hub import is_repo_source
 from ..fit.estimate import Machine, RunRequest
 from ..hardware.types import Hardware
 from ..plan.inputs import PlanAsk
@@ -23,7 +24,6 @@ from ..plan.source import SourceCheck, parse_ctx, parse_parallel
 from ..recommendation import catalog_recommendation
 from ..serve.set_plan import plan_model_set
 from .check_file import check_one_source
-from .check_repo import check_repo, is_repo_source
 from .common import gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
 from .recommend_view import render_catalog_recommendation
 from .set_view import render_set_plan
@@ -182,9 +182,16 @@ def check(
     if len(sources) > 1 or set_file is not None:
         return _check_set(sources, set_file, hardware, ctx, parallel, request, users, as_json)
     priced = partial(_with_cost, machine_for(hardware, load_host_defaults()), price_per_hour, api_price)
-    one = check_repo if source is not None and is_repo_source(source) else _check_file  # a repository's quantisations, or one file
+    one = _check_repo if source is not None and is_repo_source(source) else _check_file  # a repository's quantisations, or one file
     ranking = partial(one, source) if source is not None and not named else partial(_check_catalog, named)
     ranking(hardware, ctx, parallel, request, users, priced, as_json=as_json, **choices)
+
+
+def _check_repo(*args: Any, **kwargs: Any) -> None:
+    """``check hf://OWNER/REPO`` (:mod:`.check_repo`, imported only then: the hub's reader and its progress bar)."""
+    from .check_repo import check_repo
+
+    check_repo(*args, **kwargs)
 
 
 def _check_file(

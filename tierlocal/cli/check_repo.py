@@ -27,13 +27,7 @@ from .common import console, print_json
 from .recommend_view import Wording, render_catalog_recommendation
 from .source_view import render_source_check
 
-__all__ = ["is_repo_source", "check_repo"]
-
-
-def is_repo_source(source: str) -> bool:
-    """``hf://OWNER/REPO`` or ``hf://OWNER/REPO@REVISION``: a repository, no file named."""
-    rest = source.removeprefix("hf://").rsplit("@", 1)[0] if source.startswith("hf://") else ""
-    return rest.count("/") == 1 and all(rest.split("/"))
+__all__ = ["check_repo"]
 
 
 @contextmanager

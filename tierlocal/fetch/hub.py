@@ -21,7 +21,18 @@ from ..errors import SourceError, UsageError
 if TYPE_CHECKING:  # huggingface_hub loads when the hub is used
     from huggingface_hub import ModelInfo
 
-__all__ = ["RepoFile", "RepoListing", "FileLocation", "hub_errors", "rate_limited", "card_facts", "list_gguf_files", "locate_file", "select_files"]
+__all__ = [
+    "RepoFile",
+    "RepoListing",
+    "FileLocation",
+    "hub_errors",
+    "is_repo_source",
+    "rate_limited",
+    "card_facts",
+    "list_gguf_files",
+    "locate_file",
+    "select_files",
+]
 
 #: A split GGUF's shard name, ``model-00002-of-00003.gguf`` (llama.cpp's gguf-split), with or
 #: without a directory: the one pattern the fetchers and header sources share.
@@ -104,6 +115,12 @@ def hub_errors(name: str, revision: str | None = None) -> Iterator[None]:
         raise SourceError(name, f"the hub answered HTTP {status}", hint="try again later, or check HF_ENDPOINT") from None
     except httpx2.HTTPError as exc:
         raise SourceError(name, f"cannot reach the hub: {type(exc).__name__}", hint="check HF_ENDPOINT and the network") from None
+
+
+def is_repo_source(source: str) -> bool:
+    """``hf://OWNER/REPO`` or ``hf://OWNER/REPO@REVISION``: a repository, no file named."""
+    rest = source.removeprefix("hf://").rsplit("@", 1)[0] if source.startswith("hf://") else ""
+    return rest.count("/") == 1 and all(rest.split("/"))
 
 
 def rate_limited(name: str, retry_after: str | None) -> SourceError:
