@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from .. import constants
 from ..errors import HeaderError, SourceError, TierlocalError
 from ..gguf.compact import CompactError, from_compact, to_compact
-from ..gguf.parse import ArraySummary, GGUFHeader, ends_at_its_data, parse_header
+from ..gguf.parse import ArraySummary, GGUFHeader, HeaderLimits, ends_at_its_data, parse_header
 from .hub import SHARD_NAME, RepoFile, RepoListing, file_set_key, quant_of
 from .sources import HttpRangeReader, SourceSpec, hf_reader
 
@@ -38,6 +38,10 @@ MAX_WORKERS = 8
 #: Quantisation sets one repository may hold before the rest are left unread.
 MAX_QUANTS = 200
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: The first read of a repository's later files (bytes): its first file gave their vocabulary,
+#: so what is left to read is a few KB before it and the tensor list after it, not the 256 KB a
+#: whole vocabulary wants.
+SMALL_FIRST_READ_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -221,9 +225,9 @@ def read_quant_headers(
     read = partial(_read_quant, spec, get_session(), cache, progress, known or ArrayBytes())
     if not quants:
         return []
-    first = read(quants[0])
+    first = read(quants[0], constants.REMOTE_FIRST_READ_BYTES)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(quants)))) as pool:
-        return [first, *pool.map(read, quants[1:])]
+        return [first, *pool.map(partial(read, first_read=SMALL_FIRST_READ_BYTES), quants[1:])]
 
 
 def _read_quant(
@@ -233,6 +237,7 @@ def _read_quant(
     progress: Callable[[RepoQuant], None] | None,
     known: ArrayBytes,
     quant: RepoQuant,
+    first_read: int,
 ) -> QuantHeaders:
     headers, fetched, cached = [], 0, True
     try:
@@ -241,7 +246,7 @@ def _read_quant(
             header = cache.get(repo_file, name) if cache is not None else None
             if header is None:
                 cached = False
-                header, count = _read_file(spec, client, repo_file.path, name, known)
+                header, count = _read_file(spec, client, repo_file.path, name, known, first_read)
                 fetched += count
                 if cache is not None:
                     cache.put(repo_file, header)
@@ -260,13 +265,14 @@ def _read_quant(
     return QuantHeaders(quant, tuple(headers), fetched, cached)
 
 
-def _read_file(spec: SourceSpec, client: httpx2.Client, path: str, name: str, known: ArrayBytes) -> tuple[GGUFHeader, int]:
-    """One file's header and the body bytes fetched for it: passing over the vocabularies
-    ``known`` holds where the header then ends at its data, else read again in full."""
-    reader: HttpRangeReader = hf_reader(spec, path, client)
+def _read_file(spec: SourceSpec, client: httpx2.Client, path: str, name: str, known: ArrayBytes, first: int) -> tuple[GGUFHeader, int]:
+    """One file's header and the body bytes fetched for it, reading ``first`` bytes first: passing
+    over the vocabularies ``known`` holds where the header then ends at its data, else read again
+    in full."""
+    reader: HttpRangeReader = hf_reader(spec, path, client, first_read_bytes=first)
     try:
         try:
-            header = parse_header(reader, known_bytes=known)
+            header = parse_header(reader, HeaderLimits(first_read_bytes=first), known_bytes=known)
             if not ends_at_its_data(header):
                 header = parse_header(reader)
         except HeaderError:

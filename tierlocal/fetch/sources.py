@@ -190,11 +190,12 @@ def _redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client) -> HttpRangeReader:
+def hf_reader(spec: SourceSpec, filename: str, client: httpx2.Client, first_read_bytes: int = constants.REMOTE_FIRST_READ_BYTES) -> HttpRangeReader:
+    """A range reader of ``filename`` in the hub repository ``spec`` names (its first read: ``first_read_bytes``)."""
     assert spec.repo_id is not None
     name = f"hf://{spec.repo_id}/{filename}" + (f"@{spec.revision}" if spec.revision else "")
     location = locate_file(spec.repo_id, filename, spec.revision)
-    return HttpRangeReader(location.url, client, name=name, headers=location.headers)
+    return HttpRangeReader(location.url, client, name=name, headers=location.headers, first_read_bytes=first_read_bytes)
 
 
 @contextmanager
