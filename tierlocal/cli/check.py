@@ -25,6 +25,7 @@ from ..recommendation import catalog_recommendation
 from ..serve.set_plan import plan_model_set
 from .check_file import check_one_source
 from .common import gpu_option, json_option, machine, ngl_option, planning_options, print_json, ram_options, read_projector
+from .rank_options import RankingChoices, ranking_ask
 from .recommend_view import render_catalog_recommendation
 from .set_view import render_set_plan
 from .source_view import render_source_check
@@ -283,24 +284,9 @@ def _check_catalog(
     """The catalog recommendation, ranked: of every entry, or of a catalog name's quantisations (``named``)."""
     entries = named or list(load_models())
     purpose = _named_purpose(named, purpose)
-    if (ctx is not None and not ctx.isdigit()) or not parallel.isdigit():
-        raise UsageError("the catalog recommendation takes numbers for --ctx and --parallel", hint="'max' and 'auto' need a GGUF SOURCE")
-    tokens = parse_ctx(ctx) if ctx is not None else constants.LONG_CONTEXT_CTX if purpose == "long-context" else constants.DEFAULT_CTX
-    assert tokens is not None  # 'max' is refused above
-    recommendation = catalog_recommendation(
-        entries,
-        hardware,
-        ctx=tokens,
-        parallel=int(parallel),
-        min_tokens_per_s=min_speed,
-        purpose=purpose,
-        request=request,
-        prefer=prefer,
-        ctx_up_to_training=ctx is None,
-        licence=licence,
-        users=users,
-        thinking=thinking,
-    )
+    chosen = RankingChoices(min_speed=min_speed, purpose=purpose, prefer=prefer, licence=licence, thinking=thinking)
+    ask = ranking_ask(ctx, parallel, request, users, chosen, ranked="the catalog recommendation", needs="a GGUF SOURCE")
+    recommendation = catalog_recommendation(entries, hardware, **ask)
     # The best entry's plan; for a catalog name nothing of which fits, its closest entry's (why).
     shown = recommendation.best or (recommendation.candidates[0] if named and recommendation.candidates else None)
     if shown is not None and shown.plan is not None:

@@ -12,7 +12,6 @@ from functools import partial
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from .. import constants
 from ..errors import UsageError
 from ..fetch.hf import parse_hf_pull
 from ..fetch.hub import RepoListing, list_gguf_files
@@ -21,9 +20,10 @@ from ..fit.estimate import RunRequest
 from ..hardware.types import Hardware
 from ..hub_recommendation import RepoRecommendation, repo_recommendation
 from ..plan.candidates import Candidate
-from ..plan.source import SourceCheck, parse_ctx
+from ..plan.source import SourceCheck
 from ..units import format_bytes
 from .common import console, print_json
+from .rank_options import RankingChoices, ranking_ask
 from .recommend_view import Wording, render_catalog_recommendation
 from .source_view import render_source_check
 
@@ -77,29 +77,10 @@ def check_repo(
     show_all: bool,
 ) -> None:
     """Plan, rank and show every quantisation of the repository ``source`` names."""
-    if (ctx is not None and not ctx.isdigit()) or not parallel.isdigit():
-        raise UsageError(
-            "a repository's ranking takes numbers for --ctx and --parallel", hint="'max' and 'auto' need one file: hf://OWNER/REPO/FILE.gguf"
-        )
+    chosen = RankingChoices(min_speed=min_speed, purpose=purpose, prefer=prefer, licence=licence, thinking=thinking)
+    ask = ranking_ask(ctx, parallel, request, users, chosen, ranked="a repository's ranking", needs="one file: hf://OWNER/REPO/FILE.gguf")
     revision, reads, quants, listing = read_repo(source, interactive=not as_json and console(stderr=True).is_terminal)
-    tokens = parse_ctx(ctx) if ctx is not None else constants.LONG_CONTEXT_CTX if purpose == "long-context" else constants.DEFAULT_CTX
-    result = repo_recommendation(
-        listing,
-        reads,
-        quants,
-        hardware,
-        revision=revision,
-        ctx=tokens,
-        parallel=int(parallel),
-        min_tokens_per_s=min_speed,
-        purpose=purpose,
-        request=request,
-        prefer=prefer,
-        ctx_up_to_training=ctx is None,
-        licence=licence,
-        users=users,
-        thinking=thinking,
-    )
+    result = repo_recommendation(listing, reads, quants, hardware, revision=revision, **ask)
     best = result.recommendation.best
     if best is not None and best.plan is not None:
         shown = replace(best, plan=priced(best.plan))
