@@ -32,6 +32,7 @@ from .hardware.types import Hardware
 from .plan.candidates import Candidate, CatalogRecommendation
 from .planning_cache import CatalogModel
 from .recommendation import catalog_recommendation
+from .units import format_bytes, format_count
 
 __all__ = [
     "RepoRecommendation",
@@ -233,6 +234,24 @@ class SearchResult:
     found: FoundRepo
     base: ModelEntry | None
     candidate: Candidate | None
+
+    def cells(self) -> dict[str, str]:
+        """The row both views show, as plain text: repo, base (the catalog model it inherits from,
+        else the card's first base model), quant, needs (every device), where, tok/s, score
+        (``†``: inherited) and downloads; ``-`` where not known."""
+        listing, candidate = self.found.listing, self.candidate
+        base = self.base.family if self.base else (listing.base_models[0] if listing.base_models else "-")
+        row = {"repo": listing.repo_id, "base": base, "quant": "-", "needs": "-", "where": "-", "tok/s": "-", "score": "-"}
+        row["downloads"] = format_count(listing.downloads) if listing.downloads is not None else "-"
+        if candidate is None:
+            return row
+        total = candidate.needed_total_bytes if candidate.needed_total_bytes is not None else candidate.needed_bytes
+        row |= {"quant": candidate.entry.quant, "where": candidate.where, "needs": format_bytes(total) if total is not None else "-"}
+        if candidate.decode_tokens_per_s is not None:
+            row["tok/s"] = f"{candidate.decode_tokens_per_s:,.1f}"
+        if candidate.quality is not None:
+            row["score"] = f"{candidate.quality.score:.1f}" + ("†" if self.base is not None else "")
+        return row
 
     def to_json(self) -> dict[str, object]:
         listing, candidate = self.found.listing, self.candidate

@@ -13,7 +13,7 @@ from .. import constants
 from ..errors import UsageError
 from ..fetch.hub_search import SORTS
 from ..hub_recommendation import SearchRecommendation, SearchResult, search_hub
-from ..units import format_bytes, format_count
+from ..units import format_bytes
 from .common import console, gpu_option, json_option, machine, print_json, ram_options
 
 __all__ = ["search"]
@@ -97,23 +97,10 @@ def _render(query: str, sort: str, result: SearchRecommendation, seconds: float)
 
 
 def _cells(row: SearchResult, result: SearchRecommendation) -> list[str]:
-    listing, candidate = row.found.listing, row.candidate
-    base = row.base.family if row.base else (listing.base_models[0] if listing.base_models else "-")
-    downloads = format_count(listing.downloads) if listing.downloads is not None else "-"
+    cells, candidate = row.cells(), row.candidate
     if candidate is None:
-        return [escape(listing.repo_id), escape(base), "-", "-", "-", "-", "-", "unreadable", downloads]
-    total = candidate.needed_total_bytes if candidate.needed_total_bytes is not None else candidate.needed_bytes
-    speed = "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}"
-    score = "-" if candidate.quality is None else f"{candidate.quality.score:.1f}" + ("†" if row.base is not None else "")
-    verdict = "best here" if result.best is row else candidate.status if candidate.reason in (candidate.status, "fits") else candidate.reason
-    return [
-        escape(listing.repo_id),
-        escape(base),
-        escape(candidate.entry.quant),
-        format_bytes(total) if total is not None else "-",
-        candidate.where,
-        speed,
-        score,
-        escape(verdict),
-        downloads,
-    ]
+        verdict = "unreadable"
+    else:
+        verdict = "best here" if result.best is row else candidate.status if candidate.reason in (candidate.status, "fits") else candidate.reason
+    keys = ("repo", "base", "quant", "needs", "where", "tok/s", "score")
+    return [*(escape(cells[key]) for key in keys), escape(verdict), cells["downloads"]]

@@ -12,7 +12,6 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from ..errors import TierlocalError
 from ..hub_recommendation import SearchRecommendation, SearchResult, search_hub
-from ..units import format_bytes, format_count
 from .plan_panel import STATUS_STYLES
 from .planning import Planning
 
@@ -24,23 +23,10 @@ _COLUMNS = {"repo": 34, "base": 16, "quant": 10, "fit": 8, "needs": 9, "tok/s": 
 
 def hub_cells(result: SearchResult, best: SearchResult | None) -> list[str | Text]:
     """One found repository as the table shows it (``†``: a score inherited from the catalog)."""
-    listing, candidate = result.found.listing, result.candidate
-    base = result.base.family if result.base else (listing.base_models[0] if listing.base_models else "-")
-    downloads = format_count(listing.downloads) if listing.downloads is not None else "-"
-    if candidate is None:
-        return [listing.repo_id, base, "-", "-", "-", "-", "-", downloads]
-    total = candidate.needed_total_bytes if candidate.needed_total_bytes is not None else candidate.needed_bytes
-    status = "best" if result is best else candidate.status
-    return [
-        listing.repo_id,
-        base,
-        candidate.entry.quant,
-        Text(status, style=STATUS_STYLES.get(status, "")),
-        format_bytes(total) if total is not None else "-",
-        "-" if candidate.decode_tokens_per_s is None else f"{candidate.decode_tokens_per_s:,.1f}",
-        "-" if candidate.quality is None else f"{candidate.quality.score:.1f}" + ("†" if result.base else ""),
-        downloads,
-    ]
+    cells, candidate = result.cells(), result.candidate
+    status = "-" if candidate is None else "best" if result is best else candidate.status
+    fit = Text(status, style=STATUS_STYLES.get(status, ""))
+    return [cells["repo"], cells["base"], cells["quant"], fit, cells["needs"], cells["tok/s"], cells["score"], cells["downloads"]]
 
 
 class HubScreen(Screen[None]):
