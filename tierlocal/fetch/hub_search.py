@@ -3,8 +3,10 @@ for each, its files and the headers of the quantisations that may fit the memory
 
 Which headers are read: a file cannot need less memory than its own bytes, so of each
 repository's complete model files the :data:`PLANNED_PER_REPO` largest that are no larger than
-the machine's memory (GPUs and RAM together) are read and planned — the best-fitting one is
-among them — or, when none is that small, the smallest (to say by how much it misses).
+the machine's memory (GPUs and RAM together) are read and planned — the largest that may fit,
+where the best of them usually is (a smaller one that answers sooner can still be ranked higher
+by ``check hf://OWNER/REPO``) — or, when none is that small, the smallest (to say by how much it
+misses).
 ``check hf://OWNER/REPO`` plans every one.
 
 I/O: the hub, through huggingface_hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE apply), and the
