@@ -29,7 +29,8 @@ from tests.support.sparse_models import LLAMA3_8B, QWEN3_1_7B, write_sparse_gguf
 from tierlocal.engines.llama_server import read_engine_flags
 from tierlocal.engines.process import start_child
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.concurrency import CpuKernels, batch_costs, cpu_kernels, users_speed
+from tierlocal.fit.concurrency import batch_costs, users_speed
+from tierlocal.fit.cpu_kernels import CpuKernels, cpu_kernels
 from tierlocal.fit.estimate import Machine, RunEstimate, RunRequest, estimate_run
 from tierlocal.fit.host_memory import repack_rules
 from tierlocal.fit.model import model_spec

@@ -42,6 +42,7 @@ PURE = [
     "tierlocal.plan.source",
     "tierlocal.plan.speeds",
     "tierlocal.plan.notes",
+    "tierlocal.fit.cpu_kernels",
     "tierlocal.fit.concurrency",
     "tierlocal.fit.users_measured",
     "tierlocal.plan.machine",

@@ -51,7 +51,7 @@ class DeviceSpeed:
     #: (:mod:`tierlocal.fit.concurrency`): 1.0 unless fitted.
     batch_flops_share: float = 1.0
     #: A CPU's share of a mat-vec that a further gemv row of the same decode batch pays
-    #: (:data:`tierlocal.fit.concurrency.CPU_ROW_COMPUTE_SHARE` unless `hw --calibrate` timed it).
+    #: (:data:`tierlocal.fit.cpu_kernels.CPU_ROW_COMPUTE_SHARE` unless `hw --calibrate` timed it).
     batch_row_share: float | None = None
     #: How many times a GPU's expert mat-mul (mul_mat_id) streams the weights of the experts a
     #: prompt batch touches, at its decode byte rate, beside the FLOPs: few rows per expert keep it

@@ -2,7 +2,7 @@
 this CPU. A probe of a weight type the engine multiplies row by row (a gemv per row of the batch:
 Q6_K on x86) is loaded by the real llama-server with ``-np 4 -kvu``; one request alone, then four
 at once (each prompt of its own), give one step's seconds for one and for four sequences; the
-share of a mat-vec that each further row pays (:data:`tierlocal.fit.concurrency.CPU_ROW_COMPUTE_SHARE`
+share of a mat-vec that each further row pays (:data:`tierlocal.fit.cpu_kernels.CPU_ROW_COMPUTE_SHARE`
 until now) is the one that makes the concurrency model's four-sequence step match the measured
 ratio. Other CPUs than x86 share the reads of every type: nothing to time there.
 
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from ..engines.process import start_child
 from ..errors import EngineFailed
-from ..fit.concurrency import batch_costs, cpu_kernels
+from ..fit.concurrency import batch_costs
+from ..fit.cpu_kernels import cpu_kernels
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import RunRequest
 from ..fit.model import model_spec

@@ -3,7 +3,8 @@ many users' at once (:mod:`tierlocal.fit.concurrency`). Pure."""
 
 from __future__ import annotations
 
-from ..fit.concurrency import USER_COUNTS, UsersSpeed, batch_costs, cpu_kernels, users_table
+from ..fit.concurrency import USER_COUNTS, UsersSpeed, batch_costs, users_table
+from ..fit.cpu_kernels import cpu_kernels
 from ..fit.device_speed import DeviceSpeed
 from ..fit.estimate import Machine, RunEstimate
 from ..fit.host_memory import repack_rules
