@@ -31,7 +31,6 @@ from tierlocal.fit.speed import bound_speed
 from tierlocal.gpu_figures import gpu_speed_for
 
 GRID = [round(0.02 * 1.1**step, 4) for step in range(60)]
-POOLS = [0.0] + [float(experts) for experts in range(8, 129, 4)]
 HOST = bound_speed("host CPU", 100_000_000_000, "sampling only")
 
 
@@ -46,39 +45,31 @@ def _spec(header: str, cache: dict[str, ModelSpec]) -> ModelSpec:
     return cache[header]
 
 
-def _predict(row: dict[str, object], spec: ModelSpec, gpu: DeviceSpeed, share: float, pool: float) -> tuple[float, float]:
+def _predict(row: dict[str, object], spec: ModelSpec, gpu: DeviceSpeed, share: float) -> tuple[float, float]:
     """Aggregate decode tokens/s at the row's B, and B × one sequence's (the single-stream figure)."""
     b, pp, tg = int(row["b"]), int(row["pp"]), int(row["tg"])  # type: ignore[call-overload]
     request = RunRequest(ctx=(pp + tg) * b, parallel=b, ngl=spec.n_layer + 1, flash_attn=True)
     speeds = {"host": HOST, "gpu": replace(gpu, batch_flops_share=share)}
-    costs = batch_costs(spec, request, speeds, expert_pool=pool, prompt=pp, depth=pp + tg // 2)
+    costs = batch_costs(spec, request, speeds, prompt=pp, depth=pp + tg // 2)
     assert costs is not None
     return b / costs.decode_step_s(b), b / costs.decode_step_s(1)
 
 
-def _fit(rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed]) -> tuple[dict[str, float], float]:
-    """Each backend's batch share and the experts' pool share: the grid values with the least
-    squared log error on the fit rows (the pool share is one figure for every backend)."""
+def _fit(rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed]) -> dict[str, float]:
+    """Each backend's batch share: the grid value with the least squared log error on its fit rows."""
 
-    def loss(mine: list[dict[str, object]], share: float, pool: float) -> float:
+    def loss(mine: list[dict[str, object]], share: float) -> float:
         return sum(
-            math.log(_predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share, pool)[0] / float(row["s_tg"])) ** 2  # type: ignore[arg-type]
+            math.log(_predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share)[0] / float(row["s_tg"])) ** 2  # type: ignore[arg-type]
             for row in mine
         )
 
     fit = [row for row in rows if row["use"] == "fit"]
-    backends = sorted({str(row["backend"]) for row in fit})
-    best: tuple[float, dict[str, float], float] | None = None
-    for pool in POOLS:
-        shares, total = {}, 0.0
-        for backend in backends:
-            mine = [row for row in fit if row["backend"] == backend]
-            shares[backend] = min(GRID, key=lambda share, mine=mine: loss(mine, share, pool))  # type: ignore[misc]
-            total += loss(mine, shares[backend], pool)
-        if best is None or total < best[0]:
-            best = (total, shares, pool)
-    assert best is not None
-    return best[1], best[2]
+    shares = {}
+    for backend in sorted({str(row["backend"]) for row in fit}):
+        mine = [row for row in fit if row["backend"] == backend]
+        shares[backend] = min(GRID, key=lambda share, mine=mine: loss(mine, share))  # type: ignore[misc]
+    return shares
 
 
 def _summary(label: str, errors: list[float]) -> str:
@@ -102,14 +93,13 @@ def main(argv: list[str]) -> int:
             print(f"no speed figures for {name}", file=sys.stderr)
             return 2
         gpus[name] = speed
-    shares, pool = _fit(rows, specs, gpus)
+    shares = _fit(rows, specs, gpus)
     fallback = statistics.median(shares.values())
     print("fitted batch FLOP share per backend:", {backend: round(share, 3) for backend, share in shares.items()}, f"(others: {fallback:.3f})")
-    print(f"fitted expert pool: {pool:g} experts (0: all)")
     results = []
     for row in rows:
         share = shares.get(str(row["backend"]), fallback)
-        predicted, single = _predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share, pool)
+        predicted, single = _predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share)
         results.append(
             {**{k: row[k] for k in ("use", "gpu", "header", "pp", "tg", "b", "s_tg", "source")}, "predicted": predicted, "single_stream": single}
         )
@@ -135,13 +125,10 @@ def main(argv: list[str]) -> int:
         text = path.read_text()
         start = text.index("batch_flops_share = ")
         end = text.index("\n", start)
-        text = text[:start] + "batch_flops_share = { " + table + " }" + text[end:]
-        start = text.index("expert_pool = ")
-        end = text.index("\n", start)
-        path.write_text(text[:start] + f"expert_pool = {pool:g}" + text[end:])
+        path.write_text(text[:start] + "batch_flops_share = { " + table + " }" + text[end:])
         print(f"written to {path}")
     if args.json:
-        args.json.write_text(json.dumps({"shares": shares, "expert_pool": pool, "rows": results}, indent=1))
+        args.json.write_text(json.dumps({"shares": shares, "rows": results}, indent=1))
     return 0
 
 

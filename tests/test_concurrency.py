@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
-from tierlocal.catalog import _read_compact, load_batch_shares, recipes_dir
+from tierlocal.catalog import _read_compact, load_batch_shares, load_expert_grouped_from, recipes_dir
 from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.concurrency import BatchCosts, UsersSpeed, batch_costs, distinct_expert_share, users_speed, users_table
 from tierlocal.fit.cpu_kernels import CPU_ROW_COMPUTE_SHARE, CpuKernels, cpu_kernels
@@ -38,8 +38,6 @@ def test_the_share_of_experts_a_step_reads_grows_with_its_sequences_towards_all(
     assert distinct_expert_share(4 / 32, 1) == pytest.approx(0.125)
     assert distinct_expert_share(4 / 32, 2) == pytest.approx(1 - 0.875**2)
     assert distinct_expert_share(4 / 32, 32) == pytest.approx(1 - 0.875**32)
-    # routed over a pool of half the experts: never more than half are read
-    assert distinct_expert_share(4 / 32, 1000, pool_share=0.5) == pytest.approx(0.5)
 
 
 def test_a_repacked_weight_costs_a_gemv_per_sequence_until_four_share_one_gemm() -> None:
@@ -56,6 +54,36 @@ def test_more_sequences_read_more_of_a_mixtures_experts() -> None:
     assert dense.decode_step_s(2) == pytest.approx(1.1)
     # the experts read once at 1/8 cost 0.5 s; two tokens read 1 - (7/8)^2 = 0.234375 of them
     assert moe.decode_step_s(2) == pytest.approx(1.1 + 0.5 * (0.234375 / 0.125 - 1))
+
+
+def test_below_its_grouping_batch_a_gpu_reads_each_tokens_experts_itself() -> None:
+    # 0.4 s of the 0.5 s of expert reads is on a GPU that groups tokens by expert only from 32 on
+    moe = BatchCosts(step_s=1.0, sequence_s=0.1, expert_read_s=0.5, used_share=0.125, expert_read_ungrouped_s=0.4, expert_grouped_from=32)
+    grouped = 0.5 * (distinct_expert_share(0.125, 16) / 0.125 - 1)
+    # 16 tokens: the grouped 0.1 s grows with the distinct experts, the other 0.4 s with every token
+    assert moe.decode_step_s(16) == pytest.approx(1.0 + 15 * 0.1 + grouped + 0.4 * (15 - grouped / 0.5))
+    assert moe.decode_step_s(32) == pytest.approx(1.0 + 31 * 0.1 + 0.5 * (distinct_expert_share(0.125, 32) / 0.125 - 1))
+    assert moe.decode_step_s(1) == pytest.approx(1.0)
+    dense = BatchCosts(step_s=1.0, sequence_s=0.1, expert_read_ungrouped_s=0.4, expert_grouped_from=32)
+    assert dense.decode_step_s(16) == pytest.approx(2.5)
+
+
+def test_the_expert_kernels_grouping_batch_is_the_engines_per_backend() -> None:
+    """recipes/batched_bench.toml [kernels]: Metal's ne21_mm_id_min and CUDA's mmvq limit for
+    mul_mat_id, as read in llama.cpp's sources; a backend not read groups from one token."""
+    assert load_expert_grouped_from() == {"cuda": 5, "metal": 32}
+    metal, cuda, rocm = (gpu_speed_for(name, None) for name in ("Apple M2 Ultra", "RTX 4090", "Radeon AI PRO R9700"))
+    assert metal is not None and cuda is not None and rocm is not None
+    assert (metal.expert_grouped_from, cuda.expert_grouped_from, rocm.expert_grouped_from) == (32, 5, 1)
+    assert DeviceSpeed.from_json(metal.to_json()).expert_grouped_from == 32
+    spec = model_spec(list(_read_compact("qwen3-coder-30b-a3b.Q8_0.json")))
+    host = bound_speed("host CPU", 100_000_000_000, "sampling only")
+    costs = batch_costs(spec, RunRequest(ctx=8192, parallel=32, ngl=spec.n_layer + 1), {"host": host, "gpu": metal})
+    assert costs is not None and costs.expert_grouped_from == 32
+    assert costs.expert_read_ungrouped_s == pytest.approx(costs.expert_read_s)
+    # the published M2 Ultra table's shape: 8 → 16 sequences add little, 16 → 32 nearly double
+    aggregate = {b: b / costs.decode_step_s(b) for b in (8, 16, 32)}
+    assert aggregate[16] / aggregate[8] < 1.2 < 1.6 < aggregate[32] / aggregate[16]
 
 
 def test_requests_arriving_together_wait_for_every_prompt_in_their_batch() -> None:
@@ -143,10 +171,10 @@ def test_aggregate_decode_follows_published_batched_bench_rows_it_did_not_see() 
         errors.append(abs(b / costs.decode_step_s(b) / published - 1))
         single.append(abs(b / costs.decode_step_s(1) / published - 1))
     assert len(errors) >= 70
-    # bench/concurrency_published.py prints the table; the median single-stream × B misses by ~190%
-    assert statistics.median(errors) < 0.20
+    # bench/concurrency_published.py prints the table (16% and 49% on 2026-12-06); single-stream × B misses by ~170%
+    assert statistics.median(errors) < 0.17
     assert statistics.median(single) > 1.0
-    assert max(errors) < 0.75
+    assert max(errors) < 0.55
 
 
 def test_the_batch_share_changes_only_the_further_sequences() -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "load_answer_lengths",
     "load_batch_shares",
     "load_expert_batch_reads",
+    "load_expert_grouped_from",
     "load_licences",
     "load_cpu_rows",
     "gpu_key",
@@ -513,6 +514,18 @@ def load_expert_batch_reads() -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise CatalogError("recipes/batched_bench.toml [fit] expert_batch_reads is not a number ≥ 0", hint="fix the entry")
     return float(value)
+
+
+@cache
+def load_expert_grouped_from() -> dict[str, int]:
+    """recipes/batched_bench.toml's [kernels]: from how many tokens each GPU backend (lower case)
+    reads an expert once for all the tokens routed to it
+    (:attr:`tierlocal.fit.device_speed.DeviceSpeed.expert_grouped_from`); a backend not named: 1."""
+    kernels = _load("batched_bench.toml").get("kernels", {})
+    table = kernels.get("expert_grouped_from", {}) if isinstance(kernels, dict) else {}
+    if not isinstance(table, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096 for v in table.values()):
+        raise CatalogError("recipes/batched_bench.toml [kernels] expert_grouped_from is not a table of token counts 1-4096", hint="fix the entry")
+    return {str(backend).lower(): int(tokens) for backend, tokens in table.items()}
 
 
 @cache

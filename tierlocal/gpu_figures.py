@@ -10,7 +10,16 @@ from functools import cache
 from typing import Any
 
 from .cache_file import cached
-from .catalog import find_gpu, gpu_cards, gpu_named_in, load_batch_shares, load_expert_batch_reads, load_gpus, load_published_rows
+from .catalog import (
+    find_gpu,
+    gpu_cards,
+    gpu_named_in,
+    load_batch_shares,
+    load_expert_batch_reads,
+    load_expert_grouped_from,
+    load_gpus,
+    load_published_rows,
+)
 from .fit.device_speed import DeviceSpeed
 from .fit.estimate import Machine
 from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
@@ -65,10 +74,12 @@ def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> Device
 
 def _with_batch_share(speed: DeviceSpeed, backend: str) -> DeviceSpeed:
     """``speed`` with its backend's fitted batch FLOP share (recipes/batched_bench.toml; a
-    backend without one takes the median of those fitted) and the experts' reads per prompt batch."""
+    backend without one takes the median of those fitted), the experts' reads per prompt batch, and
+    from how many tokens its expert kernel reads an expert once for them all."""
     shares = load_batch_shares()
     share = shares.get(backend.lower()) or (statistics.median(shares.values()) if shares else 1.0)
-    return replace(speed, batch_flops_share=share, expert_batch_reads=load_expert_batch_reads())
+    grouped = load_expert_grouped_from().get(backend.lower(), 1)
+    return replace(speed, batch_flops_share=share, expert_batch_reads=load_expert_batch_reads(), expert_grouped_from=grouped)
 
 
 def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:

@@ -12,7 +12,10 @@ generating into one batch, with prompt tokens of slots still reading theirs behi
   its KV cache read at its depth, and sampling over the vocabulary;
 - for a mixture of experts, the experts B tokens route to: with top-k of E experts routed
   independently, the expected share of a layer's experts that B tokens read is
-  1 − (1 − k/E)^B (k/E for one token), so a step reads more of the weights as B grows.
+  1 − (1 − k/E)^B (k/E for one token), so a step reads more of the weights as B grows — where
+  the GPU's expert kernel groups the tokens routed to one expert; below the batch at which it
+  starts to (:attr:`~.device_speed.DeviceSpeed.expert_grouped_from`: llama.cpp's Metal runs a
+  mat-vec per token and expert below 32 tokens), each token reads its k experts itself.
 
 A batch with prompt tokens costs their prefill (the single-stream rate per prompt token, the
 output layer once per prompt that ends in it) plus each decoding sequence's own work. The
@@ -56,12 +59,11 @@ USERS_TOKENS = 64
 N_BATCH = 2048
 
 
-def distinct_expert_share(used_share: float, sequences: int, pool_share: float = 1.0) -> float:
+def distinct_expert_share(used_share: float, sequences: int) -> float:
     """The expected share of a layer's experts ``sequences`` tokens read together when each
-    picks ``used_share`` (k/E) of them: routed independently among ``pool_share`` × E equally
-    likely experts (1: all of them; less: routing that favours some), ρ·(1 − (1 − k/(ρE))^B)."""
-    pool = max(pool_share, used_share)
-    return pool * (1.0 - (1.0 - used_share / pool) ** max(sequences, 1))
+    picks ``used_share`` (k/E) of them, routed independently among equally likely experts:
+    1 − (1 − k/E)^B."""
+    return 1.0 - (1.0 - used_share) ** max(sequences, 1)
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,10 @@ class BatchCosts:
     repacked_row_s: float = 0.0
     repacked_block_s: float = 0.0
     repacked_token_s: float = 0.0
-    #: The share of a layer's experts tokens spread over (:func:`distinct_expert_share`).
-    expert_pool_share: float = 1.0
+    #: The part of ``expert_read_s`` on a GPU that reads an expert once for all the tokens routed
+    #: to it only from ``expert_grouped_from`` tokens on; below that, once per token.
+    expert_read_ungrouped_s: float = 0.0
+    expert_grouped_from: int = 1
     #: False when a device with prompt work has no prefill figure: decode is priced (each further
     #: sequence on it pays its own mat-vec), prompts and first tokens are not.
     prompts_priced: bool = True
@@ -98,14 +102,17 @@ class BatchCosts:
         """One decode step of ``sequences`` sequences (seconds)."""
         if sequences <= 0:
             return 0.0
-        distinct = distinct_expert_share(self.used_share, sequences, self.expert_pool_share)
+        distinct = distinct_expert_share(self.used_share, sequences)
         growth = distinct / self.used_share - 1.0 if self.used_share < 1.0 else 0.0
         blocks, rest = divmod(sequences, 4)
         if blocks:  # ggml's gemm on each block of 4 rows, its gemv on the rest (forward_mul_mat_one_chunk)
             repacked = blocks * self.repacked_block_s + rest * self.repacked_row_s - self.repacked_matvec_s
         else:
             repacked = (rest - 1) * self.repacked_row_s
-        return self.step_s + (sequences - 1) * (self.sequence_s + self.row_s) + repacked + self.expert_read_s * growth
+        experts = self.expert_read_s * growth
+        if sequences < self.expert_grouped_from and self.used_share < 1.0:  # each token reads its own experts there
+            experts += self.expert_read_ungrouped_s * (sequences - 1 - growth)
+        return self.step_s + (sequences - 1) * (self.sequence_s + self.row_s) + repacked + experts
 
     def batch_s(self, decoding: int, prompt_tokens: int, prompts_ending: int) -> float:
         """One batch of ``decoding`` generating sequences and ``prompt_tokens`` prompt tokens, of
@@ -165,15 +172,13 @@ def batch_costs(
     devices: Mapping[str, DeviceSpeed | None],
     *,
     cpu: CpuKernels | None = None,
-    expert_pool: float = 0.0,
     prompt: int = USERS_PROMPT,
     depth: int | None = None,
     max_tensor_bytes: int | None = None,
 ) -> BatchCosts | None:
     """The batch costs of the run ``request`` plans (its layers on the GPU, its cache types) on
     ``devices`` (``host``, ``gpu``; the host's batch kernels ``cpu``, default: every type shares
-    its reads; ``expert_pool``: how many of a layer's experts the tokens of one step spread over
-    at most, 0: all, :func:`distinct_expert_share`), for prompts of ``prompt`` tokens and decoding at ``depth`` (default: the prompt
+    its reads), for prompts of ``prompt`` tokens and decoding at ``depth`` (default: the prompt
     and half an answer). None: a device with work has no figures, or a GPU's have no prefill figure; a host known by its
     bandwidth alone prices decode only (``prompts_priced`` False)."""
     ngl, n_cpu_moe = request.ngl or 0, request.n_cpu_moe or 0
@@ -189,7 +194,8 @@ def batch_costs(
         ubatch=request.n_ubatch,
     )
     experts = expert_decode_features(spec, ngl=ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes)
-    totals = {"step_s": 0.0, "expert_read_s": 0.0, "prompt_token_s": 0.0, "prompt_once_s": 0.0}
+    totals = {"step_s": 0.0, "expert_read_s": 0.0, "expert_read_ungrouped_s": 0.0, "prompt_token_s": 0.0, "prompt_once_s": 0.0}
+    grouped_from = 1
     unused: set[str] = set()
     priced = True
     for name, decode in run.decode.items():
@@ -200,7 +206,11 @@ def batch_costs(
         if speed is None or (unpriced and name != "host"):
             return None
         totals["step_s"] += decode_seconds(decode, speed, unused)
-        totals["expert_read_s"] += decode_seconds(experts[name], speed, unused) if experts[name] else 0.0
+        expert_read = decode_seconds(experts[name], speed, unused) if experts[name] else 0.0
+        totals["expert_read_s"] += expert_read
+        if name != "host" and speed.expert_grouped_from > 1 and expert_read:
+            totals["expert_read_ungrouped_s"] += expert_read
+            grouped_from = speed.expert_grouped_from
         kernels = (cpu or CpuKernels()) if name == "host" else None
         if unpriced:  # a host known by its bandwidth alone: each further sequence reads as one does
             priced, kernels = False, CpuKernels(shared=frozenset())
@@ -210,8 +220,7 @@ def batch_costs(
         for field_name, seconds in _device_costs(run, name, speed, kernels).items():
             totals[field_name] = totals.get(field_name, 0.0) + seconds
     used = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
-    pool_share = min(1.0, expert_pool / spec.n_expert) if expert_pool > 0 and spec.n_expert else 1.0
-    return BatchCosts(used_share=used, expert_pool_share=pool_share, prompts_priced=priced, **totals)
+    return BatchCosts(used_share=used, prompts_priced=priced, expert_grouped_from=grouped_from, **totals)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,10 @@ class DeviceSpeed:
     #: prompt batch touches, at its decode byte rate, beside the FLOPs: few rows per expert keep it
     #: bound by the reads. 0: not counted (a CPU's experts are timed by its calibration's probe).
     expert_batch_reads: float = 0.0
+    #: From how many tokens of one decode step the backend's expert mat-mul reads an expert once
+    #: for all the tokens routed to it; below it, once per token (llama.cpp's Metal: 32, CUDA: 5,
+    #: recipes/batched_bench.toml [kernels]). 1: always once.
+    expert_grouped_from: int = 1
 
     def expert_factor(self, table: Mapping[str, float], ggml_type: str) -> float:
         """Expert tensors' rate relative to dense ones: measured for ``x:TYPE`` entries (a
@@ -101,6 +105,7 @@ class DeviceSpeed:
             "batch_flops_share": self.batch_flops_share,
             "batch_row_share": self.batch_row_share,
             "expert_batch_reads": self.expert_batch_reads,
+            "expert_grouped_from": self.expert_grouped_from,
         }
 
     @classmethod
@@ -155,4 +160,5 @@ class DeviceSpeed:
             batch_flops_share=number("batch_flops_share") or 1.0,
             batch_row_share=number("batch_row_share") if data.get("batch_row_share") is not None else None,
             expert_batch_reads=number("expert_batch_reads"),
+            expert_grouped_from=max(1, min(int(number("expert_grouped_from")), 4096)),
         )
