@@ -97,7 +97,7 @@ def tierlocal_figure(row: PublishedRow) -> Figure:
     if decode:
         rate = speed.decode_bytes_per_s["F16" if row.half else "*"]
         return Figure(1 / (row.read_bytes / rate + speed.token_overhead_s), f"fit ({speed.source})")
-    prefill = speed.prefill_flops_per_s.get("*")
+    prefill = speed.prefill_flops_per_s.get("F16" if row.half else "*")
     return Figure(prefill / row.flops if prefill else None, f"fit ({speed.source})")
 
 

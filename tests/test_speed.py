@@ -15,7 +15,7 @@ from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.calibration import TimedRun, fit_device_speed
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
-from tierlocal.fit.gpu_speed import CardInfo, ModelShape, PublishedRow, card_device_speed, card_fit, fit_cards
+from tierlocal.fit.gpu_speed import CardFit, CardInfo, ModelShape, PublishedRow, card_device_speed, card_fit, fit_cards, half_prefill_factor
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.speed import estimate_speed, run_features
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
@@ -181,6 +181,30 @@ def test_the_gpu_fit_recovers_the_figures_that_made_its_rows() -> None:
     assert card_fit("C", fits, cards) is None  # not in recipes/gpus.toml: nothing invented
 
 
+def test_half_precision_prefill_runs_at_the_ratio_the_fit_rows_pair_show() -> None:
+    """λ: each half-precision prefill row against the median of its card's quantised rows of the
+    same shape; the median of those ratios; rows without a pair, and held-out rows, count for nothing."""
+    small = ModelShape("small", 8_000_000_000, 8_000_000_000, 500_000_000)
+
+    def row(gpu: str, kind: str, tokens_per_s: float, use: str = "fit") -> PublishedRow:
+        return PublishedRow(gpu, small, f"small {kind}", 5_000_000_000, "pp512", tokens_per_s, use, "by hand", "2026-12-06")
+
+    assert half_prefill_factor([row("A", "Q4_K - Medium", 1000.0)]) == 1.0
+    rows = [
+        *(row("A", kind, rate) for kind, rate in (("Q4_K - Medium", 900.0), ("Q8_0", 1100.0), ("F16", 1300.0))),  # 1300 / 1000
+        row("B", "Q4_0", 500.0),
+        row("B", "F16", 700.0),  # 1.4
+        row("C", "F16", 9000.0),  # no quantised row of its own
+        row("D", "Q4_0", 100.0, "test"),
+        row("D", "F16", 900.0),  # its quantised row is held out
+    ]
+    assert half_prefill_factor(rows) == pytest.approx(1.35)
+    card = CardInfo("A", 1_000_000_000_000, None, "Gen1", "cuda")
+    fit = CardFit("A", 0.8, 0.003, 60e12, "published", "by hand")
+    speed = card_device_speed(fit, card, 1.0, 1.35)
+    assert speed.prefill_flops_per_s == {"*": 60e12, "F16": pytest.approx(81e12), "BF16": pytest.approx(81e12)}
+
+
 def test_every_gpu_of_the_catalog_gets_published_or_derived_figures() -> None:
     for name in ("RTX 4090", "RTX 3060 12GB", "H100", "Apple M3 Max 64GB (unified)", "NVIDIA GeForce RTX 4090", "RTX 3090 #1"):
         speed = gpu_speed_for(name, None)
@@ -223,13 +247,15 @@ def test_the_fit_holds_on_the_published_rows_it_did_not_see() -> None:
             decode.append(abs(1 / (row.read_bytes / rate + speed.token_overhead_s) / row.tokens_per_s - 1))
             cards.add(row.gpu)
             shapes.add(row.shape.name)
-        elif speed.prefill_flops_per_s and not row.half:
-            prefill.append(abs(speed.prefill_flops_per_s["*"] / row.flops / row.tokens_per_s - 1))
+        elif speed.prefill_flops_per_s:
+            rate = speed.prefill_flops_per_s["F16" if row.half else "*"]
+            prefill.append(abs(rate / row.flops / row.tokens_per_s - 1))
     decode.sort()
     prefill.sort()
     assert len(cards) >= 12 and {"llama 8B", "llama 70B", "gpt-oss 20B"} <= shapes
     assert decode[len(decode) // 2] <= 0.15 and decode[-1] <= 0.40
-    assert prefill[len(prefill) // 2] <= 0.25
+    # bench/gpu_speed.py: 19 rows, median 8.7%, worst 73% (the A40's 70B, 0.43× the same chip's RTX A6000)
+    assert len(prefill) >= 15 and prefill[len(prefill) // 2] <= 0.15
     assert 0.5 <= kappa <= 1.5 and all(0 < fit.efficiency <= 1 for fit in fits.values())
 
 

@@ -22,7 +22,7 @@ from .catalog import (
 )
 from .fit.device_speed import DeviceSpeed
 from .fit.estimate import Machine
-from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards
+from .fit.gpu_speed import CardFit, CardInfo, card_device_speed, card_fit, fit_cards, half_prefill_factor
 
 __all__ = ["gpu_fits", "gpu_speed_for", "machine_gpu_speed", "typical_gpu_speed"]
 
@@ -44,6 +44,12 @@ def _fits_plain(fitted: tuple[dict[str, CardFit], float]) -> tuple[Any, float]:
 def _fits_from_plain(plain: tuple[Any, float]) -> tuple[dict[str, CardFit], float]:
     fits, kappa = plain
     return {gpu: CardFit(*values) for gpu, values in fits.items()}, float(kappa)
+
+
+@cache
+def _half_prefill() -> float:
+    """λ of :func:`tierlocal.fit.gpu_speed.half_prefill_factor` on the published rows."""
+    return half_prefill_factor(load_published_rows())
 
 
 def _card_for(name: str) -> str | None:
@@ -69,7 +75,7 @@ def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> Device
     else:
         info = cards[card]
         fit = card_fit(card, fits, cards)
-    return _with_batch_share(card_device_speed(fit, info, kappa), info.backend) if fit is not None else None
+    return _with_batch_share(card_device_speed(fit, info, kappa, _half_prefill()), info.backend) if fit is not None else None
 
 
 def _with_batch_share(speed: DeviceSpeed, backend: str) -> DeviceSpeed:
@@ -100,7 +106,7 @@ def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:
         f"assumed: {info.bandwidth_bytes_per_s / 1e9:,.0f} GB/s, the median of the {len(same)} cards of that size in recipes/gpus.toml (name "
         f"the GPU with --gpu for its own); {fit.note}"
     )
-    return _with_batch_share(card_device_speed(replace(fit, note=note), info, kappa), info.backend)
+    return _with_batch_share(card_device_speed(replace(fit, note=note), info, kappa, _half_prefill()), info.backend)
 
 
 def machine_gpu_speed(machine: Machine) -> DeviceSpeed | None:

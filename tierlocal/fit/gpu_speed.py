@@ -16,7 +16,10 @@ faster than its bandwidth allows after its backend's overhead (a newer build) ke
 datasheet bandwidth and the overhead its own rows leave.
 
 Prefill, one prompt token of a 512-token batch: 2 × the parameters it multiplies (FLOPs) at the
-card's effective rate, the median of its rows. A card without rows takes its group's medians
+card's effective rate, the median of its quantised rows; F16/BF16 weights at λ times that rate
+(λ: the median ratio of a card's half-precision to quantised prefill of the same model shape over
+the fit rows — the engine multiplies half-precision weights with its float GEMM and quantised
+ones with its quantised kernels, which run slower per FLOP). A card without rows takes its group's medians
 (the same architecture generation, else the same backend, else all cards) applied to its own
 datasheet: η × its bandwidth, and its prefill rate per FP16 TFLOP (or per GB/s where no FP16
 figure is published). ``basis`` says which: ``published`` (rows for this card) or ``derived``.
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from ..published import HALF_TYPES, CardInfo, ModelShape, PublishedRow
 from .device_speed import DeviceSpeed
 
-__all__ = ["ModelShape", "PublishedRow", "CardInfo", "CardFit", "fit_cards", "card_fit", "card_device_speed", "HALF_TYPES"]
+__all__ = ["ModelShape", "PublishedRow", "CardInfo", "CardFit", "fit_cards", "card_fit", "card_device_speed", "half_prefill_factor", "HALF_TYPES"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,19 @@ def fit_cards(rows: Sequence[PublishedRow], cards: Mapping[str, CardInfo]) -> tu
     return fits, kappa
 
 
+def half_prefill_factor(rows: Sequence[PublishedRow]) -> float:
+    """λ: a card's prefill rate on half-precision weights ÷ on quantised ones, the median over the
+    ``use = "fit"`` prefill rows of the cards with both for one model shape (the quantised rows'
+    median against each half-precision row); 1.0 without such a pair."""
+    prefill = [row for row in rows if row.use == "fit" and row.test.startswith("pp")]
+    ratios = []
+    for half in (row for row in prefill if row.half):
+        quantised = [row.tokens_per_s for row in prefill if not row.half and row.gpu == half.gpu and row.shape.name == half.shape.name]
+        if quantised:
+            ratios.append(half.tokens_per_s / statistics.median(quantised))
+    return statistics.median(ratios) if ratios else 1.0
+
+
 def card_fit(name: str, fits: Mapping[str, CardFit], cards: Mapping[str, CardInfo]) -> CardFit | None:
     """``name``'s own fit, else one derived from its group's fitted cards; None when ``cards``
     does not know it."""
@@ -136,12 +152,14 @@ def _derived(card: CardInfo, group: Sequence[CardFit], cards: Mapping[str, CardI
     return CardFit(card.name, efficiency, overhead, prefill, "derived", f"datasheet × {how}")
 
 
-def card_device_speed(fit: CardFit, card: CardInfo, kappa: float) -> DeviceSpeed:
+def card_device_speed(fit: CardFit, card: CardInfo, kappa: float, half_prefill: float = 1.0) -> DeviceSpeed:
     """The fit as the speed model prices it: one decode rate for quantised weights, κ lower for
-    half-precision ones, the per-token overhead, and the prefill rate."""
+    half-precision ones, the per-token overhead, and the prefill rate (``half_prefill`` = λ
+    times it for half-precision weights)."""
     rate = fit.efficiency * card.bandwidth_bytes_per_s
     decode = {"*": rate, **dict.fromkeys(HALF_TYPES, rate / kappa)}
-    prefill = {"*": fit.prefill_flops_per_s} if fit.prefill_flops_per_s else {}
+    flops = fit.prefill_flops_per_s
+    prefill = {"*": flops, **dict.fromkeys(HALF_TYPES, flops * half_prefill)} if flops else {}
     return DeviceSpeed(
         device=card.name,
         source=fit.basis,
