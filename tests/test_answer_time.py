@@ -73,7 +73,7 @@ def test_the_seconds_are_the_prompt_then_every_output_token_at_the_decode_speed(
 def test_every_recorded_length_names_a_catalog_model_in_a_mode_it_has_figures_in() -> None:
     """A length for a mode the model is never scored in could never price a candidate."""
     lengths = load_answer_lengths().lengths
-    modes = {(figure.model, figure.mode) for figure in load_quality().figures}
+    modes = {(figure.model, figure.variant) for figure in load_quality().figures}
     assert len(lengths) >= 20
     assert not [(length.model, length.mode) for length in lengths if (length.model, length.mode) not in modes]
     assert all(length.source.startswith("https://") and length.date[:4].isdigit() for length in lengths)
@@ -108,7 +108,7 @@ def test_a_model_with_both_modes_is_two_candidates_each_with_its_score_and_time(
 @pytest.mark.parametrize("machine", [CPU, ("--gpu", "RTX 4090", "--ram", "64GiB")], ids=["cpu", "rtx-4090"])
 def test_thinking_on_and_off_keep_one_mode_and_say_what_they_left_out(machine: tuple[str, ...]) -> None:
     on, off = _check(*machine, "--thinking", "on", "--all"), _check(*machine, "--thinking", "off", "--all")
-    assert {c["mode"] for c in on["candidates"]} <= {"thinking", None}  # type: ignore[union-attr]
+    assert {c["mode"] for c in on["candidates"]} <= {"thinking", "thinking-low", None}  # type: ignore[union-attr]
     assert {c["mode"] for c in off["candidates"]} <= {"standard", None}  # type: ignore[union-attr]
     assert any("models that always think: " in note and "deepseek-r1-distill-llama-8b" in note for note in off["notes"])  # type: ignore[union-attr]
     assert any("models without a thinking mode: " in note and "deepseek-v2-lite" in note for note in on["notes"])  # type: ignore[union-attr]

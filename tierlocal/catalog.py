@@ -48,6 +48,8 @@ __all__ = [
     "load_batch_shares",
     "load_expert_batch_reads",
     "load_expert_grouped_from",
+    "REASONING_EFFORTS",
+    "EFFORT_MODES",
     "load_licences",
     "load_cpu_rows",
     "gpu_key",
@@ -199,6 +201,9 @@ class ModelEntry:
     #: What it serves: ``chat`` (a generation model: chat, code, reasoning) or ``embeddings``
     #: (vectors, ranked by ``check --for embeddings`` and never among the chat models).
     role: str = "chat"
+    #: The reasoning effort its thinking figures are at and its thinking mode asks the chat
+    #: template for (gpt-oss: ``high``; the template's own default is ``medium``); None: no levels.
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -692,6 +697,7 @@ def load_models() -> tuple[ModelEntry, ...]:
                         source=family.get("source", ""),
                         header_file=_header_file(family["name"], quant),
                         role=_role(family),
+                        reasoning_effort=_effort(family),
                     )
                 )
     except (KeyError, TypeError) as exc:
@@ -708,6 +714,15 @@ def _role(family: dict[str, object]) -> str:
     if role not in CATALOG_ROLES:
         raise CatalogError(f"recipes/models.toml: {family['name']}'s role {role!r} is not one of {', '.join(CATALOG_ROLES)}", hint="fix the entry")
     return role
+
+
+def _effort(family: dict[str, object]) -> str | None:
+    effort = family.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise CatalogError(
+            f"recipes/models.toml: {family['name']}'s reasoning_effort {effort!r} is not one of {', '.join(REASONING_EFFORTS)}", hint="fix the entry"
+        )
+    return None if effort is None else str(effort)
 
 
 def _header_file(name: str, quant: str) -> str | None:
@@ -894,6 +909,10 @@ class QualityFacts:
 
 #: The modes a figure is reported in (recipes/quality.toml ``mode``).
 QUALITY_MODES = ("thinking", "standard")
+#: Reasoning efforts a figure or a model's thinking may be at (gpt-oss's levels).
+REASONING_EFFORTS = ("low", "medium", "high")
+#: Thinking at a named effort, as a candidate's mode (``thinking-low``).
+EFFORT_MODES = tuple(f"thinking-{effort}" for effort in REASONING_EFFORTS)
 
 
 @cache
@@ -922,7 +941,7 @@ def load_answer_lengths() -> AnswerLengths:
                 str(row["source"]),
                 str(row["date"]),
             )
-            if length.model not in families or length.mode not in QUALITY_MODES or not 0 < length.tokens_per_answer < 1e6:
+            if length.model not in families or length.mode not in (*QUALITY_MODES, *EFFORT_MODES) or not 0 < length.tokens_per_answer < 1e9:
                 raise CatalogError(
                     f"recipes/answer_tokens.toml: {length.model} ({length.mode}): not a catalog model, mode or count", hint="fix the entry"
                 )
@@ -961,6 +980,7 @@ def load_quality() -> QualityFacts:
                 bool(f["self_reported"]),
                 str(f["source"]),
                 str(f["date"]),
+                None if f.get("effort") is None else str(f["effort"]),
             )
             for f in data["figure"]  # type: ignore[attr-defined]
         )
@@ -1014,4 +1034,6 @@ def _figure_problem(figure: QualityFigure, families: set[str], tasks: dict[str, 
         return f"a mode other than {' or '.join(QUALITY_MODES)}"
     if not 0.0 <= figure.score <= 100.0:
         return "a score outside 0-100"
+    if figure.effort is not None and (figure.effort not in REASONING_EFFORTS or figure.mode != "thinking"):
+        return f"an effort other than {' or '.join(REASONING_EFFORTS)} of thinking"
     return ""

@@ -218,11 +218,21 @@ class QualityFigure:
     self_reported: bool
     source: str
     date: str
+    #: A reasoning effort the source ran the model at (``low``, ``medium``), where the model has
+    #: such levels and this is not the one its other thinking figures are at (gpt-oss: ``high``,
+    #: recipes/models.toml ``reasoning_effort``); None: that one.
+    effort: str | None = None
 
     @property
     def column(self) -> str:
         """The benchmark as scored: results in different modes are different tests."""
         return f"{self.benchmark} ({self.mode})"
+
+    @property
+    def variant(self) -> str:
+        """The mode the model was run in as a candidate: ``thinking``, ``standard``, or thinking
+        at an effort (``thinking-low``); its figures sit in the mode's columns all the same."""
+        return f"{self.mode}-{self.effort}" if self.effort else self.mode
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -233,6 +243,7 @@ class QualityFigure:
             "self_reported": self.self_reported,
             "source": self.source,
             "date": self.date,
+            "effort": self.effort,
         }
 
 

@@ -139,7 +139,8 @@ def _quality_lines(quality: dict[str, object]) -> str:
         lines += f" — {mode}: " + "; ".join(f"{task} {s['score']:.1f} from {s['evidence']}" for task, s in other.items())
     figures = quality["figures"]
     cited = "".join(
-        f"\n    {escape(str(f['benchmark']))} ({f['mode']}) {f['score']:g}: {escape(str(f['setting']))} — {escape(str(f['source']))}, {f['date']}"
+        f"\n    {escape(str(f['benchmark']))} ({f['mode']}{', ' + str(f['effort']) + ' effort' if f.get('effort') else ''}) {f['score']:g}: "
+        f"{escape(str(f['setting']))} — {escape(str(f['source']))}, {f['date']}"
         for f in figures  # type: ignore[attr-defined]
     )
     return escape(lines) + cited

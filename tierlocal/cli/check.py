@@ -113,7 +113,8 @@ __all__ = ["check"]
     default="auto",
     show_default=True,
     help="Which modes the catalog recommendation weighs: auto (a model that can answer with or without a reasoning trace is a candidate in each, "
-    "with its own score and time to answer); on (thinking modes only); off (answering directly only).",
+    "with its own score and time to answer; gpt-oss at each reasoning effort with figures); on (thinking modes only); off (answering directly "
+    "only); low, medium, high (thinking at that reasoning effort only: gpt-oss).",
 )
 @click.option(
     "--licence",

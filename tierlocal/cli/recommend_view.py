@@ -64,8 +64,8 @@ def render_catalog_recommendation(
         entry = best.entry
         ollama = f"; Ollama tag {entry.ollama}" if entry.ollama else ""
         switch = best.switchable and best.mode is not None
-        mode = (", thinking first" if best.mode == "thinking" else ", answering without thinking") if switch else ""
-        thinking = f" --thinking {'on' if best.mode == 'thinking' else 'off'}" if switch else ""
+        mode = f", {_mode_words(best.mode)}" if switch else ""
+        thinking = f" --thinking {_thinking_choice(best.mode, entry.reasoning_effort)}" if switch else ""
         fetch = wording.commands(best, thinking) if wording.commands else _catalog_commands(best, thinking)
         out.print(
             f"[bold]Recommended:[/bold] {entry.family} {entry.quant} ({format_count(best.params)} parameters, {best.bits_per_weight:.2f} bits/weight"
@@ -110,7 +110,7 @@ def _answer_words(timed: AnswerTime, users: int | None, answer_source: str | Non
         "scaled": f"the trace measured for this model elsewhere, carried to {answer.workload}",
         "assumed": f"the trace not measured for this model: the median thinking model's on {answer.workload}",
     }
-    basis = traced[answer.basis] + "; " if answer.mode == "thinking" else ""
+    basis = traced[answer.basis] + "; " if answer.mode.startswith("thinking") else ""
     typical = f"the answer: {answer_source}" if answer_source else "the typical answer"
     return escape(
         f"Typical answer: ~{timed.seconds:,.0f} s here — a {timed.prompt_tokens}-token prompt {read}, then {tokens} "
@@ -192,7 +192,7 @@ def _candidates_table(recommendation: CatalogRecommendation, show_all: bool, wid
     for candidate in rows:
         family, quant, params, needs, busiest, where, speed, answer, score, verdict = _row(candidate)
         if candidate.switchable and candidate.mode is not None:
-            family += "\n[dim]" + ("thinking" if candidate.mode == "thinking" else "no thinking") + "[/dim]"
+            family += "\n[dim]" + _mode_label(candidate.mode) + "[/dim]"
         cells = [family, quant, params, needs, busiest, where, speed + (f"\n{answer}" if answer != "-" else ""), score, verdict]
         table.add_row(*cells)
     return table
@@ -302,3 +302,27 @@ def _licence_words(candidate: Candidate) -> str:
 
 def _licensed(recommendation: CatalogRecommendation) -> str:
     return "" if recommendation.licence == "any" else f" of a licence --licence {recommendation.licence} allows"
+
+
+def _mode_label(mode: str | None) -> str:
+    """A candidate's mode under its name: ``thinking``, ``thinking, low effort``, ``no thinking``."""
+    if mode and mode.startswith("thinking-"):
+        return f"thinking, {mode.removeprefix('thinking-')} effort"
+    return "no thinking" if mode == "standard" else "thinking"
+
+
+def _mode_words(mode: str | None) -> str:
+    """The pick's mode in the verdict: ``thinking first`` (at an effort), ``answering without thinking``."""
+    if mode == "standard":
+        return "answering without thinking"
+    effort = f" at {mode.removeprefix('thinking-')} reasoning effort" if mode and mode.startswith("thinking-") else ""
+    return f"thinking first{effort}"
+
+
+def _thinking_choice(mode: str | None, default_effort: str | None) -> str:
+    """The ``serve --thinking`` value that asks for ``mode``: on, off, or the effort."""
+    if mode == "standard":
+        return "off"
+    if mode and mode.startswith("thinking-"):
+        return mode.removeprefix("thinking-")
+    return default_effort or "on"

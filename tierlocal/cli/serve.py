@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..catalog import find_model
 from ..engines.flags import reasoning_flags
 from ..errors import TierlocalError, UsageError
 from ..fit.concurrency import UsersSpeed
@@ -61,7 +62,9 @@ __all__ = ["serve", "status"]
     default="auto",
     show_default=True,
     help="For a model that can answer with or without a reasoning trace (Qwen3, Qwen3.5/3.6, Gemma 4, …): on or off (llama-server's "
-    "--reasoning, which sets the chat template's enable_thinking); auto keeps the template's default. `check` says which mode it picked.",
+    "--reasoning, which sets the chat template's enable_thinking); low, medium or high: the reasoning effort (llama-server's "
+    "--reasoning-effort, for gpt-oss); auto keeps the template's default, except that a catalog model scored at one effort (gpt-oss: "
+    "high) is served at it. `check` says which mode it picked.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Once ready, print the plan, what llama.cpp did and the delta as one JSON object.")
 def serve(
@@ -91,7 +94,7 @@ def serve(
       tierlocal serve ./model.gguf --users 4          # four users at once, one KV cache they share
       tierlocal serve qwen3-8b --pull --ctx max
       tierlocal serve hf://unsloth/Qwen3-8B-GGUF --quant Q6_K --pull
-      tierlocal serve qwen3.5-9b --thinking off      # answer directly: no reasoning trace first
+      tierlocal serve qwen3.5-9b --thinking off      # answer directly (gpt-oss: --thinking low|medium|high)
       tierlocal serve ./model.gguf --host 0.0.0.0 --api-key-file /etc/tierlocal/key
       tierlocal serve ./no-template.gguf --chat-template llama3
       tierlocal serve ./model.gguf --flash-attn off -- --temp 0.7 --no-webui
@@ -105,7 +108,7 @@ def serve(
         )
         return
     source = _one_model(source, ram, engine, served)
-    engine_args = _with_thinking(engine_args, thinking, engine)
+    engine_args = _with_thinking(engine_args, thinking, engine, _catalog_effort(source))
     ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
     # A catalog name is planned for this machine (as --gpu describes it): detected only then.
     model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens, quant=quant)
@@ -143,21 +146,32 @@ def _one_model(source: str | None, ram: str | None, engine: str, served: dict[st
     return source
 
 
-def _with_thinking(engine_args: tuple[str, ...], thinking: str, engine: str) -> tuple[str, ...]:
-    """``engine_args`` with llama-server's ``--reasoning`` for ``--thinking on|off``.
+def _catalog_effort(source: str) -> str | None:
+    """The reasoning effort a catalog model's scores are at (recipes/models.toml; gpt-oss: high)."""
+    entries = find_model(source) if "/" not in source and not source.endswith(".gguf") else []
+    return entries[0].reasoning_effort if entries else None
+
+
+def _with_thinking(engine_args: tuple[str, ...], thinking: str, engine: str, effort: str | None = None) -> tuple[str, ...]:
+    """``engine_args`` with llama-server's ``--reasoning`` for ``--thinking on|off``, its
+    ``--reasoning-effort`` for ``--thinking low|medium|high``, and under ``auto`` the effort a
+    catalog model was scored at (``effort``), unless the arguments name one.
 
     Raises:
-        UsageError: --thinking on|off with another engine, or beside a --reasoning of its own.
+        UsageError: --thinking with another engine, or beside a --reasoning (--reasoning-effort) of its own.
     """
+    own = {"--reasoning", "-rea", "--reasoning-effort"} & {arg.partition("=")[0] for arg in engine_args}
     if thinking == "auto":
-        return engine_args
+        quiet = effort is None or engine != "llama-server" or "--reasoning-effort" in own
+        return engine_args if quiet else (*engine_args, *reasoning_flags("thinking", effort=effort, switch=False))
     if engine != "llama-server":
         raise UsageError(
             f"--thinking is passed to llama-server only, not --engine {engine}", hint="Ollama takes `think` per request; drop --thinking"
         )
-    if any(arg in ("--reasoning", "-rea") or arg.startswith("--reasoning=") for arg in engine_args):
-        raise UsageError("--thinking and llama-server's own --reasoning both given", hint="keep one of them")
-    return (*engine_args, *reasoning_flags("thinking" if thinking == "on" else "standard"))
+    if own:
+        raise UsageError(f"--thinking and llama-server's own {sorted(own)[0]} both given", hint="keep one of them")
+    mode = {"on": "thinking", "off": "standard"}.get(thinking, f"thinking-{thinking}")
+    return (*engine_args, *reasoning_flags(mode))
 
 
 def _say(message: str) -> None:

@@ -166,10 +166,18 @@ def role_flags(role: str | None, *, pooled: bool) -> tuple[str, ...]:
     return ("--embeddings",) if pooled else ("--embeddings", "--pooling", "mean")
 
 
-def reasoning_flags(mode: str | None) -> tuple[str, ...]:
-    """The llama-server options that ask a model with both modes for ``mode``: ``--reasoning on``
-    (``thinking``) or ``off`` (``standard``), which set the chat template's ``enable_thinking``
-    (common/arg.cpp of the pinned llama.cpp); none for None (the template's default)."""
+def reasoning_flags(mode: str | None, *, effort: str | None = None, switch: bool = True) -> tuple[str, ...]:
+    """The llama-server options that ask for ``mode``: thinking at an effort (``thinking-low``;
+    ``thinking`` of a model whose thinking is at ``effort``) is ``--reasoning-effort LEVEL``,
+    which the chat template reads as ``reasoning_effort`` (gpt-oss; its template's default is
+    medium); for a model with both modes (``switch``) ``--reasoning on`` (``thinking``) or ``off``
+    (``standard``), which set the template's ``enable_thinking`` (common/arg.cpp of the pinned
+    llama.cpp); none for None (the template's default)."""
+    level = mode.removeprefix("thinking-") if mode and mode.startswith("thinking-") else effort if mode == "thinking" else None
+    if level:
+        return ("--reasoning-effort", level)
+    if not switch:
+        return ()
     return {"thinking": ("--reasoning", "on"), "standard": ("--reasoning", "off")}.get(mode or "", ())
 
 

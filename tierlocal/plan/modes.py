@@ -17,23 +17,37 @@ from .source import SourceCheck
 
 __all__ = ["THINKING", "EMBEDDING_PURPOSES", "candidates_by_mode", "modes_of", "in_mode", "mode_command", "mode_notes"]
 
-#: ``--thinking``: which modes of a model are candidates (``auto``: each mode it has figures in).
-THINKING = ("auto", "on", "off")
+#: ``--thinking``: which modes of a model are candidates (``auto``: each mode it has figures in;
+#: ``on``: thinking at any effort; ``low``/``medium``/``high``: thinking at that effort only).
+THINKING = ("auto", "on", "off", "low", "medium", "high")
 #: The purposes an embedding model is ranked for (its speed is the prompt's: it reads, never
 #: writes; it answers nothing, so no time to an answer); every other purpose ranks the
 #: generation models (catalog role ``chat``).
 EMBEDDING_PURPOSES = ("embeddings",)
 
 
-def modes_of(quality: Mapping[str, Mapping[str, ModelQuality]], family: str, thinking: str) -> list[tuple[str | None, Mapping[str, ModelQuality]]]:
+def modes_of(
+    quality: Mapping[str, Mapping[str, ModelQuality]], family: str, thinking: str, default_effort: str | None = None
+) -> list[tuple[str | None, Mapping[str, ModelQuality]]]:
     """The modes ``family`` is a candidate in, with each mode's scores: every mode it has figures
-    in under ``auto``, only thinking under ``on``, only answering directly under ``off`` (none when
-    the model has no such mode); a model without figures once, its mode unknown (None)."""
+    in under ``auto``, only thinking (at any effort) under ``on``, only answering directly under
+    ``off``, only thinking at that effort under ``low``/``medium``/``high`` (``thinking`` of a model
+    whose thinking is at that effort, ``default_effort``) — none when the model has no such mode;
+    a model without figures once, its mode unknown (None)."""
     by_mode = mode_scores(quality, family)
     if not by_mode:
         return [(None, {})]
-    wanted = {"auto": ("thinking", "standard"), "on": ("thinking",), "off": ("standard",)}[thinking]
-    return [(mode, scores) for mode, scores in by_mode.items() if mode in wanted]
+    return [(mode, scores) for mode, scores in by_mode.items() if _wanted(mode, thinking, default_effort)]
+
+
+def _wanted(mode: str, thinking: str, default_effort: str | None) -> bool:
+    if thinking == "auto":
+        return True
+    if thinking == "off":
+        return mode == "standard"
+    if thinking == "on":
+        return mode.startswith("thinking")
+    return mode == f"thinking-{thinking}" or (mode == "thinking" and default_effort == thinking)
 
 
 def candidates_by_mode(
@@ -50,7 +64,7 @@ def candidates_by_mode(
     hybrid = len(mode_scores(quality, entry.family)) > 1
     return [
         in_mode(candidate, mode, entry_quality(scores.get(purpose), entry.quant, losses), lengths, purpose, hybrid)
-        for mode, scores in modes_of(quality, entry.family, thinking)
+        for mode, scores in modes_of(quality, entry.family, thinking, entry.reasoning_effort)
     ]
 
 
@@ -68,20 +82,22 @@ def in_mode(
 
 
 def mode_command(check: SourceCheck | None, candidate: Candidate) -> SourceCheck | None:
-    """``check`` with its command asking for the candidate's mode where the model has both
-    (llama-server's ``--reasoning on|off``, which sets the chat template's ``enable_thinking``)."""
-    if check is None or not candidate.switchable or candidate.mode is None:
+    """``check`` with its command asking for the candidate's mode: where the model has both
+    llama-server's ``--reasoning on|off`` (the chat template's ``enable_thinking``), and for
+    thinking at an effort ``--reasoning-effort LEVEL`` (:func:`~tierlocal.engines.flags.reasoning_flags`)."""
+    if check is None or candidate.mode is None:
         return check
-    return replace(check, command=[*check.command, *reasoning_flags(candidate.mode)])
+    flags = reasoning_flags(candidate.mode, effort=candidate.entry.reasoning_effort, switch=candidate.switchable)
+    return replace(check, command=[*check.command, *flags]) if flags else check
 
 
 def mode_notes(entries: Sequence[ModelEntry], quality: Mapping[str, Mapping[str, ModelQuality]], thinking: str, purpose: str) -> tuple[str, ...]:
-    """What ``--thinking on|off`` left out, and how answer times were priced where a model was not measured."""
+    """What ``--thinking`` left out, and how answer times were priced where a model was not measured."""
     if thinking == "auto" or purpose in EMBEDDING_PURPOSES:
         return ()
-    left = sorted({e.family for e in entries if mode_scores(quality, e.family) and not modes_of(quality, e.family, thinking)})
+    left = sorted({e.family for e in entries if mode_scores(quality, e.family) and not modes_of(quality, e.family, thinking, e.reasoning_effort)})
     if not left:
         return ()
-    which = "without a thinking mode" if thinking == "on" else "that always think"
+    which = {"on": "without a thinking mode", "off": "that always think"}.get(thinking, f"without figures at {thinking} reasoning effort")
     named = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
     return (f"--thinking {thinking} leaves out the {len(left)} models {which}: {named}",)

@@ -37,6 +37,7 @@ __all__ = [
     "TASKS",
     "SEPARATE_TASKS",
     "INDEPENDENT_WEIGHT",
+    "CANDIDATE_MODES",
     "MIN_EVIDENCE",
     "MIN_REPORTERS",
     "RIDGE",
@@ -165,16 +166,18 @@ def fit_quality(figures: Sequence[QualityFigure], benchmark_tasks: Mapping[str, 
     figure for a :data:`SEPARATE_TASKS` task (an embedding model) is left out of the general fit
     and scored by that task's own fit alone.
 
-    A model with figures in both modes (a hybrid: Qwen3's thinking switch) is fitted as two, one
-    per mode, each on its own figures: ``MODEL@thinking`` and ``MODEL@standard`` hold each mode's
-    scores, ``MODEL`` the mode most of its figures are in (thinking on a tie). Every model also
-    has ``MODEL@MODE`` for its one mode (:func:`mode_scores` lists them)."""
+    A model with figures in both modes (a hybrid: Qwen3's thinking switch), or thinking at several
+    efforts (gpt-oss), is fitted as one unit per mode (:attr:`QualityFigure.variant`), each on its
+    own figures (which sit in the mode's columns): ``MODEL@thinking``, ``MODEL@standard``,
+    ``MODEL@thinking-low`` hold each one's scores, ``MODEL`` the one most of its figures are in
+    (thinking on a tie). Every model also has ``MODEL@MODE`` for its one mode (:func:`mode_scores`
+    lists them)."""
     modes: dict[str, dict[str, int]] = {}
     for figure in figures:
-        modes.setdefault(figure.model, {}).setdefault(figure.mode, 0)
-        modes[figure.model][figure.mode] += 1
+        modes.setdefault(figure.model, {}).setdefault(figure.variant, 0)
+        modes[figure.model][figure.variant] += 1
     split = {model for model, counts in modes.items() if len(counts) > 1}
-    units = [replace(f, model=f"{f.model}@{f.mode}") if f.model in split else f for f in figures]
+    units = [replace(f, model=f"{f.model}@{f.variant}") if f.model in split else f for f in figures]
     separate = {f.model for f in units if set(benchmark_tasks.get(f.benchmark, ())) & set(SEPARATE_TASKS)}
     _, strength = _fit_task("general", [f for f in units if f.model not in separate], None)
     fitted: dict[str, dict[str, ModelQuality]] = {}
@@ -198,10 +201,14 @@ def fit_quality(figures: Sequence[QualityFigure], benchmark_tasks: Mapping[str, 
     return found
 
 
+#: The modes a candidate may be in, in the order they are listed.
+CANDIDATE_MODES = ("thinking", "thinking-high", "thinking-medium", "thinking-low", "standard")
+
+
 def mode_scores(scores: Mapping[str, Mapping[str, ModelQuality]], model: str) -> dict[str, Mapping[str, ModelQuality]]:
-    """``model``'s scores per mode (``thinking``, ``standard``): both for a hybrid, its one mode
-    for any other model with a score, none without."""
-    return {mode: scores[f"{model}@{mode}"] for mode in ("thinking", "standard") if f"{model}@{mode}" in scores}
+    """``model``'s scores per mode (``thinking``, ``thinking-low`` …, ``standard``): each for a
+    hybrid or a model with effort levels, its one mode for any other model with a score, none without."""
+    return {mode: scores[f"{model}@{mode}"] for mode in CANDIDATE_MODES if f"{model}@{mode}" in scores}
 
 
 def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, float] | None) -> tuple[dict[str, ModelQuality], dict[str, float]]:
