@@ -91,3 +91,11 @@ def test_serve_passes_the_effort() -> None:
     assert _with_thinking((), "off", "llama-server") == ("--reasoning", "off")
     with pytest.raises(UsageError, match="--reasoning-effort both given"):
         _with_thinking(("--reasoning-effort=high",), "low", "llama-server")
+
+
+def test_a_set_member_asks_for_its_effort_too() -> None:
+    """`check A B` plans a set: the gpt-oss member's command asks for high effort, the other's for nothing."""
+    payload = json.loads(run_cli("check", "gpt-oss-20b", "gemma-3-270m", "--gpu", "none", "--ram", "32GiB", "--json").stdout)
+    commands = {member["name"]: member["command"] for member in payload["members"]}
+    assert commands["gpt-oss-20b"][-2:] == ["--reasoning-effort", "high"]
+    assert "--reasoning-effort" not in commands["gemma-3-270m"]

@@ -49,6 +49,7 @@ __all__ = [
     "load_expert_batch_reads",
     "load_expert_grouped_from",
     "REASONING_EFFORTS",
+    "catalog_reasoning_effort",
     "EFFORT_MODES",
     "load_licences",
     "load_cpu_rows",
@@ -858,6 +859,14 @@ def load_frontier() -> tuple[FrontierModel, ...]:
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/frontier.toml: an entry lacks {exc}", hint="fix the entry") from None
     return tuple(models)
+
+
+def catalog_reasoning_effort(source: str) -> str | None:
+    """The reasoning effort the catalog model ``source`` names is scored at and served at
+    (recipes/models.toml ``reasoning_effort``; gpt-oss: high); None for a file, a URL, an
+    hf:// source or a model without effort levels."""
+    entries = find_model(source) if "/" not in source and not source.endswith(".gguf") else []
+    return entries[0].reasoning_effort if entries else None
 
 
 def find_frontier(name: str) -> FrontierModel | None:

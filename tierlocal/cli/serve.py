@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..catalog import find_model
+from ..catalog import catalog_reasoning_effort
 from ..engines.flags import reasoning_flags
 from ..errors import TierlocalError, UsageError
 from ..fit.concurrency import UsersSpeed
@@ -108,7 +108,7 @@ def serve(
         )
         return
     source = _one_model(source, ram, engine, served)
-    engine_args = _with_thinking(engine_args, thinking, engine, _catalog_effort(source))
+    engine_args = _with_thinking(engine_args, thinking, engine, catalog_reasoning_effort(source))
     ctx_tokens = int(served["ctx"]) if served["ctx"] is not None and served["ctx"].isdigit() else None  # None: the default, up to training
     # A catalog name is planned for this machine (as --gpu describes it): detected only then.
     model = resolve_model(source, pull=pull, say=_say, hardware=lambda: machine(served["gpus"]), ctx=ctx_tokens, quant=quant)
@@ -144,12 +144,6 @@ def _one_model(source: str | None, ram: str | None, engine: str, served: dict[st
             f"--mmproj is planned and passed for llama-server only, not --engine {engine}", hint="drop --mmproj, or serve with --engine llama-server"
         )
     return source
-
-
-def _catalog_effort(source: str) -> str | None:
-    """The reasoning effort a catalog model's scores are at (recipes/models.toml; gpt-oss: high)."""
-    entries = find_model(source) if "/" not in source and not source.endswith(".gguf") else []
-    return entries[0].reasoning_effort if entries else None
 
 
 def _with_thinking(engine_args: tuple[str, ...], thinking: str, engine: str, effort: str | None = None) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from ..engines.flags import planned_command, role_flags
+from ..engines.flags import planned_command, reasoning_flags, role_flags
 from ..fit.estimate import Machine
 from ..fit.host_memory import PROMPT_CACHE_DEFAULT_BYTES
 from ..fit.model import ModelSpec
@@ -53,6 +53,9 @@ class SetMember:
     role: str = "chat"
     pinned: bool = False
     idle_unload_s: float | None = None
+    #: A catalog model's reasoning effort (gpt-oss: high, the effort of its figures), which its
+    #: command asks for (``--reasoning-effort``); None: the chat template's default.
+    reasoning_effort: str | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -92,7 +95,8 @@ class MemberPlan:
             self.model_path, estimate, host_only=self.check.host_only, template_args=template, cache_ram_bytes=self.cache_ram_bytes
         )
         roles = role_flags(self.member.role, pooled=self.check.pooled_role is not None)
-        return (*command, *roles, *(("--load-mode", "none") if self.load_mode == "none" else ()))
+        effort = reasoning_flags("thinking", effort=self.member.reasoning_effort, switch=False) if self.member.role in ("chat", "code") else ()
+        return (*command, *roles, *effort, *(("--load-mode", "none") if self.load_mode == "none" else ()))
 
     @property
     def fits(self) -> bool:

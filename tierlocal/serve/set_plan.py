@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ..catalog import ModelEntry, find_model, load_host_defaults
+from ..catalog import ModelEntry, catalog_reasoning_effort, find_model, load_host_defaults
 from ..errors import UsageError
 from ..fit.model import ModelSpec, model_spec
 from ..gguf import ModelSummary, summarize
@@ -61,6 +61,7 @@ def plan_model_set(
     members, settings = read_set_file(set_file, default) if set_file is not None else (members_from_sources(list(sources), default), SetSettings())
     machine = machine_for(hardware, load_host_defaults())
     where = plan_inputs(machine, engine_version(), host_is_here=not hardware.ram_overridden)
+    members = [replace(member, reasoning_effort=catalog_reasoning_effort(member.source)) for member in members]
     if local is not None:
         members = [replace(member, source=str(local(member_source(member.source)))) for member in members]
     headed = [_pooled(member, *_header(member.source, machine.max_tensor_bytes is None)) for member in members]
