@@ -6,9 +6,12 @@ Each row's model is planned from its header in recipes/headers/ with every layer
 (recipes/gpus.toml's figures, as `check --gpu` prices it), and one decode step of B sequences at the
 row's depth (PP + TG/2) is priced by tierlocal/fit/concurrency.py: aggregate decode = B ÷ step.
 The one figure fitted, the batch FLOP share of each backend, is fitted on the use = "fit" rows
-(least squares on log ratios over a grid) and only compared on the use = "test" rows.
+(least squares on log ratios over a grid) and only compared on the use = "test" rows. `--skews`
+also refits the shares with the routers skewed (tierlocal/fit/routing.py, α = 0, 0.1, … 2) and
+prints, per α, the loss on the fit rows and the error on both kinds of rows: the product keeps
+α = 0 (ROUTING_SKEW) until it is adopted.
 
-    .venv/bin/python -m bench.concurrency_published [--write] [--json FILE] [--rows]
+    .venv/bin/python -m bench.concurrency_published [--write] [--json FILE] [--rows] [--skews]
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from tierlocal.fit.concurrency import batch_costs
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import RunRequest
 from tierlocal.fit.model import ModelSpec, model_spec
+from tierlocal.fit.routing import ROUTING_SKEW
 from tierlocal.fit.speed import bound_speed
 from tierlocal.gpu_figures import gpu_speed_for
 
 GRID = [round(0.02 * 1.1**step, 4) for step in range(60)]
+SKEWS = [round(0.1 * step, 1) for step in range(21)]
 HOST = bound_speed("host CPU", 100_000_000_000, "sampling only")
 
 
@@ -45,31 +50,55 @@ def _spec(header: str, cache: dict[str, ModelSpec]) -> ModelSpec:
     return cache[header]
 
 
-def _predict(row: dict[str, object], spec: ModelSpec, gpu: DeviceSpeed, share: float) -> tuple[float, float]:
-    """Aggregate decode tokens/s at the row's B, and B × one sequence's (the single-stream figure)."""
+def _predict(row: dict[str, object], spec: ModelSpec, gpu: DeviceSpeed, share: float, skew: float = ROUTING_SKEW) -> tuple[float, float]:
+    """Aggregate decode tokens/s at the row's B, and B × one sequence's (the single-stream figure),
+    the routers skewed by ``skew``."""
     b, pp, tg = int(row["b"]), int(row["pp"]), int(row["tg"])  # type: ignore[call-overload]
     request = RunRequest(ctx=(pp + tg) * b, parallel=b, ngl=spec.n_layer + 1, flash_attn=True)
     speeds = {"host": HOST, "gpu": replace(gpu, batch_flops_share=share)}
     costs = batch_costs(spec, request, speeds, prompt=pp, depth=pp + tg // 2)
     assert costs is not None
+    costs = replace(costs, routing_skew=skew)
     return b / costs.decode_step_s(b), b / costs.decode_step_s(1)
 
 
-def _fit(rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed]) -> dict[str, float]:
-    """Each backend's batch share: the grid value with the least squared log error on its fit rows."""
+def _fit(
+    rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed], skew: float = ROUTING_SKEW
+) -> tuple[dict[str, float], float]:
+    """Each backend's batch share at routing skew ``skew``: the grid value with the least squared
+    log error on its fit rows; and the fit rows' summed loss at those shares."""
 
     def loss(mine: list[dict[str, object]], share: float) -> float:
         return sum(
-            math.log(_predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share)[0] / float(row["s_tg"])) ** 2  # type: ignore[arg-type]
+            math.log(_predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share, skew)[0] / float(row["s_tg"])) ** 2  # type: ignore[arg-type]
             for row in mine
         )
 
     fit = [row for row in rows if row["use"] == "fit"]
-    shares = {}
+    shares, total = {}, 0.0
     for backend in sorted({str(row["backend"]) for row in fit}):
         mine = [row for row in fit if row["backend"] == backend]
         shares[backend] = min(GRID, key=lambda share, mine=mine: loss(mine, share))  # type: ignore[misc]
-    return shares
+        total += loss(mine, shares[backend])
+    return shares, total
+
+
+def _skews(rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed]) -> None:
+    """Per routing skew α: the shares refitted, the fit rows' loss, and each kind of row's error."""
+    print("\nα     fit loss  shares                          fit median/worst  test median/worst")
+    for skew in SKEWS:
+        shares, total = _fit(rows, specs, gpus, skew)
+        fallback = statistics.median(shares.values())
+        errors: dict[str, list[float]] = {"fit": [], "test": []}
+        for row in rows:
+            share = shares.get(str(row["backend"]), fallback)
+            predicted = _predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share, skew)[0]
+            errors[str(row["use"])].append(abs(predicted / float(row["s_tg"]) - 1))  # type: ignore[arg-type]
+        shown = ", ".join(f"{backend} {share:.3f}" for backend, share in shares.items())
+        fit, test = errors["fit"], errors["test"]
+        print(
+            f"{skew:<5} {total:8.3f}  {shown:30}  {statistics.median(fit):6.1%} / {max(fit):5.1%}   {statistics.median(test):6.1%} / {max(test):5.1%}"
+        )
 
 
 def _summary(label: str, errors: list[float]) -> str:
@@ -83,6 +112,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--write", action="store_true", help="write the fitted shares into recipes/batched_bench.toml's [fit]")
     parser.add_argument("--rows", action="store_true", help="print every row, not only the summary")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--skews", action="store_true", help="also refit at each routing skew α and show what it does to both kinds of rows")
     args = parser.parse_args(argv)
     rows = _rows()
     specs = {str(row["header"]): _spec(str(row["header"]), {}) for row in rows}
@@ -93,7 +123,7 @@ def main(argv: list[str]) -> int:
             print(f"no speed figures for {name}", file=sys.stderr)
             return 2
         gpus[name] = speed
-    shares = _fit(rows, specs, gpus)
+    shares, _ = _fit(rows, specs, gpus)
     fallback = statistics.median(shares.values())
     print("fitted batch FLOP share per backend:", {backend: round(share, 3) for backend, share in shares.items()}, f"(others: {fallback:.3f})")
     results = []
@@ -119,6 +149,8 @@ def main(argv: list[str]) -> int:
         for header in sorted({r["header"] for r in mine}):
             errors = [abs(r["predicted"] / r["s_tg"] - 1) for r in mine if r["header"] == header]
             print("   ", _summary(header, errors))
+    if args.skews:
+        _skews(rows, specs, gpus)
     if args.write:
         path = recipes_dir() / "batched_bench.toml"
         table = ", ".join(f"{backend} = {share}" for backend, share in sorted(shares.items()))

@@ -15,11 +15,12 @@ import pytest
 from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
 from tierlocal.catalog import _read_compact, load_batch_shares, load_expert_grouped_from, recipes_dir
 from tierlocal.fetch.sources import read_headers
-from tierlocal.fit.concurrency import BatchCosts, UsersSpeed, batch_costs, distinct_expert_share, users_speed, users_table
+from tierlocal.fit.concurrency import BatchCosts, UsersSpeed, batch_costs, users_speed, users_table
 from tierlocal.fit.cpu_kernels import CPU_ROW_COMPUTE_SHARE, CpuKernels, cpu_kernels
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import RunRequest
 from tierlocal.fit.model import model_spec
+from tierlocal.fit.routing import distinct_expert_share
 from tierlocal.fit.speed import bound_speed, estimate_speed
 from tierlocal.gpu_figures import gpu_speed_for
 

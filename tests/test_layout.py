@@ -43,6 +43,7 @@ PURE = [
     "tierlocal.plan.speeds",
     "tierlocal.plan.notes",
     "tierlocal.fit.cpu_kernels",
+    "tierlocal.fit.routing",
     "tierlocal.fit.concurrency",
     "tierlocal.fit.users_measured",
     "tierlocal.plan.machine",

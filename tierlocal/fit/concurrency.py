@@ -12,7 +12,8 @@ generating into one batch, with prompt tokens of slots still reading theirs behi
   its KV cache read at its depth, and sampling over the vocabulary;
 - for a mixture of experts, the experts B tokens route to: with top-k of E experts routed
   independently, the expected share of a layer's experts that B tokens read is
-  1 − (1 − k/E)^B (k/E for one token), so a step reads more of the weights as B grows — where
+  1 − (1 − k/E)^B (k/E for one token; :func:`~.routing.distinct_expert_share`, whose ``skew``
+  concentrates them), so a step reads more of the weights as B grows — where
   the GPU's expert kernel groups the tokens routed to one expert; below the batch at which it
   starts to (:attr:`~.device_speed.DeviceSpeed.expert_grouped_from`: llama.cpp's Metal runs a
   mat-vec per token and expert below 32 tokens), each token reads its k experts itself.
@@ -34,13 +35,13 @@ from .device_speed import DeviceSpeed
 from .estimate import RunRequest
 from .features import RunFeatures, expert_decode_features, run_features
 from .model import ModelSpec
+from .routing import ROUTING_SKEW, distinct_expert_share
 from .speed import decode_seconds, prefill_seconds, priced_seconds
 
 __all__ = [
     "BatchCosts",
     "UsersSpeed",
     "batch_costs",
-    "distinct_expert_share",
     "users_speed",
     "users_table",
     "USER_COUNTS",
@@ -57,13 +58,6 @@ USERS_PROMPT = 256
 USERS_TOKENS = 64
 #: llama-server's logical batch (``-b``): prompt and decode tokens per step, at most.
 N_BATCH = 2048
-
-
-def distinct_expert_share(used_share: float, sequences: int) -> float:
-    """The expected share of a layer's experts ``sequences`` tokens read together when each
-    picks ``used_share`` (k/E) of them, routed independently among equally likely experts:
-    1 − (1 − k/E)^B."""
-    return 1.0 - (1.0 - used_share) ** max(sequences, 1)
 
 
 @dataclass(frozen=True)
@@ -94,6 +88,8 @@ class BatchCosts:
     #: to it only from ``expert_grouped_from`` tokens on; below that, once per token.
     expert_read_ungrouped_s: float = 0.0
     expert_grouped_from: int = 1
+    #: α of the routers' expert popularity (:mod:`~.routing`; 0: uniform).
+    routing_skew: float = ROUTING_SKEW
     #: False when a device with prompt work has no prefill figure: decode is priced (each further
     #: sequence on it pays its own mat-vec), prompts and first tokens are not.
     prompts_priced: bool = True
@@ -102,7 +98,7 @@ class BatchCosts:
         """One decode step of ``sequences`` sequences (seconds)."""
         if sequences <= 0:
             return 0.0
-        distinct = distinct_expert_share(self.used_share, sequences)
+        distinct = distinct_expert_share(self.used_share, sequences, self.routing_skew)
         growth = distinct / self.used_share - 1.0 if self.used_share < 1.0 else 0.0
         blocks, rest = divmod(sequences, 4)
         if blocks:  # ggml's gemm on each block of 4 rows, its gemv on the rest (forward_mul_mat_one_chunk)

@@ -16,6 +16,7 @@ from .. import constants
 from .memory import cache_type_bytes
 from .model import ModelSpec, PlacedTensor
 from .placement import EXPERT_TENSOR, device_binds, expert_flags, gpu_layers, tensor_binds
+from .routing import distinct_expert_share
 
 __all__ = [
     "Features",
@@ -168,12 +169,12 @@ def run_features(
 
 def _batch_touched(spec: ModelSpec, tokens: int) -> float:
     """Per prompt token, how many times one token's expert bytes a batch of ``tokens`` reads: the
-    experts its tokens route to, 1 − (1 − k/E)^tokens of them, over the batch's tokens, in units
-    of the k/E share a token uses (0: not an MoE)."""
+    experts its tokens route to (:func:`~.routing.distinct_expert_share`) over the batch's tokens,
+    in units of the k/E share a token uses (0: not an MoE)."""
     if not spec.n_expert or not spec.n_expert_used or tokens <= 0:
         return 0.0
     used = spec.n_expert_used / spec.n_expert
-    return (1.0 - (1.0 - used) ** tokens) / used / tokens
+    return distinct_expert_share(used, tokens) / used / tokens
 
 
 def _placed_groups(spec: ModelSpec, ngl: int, n_cpu_moe: int, max_tensor_bytes: int | None) -> list[tuple[MatrixGroup, str]]:

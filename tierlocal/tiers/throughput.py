@@ -2,7 +2,7 @@
 and what an output token costs at the cluster's hourly price. Pure.
 
 A decode step of B users reads the shared weights once, the experts the B tokens route to
-(:func:`tierlocal.fit.concurrency.distinct_expert_share`: for k of E experts, 1 − (1 − k/E)^B of
+(:func:`tierlocal.fit.routing.distinct_expert_share`: for k of E experts, 1 − (1 − k/E)^B of
 them) and each user's cache at its depth, spread over the cluster's GPUs at their peak
 bandwidth; and it takes no less than one user's published step (1 ÷ the engine's published
 tokens/s at batch 1 for that tensor-parallel degree: kernel launches and all-reduces across 93
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..fit.concurrency import distinct_expert_share
+from ..fit.routing import distinct_expert_share
 
 __all__ = [
     "PublishedThroughput",
