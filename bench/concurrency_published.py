@@ -25,10 +25,11 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from tierlocal.catalog import _read_compact, recipes_dir
+from tierlocal.catalog import _read_compact, gpu_cards, load_published_rows, recipes_dir
 from tierlocal.fit.concurrency import batch_costs
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import RunRequest
+from tierlocal.fit.gpu_speed import fit_cards
 from tierlocal.fit.model import ModelSpec, model_spec
 from tierlocal.fit.routing import ROUTING_SKEW
 from tierlocal.fit.speed import bound_speed
@@ -36,6 +37,7 @@ from tierlocal.gpu_figures import gpu_speed_for
 
 GRID = [round(0.02 * 1.1**step, 4) for step in range(60)]
 SKEWS = [round(0.1 * step, 1) for step in range(21)]
+LAYER_SHARES = [round(0.1 * step, 1) for step in range(11)]
 HOST = bound_speed("host CPU", 100_000_000_000, "sampling only")
 
 
@@ -83,21 +85,47 @@ def _fit(
     return shares, total
 
 
+def _errors(
+    rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed], shares: dict[str, float], skew: float
+) -> dict[str, list[float]]:
+    """|predicted ÷ published − 1| of aggregate decode, per kind of row (``fit``, ``test``)."""
+    fallback = statistics.median(shares.values())
+    errors: dict[str, list[float]] = {"fit": [], "test": []}
+    for row in rows:
+        share = shares.get(str(row["backend"]), fallback)
+        predicted = _predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share, skew)[0]
+        errors[str(row["use"])].append(abs(predicted / float(row["s_tg"]) - 1))  # type: ignore[arg-type]
+    return errors
+
+
 def _skews(rows: list[dict[str, object]], specs: dict[str, ModelSpec], gpus: dict[str, DeviceSpeed]) -> None:
     """Per routing skew α: the shares refitted, the fit rows' loss, and each kind of row's error."""
     print("\nα     fit loss  shares                          fit median/worst  test median/worst")
     for skew in SKEWS:
         shares, total = _fit(rows, specs, gpus, skew)
-        fallback = statistics.median(shares.values())
-        errors: dict[str, list[float]] = {"fit": [], "test": []}
-        for row in rows:
-            share = shares.get(str(row["backend"]), fallback)
-            predicted = _predict(row, specs[str(row["header"])], gpus[str(row["gpu"])], share, skew)[0]
-            errors[str(row["use"])].append(abs(predicted / float(row["s_tg"]) - 1))  # type: ignore[arg-type]
+        errors = _errors(rows, specs, gpus, shares, skew)
         shown = ", ".join(f"{backend} {share:.3f}" for backend, share in shares.items())
         fit, test = errors["fit"], errors["test"]
         print(
             f"{skew:<5} {total:8.3f}  {shown:30}  {statistics.median(fit):6.1%} / {max(fit):5.1%}   {statistics.median(test):6.1%} / {max(test):5.1%}"
+        )
+
+
+def _layer_shares(rows: list[dict[str, object]], specs: dict[str, ModelSpec]) -> None:
+    """Per share of the GPU overhead paid per layer (tierlocal/fit/gpu_speed.py overhead_scale):
+    the cards refitted with it, then α and the batch shares refitted; the fit rows' least loss and
+    each kind of row's error there."""
+    print("\nper layer  α     fit loss  fit median/worst  test median/worst")
+    published, cards = load_published_rows(), gpu_cards()
+    for layer_share in LAYER_SHARES:
+        fitted = fit_cards(published, cards, layer_share)
+        gpus = {name: speed for name in {str(row["gpu"]) for row in rows} if (speed := gpu_speed_for(name, None, fitted)) is not None}
+        shares, total, skew = min(((*_fit(rows, specs, gpus, skew), skew) for skew in SKEWS), key=lambda fitted: fitted[1])
+        errors = _errors(rows, specs, gpus, shares, skew)
+        fit, test = errors["fit"], errors["test"]
+        print(
+            f"{layer_share:<9}  {skew:<5} {total:8.3f}  {statistics.median(fit):6.1%} / {max(fit):5.1%}   "
+            f"{statistics.median(test):6.1%} / {max(test):5.1%}"
         )
 
 
@@ -113,6 +141,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rows", action="store_true", help="print every row, not only the summary")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--skews", action="store_true", help="also refit at each routing skew α and show what it does to both kinds of rows")
+    parser.add_argument(
+        "--layer-shares", action="store_true", help="also refit the GPUs at each share of their overhead paid per layer, then α and the shares"
+    )
     args = parser.parse_args(argv)
     rows = _rows()
     specs = {str(row["header"]): _spec(str(row["header"]), {}) for row in rows}
@@ -151,6 +182,8 @@ def main(argv: list[str]) -> int:
             print("   ", _summary(header, errors))
     if args.skews:
         _skews(rows, specs, gpus)
+    if args.layer_shares:
+        _layer_shares(rows, specs)
     if args.write:
         path = recipes_dir() / "batched_bench.toml"
         table = ", ".join(f"{backend} = {share}" for backend, share in sorted(shares.items()))

@@ -96,7 +96,8 @@ def tierlocal_figure(row: PublishedRow) -> Figure:
         return Figure(None, "no figures")
     if decode:
         rate = speed.decode_bytes_per_s["F16" if row.half else "*"]
-        return Figure(1 / (row.read_bytes / rate + speed.token_overhead_s), f"fit ({speed.source})")
+        overhead = speed.token_overhead_s + speed.layer_overhead_s * row.shape.n_layer
+        return Figure(1 / (row.read_bytes / rate + overhead), f"fit ({speed.source})")
     prefill = speed.prefill_flops_per_s.get("F16" if row.half else "*")
     return Figure(prefill / row.flops if prefill else None, f"fit ({speed.source})")
 

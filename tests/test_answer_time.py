@@ -123,8 +123,8 @@ def test_thinking_on_and_off_keep_one_mode_and_say_what_they_left_out(machine: t
 def test_balanced_weighs_the_time_to_an_answer_and_the_pick_moves_where_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the machines of the docs, ranked once by the time to a typical answer and once by
     decode tok/s alone (no answer lengths): where the picks differ, the time's pick answers
-    sooner; on an M3 Max they differ (the Q6_K answers sooner than the Q8_0 that tok/s alone
-    keeps)."""
+    sooner; on one of them at least they differ (with the figures of 2026-12-07, the 16 GiB
+    CPU-only machine; before the GPU overhead was priced per layer, the M3 Max too)."""
     import tierlocal.recommendation as recommendation
     from tierlocal.catalog import load_models
     from tierlocal.hardware.detect import detect
@@ -148,4 +148,4 @@ def test_balanced_weighs_the_time_to_an_answer_and_the_pick_moves_where_it_says_
             )
             assert same.answer is not None and by_time.answer.seconds < same.answer.seconds, (gpu, by_time.key, by_speed.key)
             moved.append(gpu)
-    assert "M3 Max 64GB" in moved
+    assert moved

@@ -9,9 +9,8 @@ from tierlocal.fit.routing import ROUTING_SKEW, distinct_expert_share
 
 
 def test_uniform_routing_is_one_minus_the_chance_no_token_picks_an_expert() -> None:
-    assert ROUTING_SKEW == 0.0  # what the product prices with until α is adopted
-    assert distinct_expert_share(4 / 32, 1) == pytest.approx(0.125)
-    assert distinct_expert_share(4 / 32, 2) == pytest.approx(1 - 0.875**2)
+    assert distinct_expert_share(4 / 32, 1, 0.0) == pytest.approx(0.125)
+    assert distinct_expert_share(4 / 32, 2, 0.0) == pytest.approx(1 - 0.875**2)
     assert distinct_expert_share(8 / 128, 16, 0.0) == pytest.approx(1 - (120 / 128) ** 16)
     assert distinct_expert_share(1.0, 7, 1.0) == 1.0  # a dense model reads everything
 
@@ -48,3 +47,10 @@ def test_a_skew_admits_what_gb10_read_for_gpt_oss_120b_at_32_sequences() -> None
     128 experts). Uniform routing says 32 tokens touch 64% of them; α = 1 fits under the bound."""
     read_bound = 32 / 353.31 * 273e9 / 61.07e9  # recipes/headers/gpt-oss-120b.MXFP4_MOE.json: its *_exps tensors
     assert distinct_expert_share(4 / 128, 32, 0.0) > read_bound > distinct_expert_share(4 / 128, 32, 1.0)
+    assert distinct_expert_share(4 / 128, 32) < read_bound  # the skew the product prices with
+
+
+def test_the_product_prices_with_routers_that_concentrate() -> None:
+    """α is fitted on published batched decode (bench/concurrency_published.py); it is no longer uniform."""
+    assert 0.5 <= ROUTING_SKEW <= 2.0
+    assert distinct_expert_share(4 / 32, 8) < 1 - (28 / 32) ** 8

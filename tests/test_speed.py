@@ -15,7 +15,17 @@ from tierlocal.fetch.sources import read_headers
 from tierlocal.fit.calibration import TimedRun, fit_device_speed
 from tierlocal.fit.device_speed import DeviceSpeed
 from tierlocal.fit.estimate import Machine, RunRequest, estimate_run
-from tierlocal.fit.gpu_speed import CardFit, CardInfo, ModelShape, PublishedRow, card_device_speed, card_fit, fit_cards, half_prefill_factor
+from tierlocal.fit.gpu_speed import (
+    CardFit,
+    CardInfo,
+    ModelShape,
+    PublishedRow,
+    card_device_speed,
+    card_fit,
+    fit_cards,
+    half_prefill_factor,
+    overhead_scale,
+)
 from tierlocal.fit.model import model_spec
 from tierlocal.fit.speed import estimate_speed, run_features
 from tierlocal.gguf.synthetic import ProbeShape, write_probe_gguf
@@ -181,6 +191,41 @@ def test_the_gpu_fit_recovers_the_figures_that_made_its_rows() -> None:
     assert card_fit("C", fits, cards) is None  # not in recipes/gpus.toml: nothing invented
 
 
+def test_a_backends_overhead_paid_per_layer_is_fitted_at_32_layers_and_split_by_the_given_share() -> None:
+    """Rows made by hand on one card (efficiency 0.8, an overhead of 3 ms at 32 layers, 0.7 of it
+    per layer) for a 32-layer and a 64-layer model: fitted with that share, the card's figures come
+    back, 0.9 ms a token and 2.1 / 32 ms a layer; fitted as all per token, they do not."""
+    shallow = ModelShape("shallow", 8_000_000_000, 8_000_000_000, 500_000_000, n_layer=32)
+    deep = ModelShape("deep", 14_000_000_000, 14_000_000_000, 500_000_000, n_layer=64)
+    cards = {"A": CardInfo("A", 1_000_000_000_000, None, "Gen1", "cuda")}
+
+    def row(shape: ModelShape, size: int) -> PublishedRow:
+        probe = PublishedRow("A", shape, f"{shape.name} Q4_K - Medium", size, "tg128", 1.0, "fit", "by hand", "2026-12-07")
+        overhead = 0.003 * (0.3 + 0.7 * shape.n_layer / 32)  # 3 ms at 32 layers, 5.1 ms at 64
+        return replace(probe, tokens_per_s=1 / (probe.read_bytes / 0.8e12 + overhead))
+
+    rows = [row(shallow, 5_000_000_000), row(shallow, 9_000_000_000), row(deep, 8_000_000_000), row(deep, 15_000_000_000)]
+    assert overhead_scale(deep, 0.7) == pytest.approx(1.7) and overhead_scale(shallow, 0.7) == 1.0
+    fit = fit_cards(rows, cards, 0.7)[0]["A"]
+    assert (fit.efficiency, fit.token_overhead_s, fit.layer_overhead_s) == (pytest.approx(0.8), pytest.approx(0.0009), pytest.approx(0.0021 / 32))
+    speed = card_device_speed(fit, cards["A"], 1.0)
+    assert speed.token_overhead_s + 64 * speed.layer_overhead_s == pytest.approx(0.0051)
+    per_token = fit_cards(rows, cards, 0.0)[0]["A"]
+    assert per_token.layer_overhead_s == 0.0 and per_token.efficiency != pytest.approx(0.8, rel=0.01)
+
+
+def test_the_product_prices_the_gpu_overhead_with_the_recipes_per_layer_share() -> None:
+    from tierlocal.catalog import load_overhead_layer_share
+
+    share = load_overhead_layer_share()
+    assert 0.0 < share <= 1.0
+    speed = gpu_speed_for("RTX 4090", None)
+    assert speed is not None and speed.layer_overhead_s > 0
+    # the backend's whole overhead at 32 layers, split: share per layer, the rest per token
+    whole = speed.token_overhead_s + 32 * speed.layer_overhead_s
+    assert speed.token_overhead_s == pytest.approx(whole * (1 - share)) and 32 * speed.layer_overhead_s == pytest.approx(whole * share)
+
+
 def test_half_precision_prefill_runs_at_the_ratio_the_fit_rows_pair_show() -> None:
     """λ: each half-precision prefill row against the median of its card's quantised rows of the
     same shape; the median of those ratios; rows without a pair, and held-out rows, count for nothing."""
@@ -200,7 +245,7 @@ def test_half_precision_prefill_runs_at_the_ratio_the_fit_rows_pair_show() -> No
     ]
     assert half_prefill_factor(rows) == pytest.approx(1.35)
     card = CardInfo("A", 1_000_000_000_000, None, "Gen1", "cuda")
-    fit = CardFit("A", 0.8, 0.003, 60e12, "published", "by hand")
+    fit = CardFit("A", 0.8, 0.003, 60e12, "published", "by hand", 0.0)
     speed = card_device_speed(fit, card, 1.0, 1.35)
     assert speed.prefill_flops_per_s == {"*": 60e12, "F16": pytest.approx(81e12), "BF16": pytest.approx(81e12)}
 
@@ -231,7 +276,7 @@ def test_the_fit_holds_on_the_published_rows_it_did_not_see() -> None:
     """The issue's bar, on the rows recipes/gpu_speed.toml holds out (use = "test"): decode
     within 15% at the median and 40% at worst, prefill within 25% at the median, over ≥ 12 cards
     and dense small, dense large and MoE shapes. Predicted as `check` prices a GPU: bytes read
-    per token at the card's fitted rate plus its per-token overhead."""
+    per token at the card's fitted rate plus its overhead (per token and per layer)."""
     from tierlocal.catalog import load_published_rows
     from tierlocal.gpu_figures import gpu_fits
 
@@ -244,7 +289,8 @@ def test_the_fit_holds_on_the_published_rows_it_did_not_see() -> None:
         assert speed is not None and speed.source == "published", row.gpu  # every tested card has rows of its own to fit
         if row.test.startswith("tg"):
             rate = speed.decode_bytes_per_s["F16" if row.half else "*"]
-            decode.append(abs(1 / (row.read_bytes / rate + speed.token_overhead_s) / row.tokens_per_s - 1))
+            overhead = speed.token_overhead_s + speed.layer_overhead_s * row.shape.n_layer
+            decode.append(abs(1 / (row.read_bytes / rate + overhead) / row.tokens_per_s - 1))
             cards.add(row.gpu)
             shapes.add(row.shape.name)
         elif speed.prefill_flops_per_s:
@@ -286,3 +332,18 @@ def test_every_catalog_row_on_every_gpu_has_a_decode_estimate_with_its_basis(gpu
     on_gpu = [row for row in candidates if row["where"] == "GPU"]
     assert bool(on_gpu) == (gpu != "none")
     assert all(row["est_prefill_tokens_per_s"] for row in on_gpu)  # prefill too, wherever the GPU does it all
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "0.7", True])
+def test_an_overhead_layer_share_outside_zero_to_one_is_refused_with_the_fix(value: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tierlocal.catalog as catalog
+
+    monkeypatch.setattr(catalog, "_load", lambda name: {"fit": {"overhead_layer_share": value}})
+    catalog.load_overhead_layer_share.cache_clear()
+    try:
+        with pytest.raises(catalog.CatalogError, match="overhead_layer_share is not a number from 0 to 1"):
+            catalog.load_overhead_layer_share()
+    finally:
+        monkeypatch.undo()
+        catalog.load_overhead_layer_share.cache_clear()
+    assert catalog.load_overhead_layer_share() == 0.7

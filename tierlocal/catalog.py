@@ -48,6 +48,8 @@ __all__ = [
     "load_batch_shares",
     "load_expert_batch_reads",
     "load_expert_grouped_from",
+    "load_expert_tile_tokens",
+    "load_overhead_layer_share",
     "REASONING_EFFORTS",
     "catalog_reasoning_effort",
     "EFFORT_MODES",
@@ -523,15 +525,40 @@ def load_expert_batch_reads() -> float:
 
 
 @cache
+def load_overhead_layer_share() -> float:
+    """recipes/gpu_speed.toml's [fit] ``overhead_layer_share``: the share of a GPU backend's
+    decode overhead that is paid per layer (:func:`tierlocal.fit.gpu_speed.overhead_scale`); 0
+    when not stated."""
+    fit = _load("gpu_speed.toml").get("fit")
+    value = fit.get("overhead_layer_share", 0.0) if isinstance(fit, dict) else 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise CatalogError("recipes/gpu_speed.toml [fit] overhead_layer_share is not a number from 0 to 1", hint="fix the entry")
+    return float(value)
+
+
+def _kernel_tokens(entry: str) -> dict[str, int]:
+    """recipes/batched_bench.toml's [kernels] ``entry``: a token count per GPU backend (lower case)."""
+    kernels = _load("batched_bench.toml").get("kernels", {})
+    table = kernels.get(entry, {}) if isinstance(kernels, dict) else {}
+    if not isinstance(table, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096 for v in table.values()):
+        raise CatalogError(f"recipes/batched_bench.toml [kernels] {entry} is not a table of token counts 1-4096", hint="fix the entry")
+    return {str(backend).lower(): int(tokens) for backend, tokens in table.items()}
+
+
+@cache
 def load_expert_grouped_from() -> dict[str, int]:
     """recipes/batched_bench.toml's [kernels]: from how many tokens each GPU backend (lower case)
     reads an expert once for all the tokens routed to it
     (:attr:`tierlocal.fit.device_speed.DeviceSpeed.expert_grouped_from`); a backend not named: 1."""
-    kernels = _load("batched_bench.toml").get("kernels", {})
-    table = kernels.get("expert_grouped_from", {}) if isinstance(kernels, dict) else {}
-    if not isinstance(table, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096 for v in table.values()):
-        raise CatalogError("recipes/batched_bench.toml [kernels] expert_grouped_from is not a table of token counts 1-4096", hint="fix the entry")
-    return {str(backend).lower(): int(tokens) for backend, tokens in table.items()}
+    return _kernel_tokens("expert_grouped_from")
+
+
+@cache
+def load_expert_tile_tokens() -> dict[str, int]:
+    """recipes/batched_bench.toml's [kernels]: the tokens of one tile of each GPU backend's grouped
+    expert mat-mul, which runs whole for an expert given fewer
+    (:attr:`tierlocal.fit.device_speed.DeviceSpeed.expert_tile_tokens`); a backend not named: 0."""
+    return _kernel_tokens("expert_tile_tokens")
 
 
 @cache
@@ -573,6 +600,7 @@ def _shapes(data: dict[str, object]) -> dict[str, ModelShape]:
             int(entry["embedding_params"]),
             int(entry.get("read_bytes_per_token", 0)),
             int(float(entry.get("read_file_gib", 0)) * _GIB),
+            int(entry.get("n_layer", 0)),
         )
         for entry in data.get("shape", [])  # type: ignore[attr-defined]
     }

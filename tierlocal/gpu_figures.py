@@ -17,7 +17,9 @@ from .catalog import (
     load_batch_shares,
     load_expert_batch_reads,
     load_expert_grouped_from,
+    load_expert_tile_tokens,
     load_gpus,
+    load_overhead_layer_share,
     load_published_rows,
 )
 from .fit.device_speed import DeviceSpeed
@@ -33,7 +35,7 @@ GIB = 1024**3
 def gpu_fits() -> tuple[dict[str, CardFit], float]:
     """The speed model fitted to the published rows (:func:`tierlocal.fit.gpu_speed.fit_cards`),
     kept in the planning cache (the fit is a least-squares solve over every row)."""
-    return cached("gpu_fits", lambda: fit_cards(load_published_rows(), gpu_cards()), _fits_plain, _fits_from_plain)
+    return cached("gpu_fits", lambda: fit_cards(load_published_rows(), gpu_cards(), load_overhead_layer_share()), _fits_plain, _fits_from_plain)
 
 
 def _fits_plain(fitted: tuple[dict[str, CardFit], float]) -> tuple[Any, float]:
@@ -59,12 +61,12 @@ def _card_for(name: str) -> str | None:
     return spec.name if spec is not None and spec.name in gpu_cards() else None
 
 
-def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> DeviceSpeed | None:
-    """A GPU's speed figures from the model fitted to published llama.cpp results: its own
-    rows (``published``), else its group's on its datasheet (``derived``); a GPU not in
-    recipes/gpus.toml with a known bandwidth gets every fitted card's median. None: no name
-    and no bandwidth."""
-    fits, kappa = gpu_fits()
+def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None, fitted: tuple[dict[str, CardFit], float] | None = None) -> DeviceSpeed | None:
+    """A GPU's speed figures from the model fitted to published llama.cpp results (``fitted``,
+    default :func:`gpu_fits`): its own rows (``published``), else its group's on its datasheet
+    (``derived``); a GPU not in recipes/gpus.toml with a known bandwidth gets every fitted card's
+    median. None: no name and no bandwidth."""
+    fits, kappa = fitted or gpu_fits()
     cards = gpu_cards()
     card = _card_for(name) if name else None
     if card is None:
@@ -81,11 +83,12 @@ def gpu_speed_for(name: str | None, bandwidth_bytes_per_s: int | None) -> Device
 def _with_batch_share(speed: DeviceSpeed, backend: str) -> DeviceSpeed:
     """``speed`` with its backend's fitted batch FLOP share (recipes/batched_bench.toml; a
     backend without one takes the median of those fitted), the experts' reads per prompt batch, and
-    from how many tokens its expert kernel reads an expert once for them all."""
+    from how many tokens its expert kernel reads an expert once for them all, in tiles of how many."""
     shares = load_batch_shares()
     share = shares.get(backend.lower()) or (statistics.median(shares.values()) if shares else 1.0)
     grouped = load_expert_grouped_from().get(backend.lower(), 1)
-    return replace(speed, batch_flops_share=share, expert_batch_reads=load_expert_batch_reads(), expert_grouped_from=grouped)
+    tile = load_expert_tile_tokens().get(backend.lower(), 0)
+    return replace(speed, batch_flops_share=share, expert_batch_reads=load_expert_batch_reads(), expert_grouped_from=grouped, expert_tile_tokens=tile)
 
 
 def typical_gpu_speed(memory_bytes: int) -> DeviceSpeed | None:

@@ -79,6 +79,8 @@ class ModelShape:
     #: and attention in another); 0: use the share.
     read_bytes_per_token: int = 0
     read_file_bytes: int = 0
+    #: Transformer blocks (config.json's num_hidden_layers); 0: not stated.
+    n_layer: int = 0
 
     def read_bytes(self, file_bytes: int) -> float:
         """Weight bytes one generated token reads in a file of ``file_bytes``: the file's share of

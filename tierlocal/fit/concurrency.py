@@ -10,13 +10,16 @@ generating into one batch, with prompt tokens of slots still reading theirs behi
 - per further sequence, its own work: one token's FLOPs through every matrix (the output layer
   included) at the device's prefill FLOP/s × :attr:`~.device_speed.DeviceSpeed.batch_flops_share`,
   its KV cache read at its depth, and sampling over the vocabulary;
-- for a mixture of experts, the experts B tokens route to: with top-k of E experts routed
-  independently, the expected share of a layer's experts that B tokens read is
-  1 − (1 − k/E)^B (k/E for one token; :func:`~.routing.distinct_expert_share`, whose ``skew``
-  concentrates them), so a step reads more of the weights as B grows — where
-  the GPU's expert kernel groups the tokens routed to one expert; below the batch at which it
-  starts to (:attr:`~.device_speed.DeviceSpeed.expert_grouped_from`: llama.cpp's Metal runs a
-  mat-vec per token and expert below 32 tokens), each token reads its k experts itself.
+- for a mixture of experts, the experts B tokens route to: the expected share of a layer's
+  experts that B tokens read (:func:`~.routing.distinct_expert_share`: k/E for one token, toward
+  1 as B grows, slower than 1 − (1 − k/E)^B because routers favour some experts), so a step
+  reads more of the weights as B grows — where the GPU's expert kernel groups the tokens routed
+  to one expert; below the batch at which it starts to
+  (:attr:`~.device_speed.DeviceSpeed.expert_grouped_from`: llama.cpp's Metal runs a mat-vec per
+  token and expert below 32 tokens), each token reads its k experts itself. A grouped kernel
+  that multiplies in tiles of T tokens (:attr:`~.device_speed.DeviceSpeed.expert_tile_tokens`:
+  Metal's 32) runs a whole tile for each expert it reads, however few tokens that expert has:
+  T × (experts read) − B·k rows of multiply-adds that no token needs, at the F16 prefill rate.
 
 A batch with prompt tokens costs their prefill (the single-stream rate per prompt token, the
 output layer once per prompt that ends in it) plus each decoding sequence's own work. The
@@ -88,7 +91,11 @@ class BatchCosts:
     #: to it only from ``expert_grouped_from`` tokens on; below that, once per token.
     expert_read_ungrouped_s: float = 0.0
     expert_grouped_from: int = 1
-    #: α of the routers' expert popularity (:mod:`~.routing`; 0: uniform).
+    #: One token's k experts' multiply-adds at the F16 prefill rate on a GPU whose grouped expert
+    #: kernel runs a whole tile of ``expert_tile_tokens`` rows for each expert it reads (0: none).
+    expert_tile_s: float = 0.0
+    expert_tile_tokens: int = 0
+    #: α of the routers' expert popularity (:mod:`~.routing`).
     routing_skew: float = ROUTING_SKEW
     #: False when a device with prompt work has no prefill figure: decode is priced (each further
     #: sequence on it pays its own mat-vec), prompts and first tokens are not.
@@ -108,6 +115,8 @@ class BatchCosts:
         experts = self.expert_read_s * growth
         if sequences < self.expert_grouped_from and self.used_share < 1.0:  # each token reads its own experts there
             experts += self.expert_read_ungrouped_s * (sequences - 1 - growth)
+        elif self.expert_tile_tokens and self.used_share < 1.0:  # the rows of each expert's tile no token fills
+            experts += self.expert_tile_s * max(0.0, self.expert_tile_tokens * distinct / self.used_share - sequences)
         return self.step_s + (sequences - 1) * (self.sequence_s + self.row_s) + repacked + experts
 
     def batch_s(self, decoding: int, prompt_tokens: int, prompts_ending: int) -> float:
@@ -158,6 +167,11 @@ def _device_costs(run: RunFeatures, name: str, speed: DeviceSpeed, kernels: CpuK
     return costs
 
 
+def _expert_flops(prefill: Mapping[str, float]) -> float:
+    """One prompt token's FLOPs through its k experts (``xflops:TYPE`` features)."""
+    return sum(amount for name, amount in prefill.items() if name.startswith("xflops:"))
+
+
 def _has_flops(*features: Mapping[str, float]) -> bool:
     return any(name.partition(":")[0] in ("flops", "xflops") for part in features for name in part)
 
@@ -190,8 +204,8 @@ def batch_costs(
         ubatch=request.n_ubatch,
     )
     experts = expert_decode_features(spec, ngl=ngl, n_cpu_moe=n_cpu_moe, max_tensor_bytes=max_tensor_bytes)
-    totals = {"step_s": 0.0, "expert_read_s": 0.0, "expert_read_ungrouped_s": 0.0, "prompt_token_s": 0.0, "prompt_once_s": 0.0}
-    grouped_from = 1
+    totals = {"step_s": 0.0, "expert_read_s": 0.0, "expert_read_ungrouped_s": 0.0, "expert_tile_s": 0.0, "prompt_token_s": 0.0, "prompt_once_s": 0.0}
+    grouped_from, tile = 1, 0
     unused: set[str] = set()
     priced = True
     for name, decode in run.decode.items():
@@ -207,6 +221,9 @@ def batch_costs(
         if name != "host" and speed.expert_grouped_from > 1 and expert_read:
             totals["expert_read_ungrouped_s"] += expert_read
             grouped_from = speed.expert_grouped_from
+            if speed.expert_tile_tokens and speed.prefill_flops_per_s:
+                tile = speed.expert_tile_tokens
+                totals["expert_tile_s"] += _expert_flops(run.prefill[name]) / speed.rate(speed.prefill_flops_per_s, "F16")[0]
         kernels = (cpu or CpuKernels()) if name == "host" else None
         if unpriced:  # a host known by its bandwidth alone: each further sequence reads as one does
             priced, kernels = False, CpuKernels(shared=frozenset())
@@ -216,7 +233,7 @@ def batch_costs(
         for field_name, seconds in _device_costs(run, name, speed, kernels).items():
             totals[field_name] = totals.get(field_name, 0.0) + seconds
     used = spec.n_expert_used / spec.n_expert if spec.n_expert and spec.n_expert_used else 1.0
-    return BatchCosts(used_share=used, prompts_priced=priced, expert_grouped_from=grouped_from, **totals)
+    return BatchCosts(used_share=used, prompts_priced=priced, expert_grouped_from=grouped_from, expert_tile_tokens=tile, **totals)
 
 
 @dataclass(frozen=True)

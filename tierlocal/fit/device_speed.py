@@ -61,6 +61,10 @@ class DeviceSpeed:
     #: for all the tokens routed to it; below it, once per token (llama.cpp's Metal: 32, CUDA: 5,
     #: recipes/batched_bench.toml [kernels]). 1: always once.
     expert_grouped_from: int = 1
+    #: Tokens of one tile of the grouped expert mat-mul: an expert given fewer tokens still runs
+    #: the whole tile's multiply-adds (llama.cpp's Metal kernel_mul_mm_id: 32, recipes/batched_bench.toml
+    #: [kernels]), priced at the F16 prefill rate. 0: not counted.
+    expert_tile_tokens: int = 0
 
     def expert_factor(self, table: Mapping[str, float], ggml_type: str) -> float:
         """Expert tensors' rate relative to dense ones: measured for ``x:TYPE`` entries (a
@@ -106,6 +110,7 @@ class DeviceSpeed:
             "batch_row_share": self.batch_row_share,
             "expert_batch_reads": self.expert_batch_reads,
             "expert_grouped_from": self.expert_grouped_from,
+            "expert_tile_tokens": self.expert_tile_tokens,
         }
 
     @classmethod
@@ -161,4 +166,5 @@ class DeviceSpeed:
             batch_row_share=number("batch_row_share") if data.get("batch_row_share") is not None else None,
             expert_batch_reads=number("expert_batch_reads"),
             expert_grouped_from=max(1, min(int(number("expert_grouped_from")), 4096)),
+            expert_tile_tokens=max(0, min(int(number("expert_tile_tokens")), 4096)),
         )

@@ -5,10 +5,10 @@ Routers do not spread tokens evenly. Expert popularity is modelled as falling wi
 power: the expert at rank share x (0 < x ≤ 1, most popular first) is picked by a token with
 probability q(x) = min(1, c·x^−α), c set so that a token picks k/E of the experts on average.
 α = 0 is uniform routing, 1 − (1 − k/E)^B; a larger α concentrates the tokens of a batch on
-fewer experts. The product routes uniformly (:data:`ROUTING_SKEW` = 0);
-``python -m bench.concurrency_published --skews`` fits α on the decode rows of published
-llama-batched-bench tables and shows what each α does to the rows held out. Written here: no
-library computes it.
+fewer experts. The shape has one number, :data:`ROUTING_SKEW`, fitted on the decode rows of
+published llama-batched-bench tables (recipes/batched_bench.toml, use = "fit": gpt-oss-20b and a
+dense 7B on two devices) with every other MoE held out; ``python -m bench.concurrency_published
+--skews`` shows what each α does to both kinds of rows. Written here: no library computes it.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from functools import lru_cache
 
 __all__ = ["ROUTING_SKEW", "distinct_expert_share"]
 
-#: α of the expert popularity power law the product prices with: 0, uniform. On the published
-#: rows (2026-12-07) the fit prefers α ≈ 0.9: GB10 reads fewer experts at 8–32 sequences than
-#: uniform routing allows. Adopted, it moves the held-out median from 15.7% to 13.9% and the worst
-#: from 49% to 54%: the M2 Ultra's MoE rows, whose single stream the per-token GPU overhead
-#: already prices too fast, come out faster still. α waits for that overhead.
-ROUTING_SKEW = 0.0
+#: α of the expert popularity power law the product prices with, fitted 2026-12-07: the least
+#: squared log error of aggregate decode on the use = "fit" rows over α = 0, 0.1, … 2, each
+#: backend's batch share refitted at each α (``bench.concurrency_published --layer-shares``, with
+#: the GPU overhead 0.7 per layer). Uniform routing (α = 0) reads more experts at 8–32 sequences
+#: than GB10's bandwidth allows for its measured gpt-oss-120b step.
+ROUTING_SKEW = 1.5
 
 #: Points of the midpoint rule over the experts not always picked.
 _POINTS = 512

@@ -2,8 +2,10 @@
 and what an output token costs at the cluster's hourly price. Pure.
 
 A decode step of B users reads the shared weights once, the experts the B tokens route to
-(:func:`tierlocal.fit.routing.distinct_expert_share`: for k of E experts, 1 − (1 − k/E)^B of
-them) and each user's cache at its depth, spread over the cluster's GPUs at their peak
+(:func:`tierlocal.fit.routing.distinct_expert_share` routed uniformly: for k of E experts,
+1 − (1 − k/E)^B of them — the skew fitted there is gpt-oss's and Qwen3's on llama.cpp, not
+measured for this model's routers, and uniform routing reads the most, so the figure errs low)
+and each user's cache at its depth, spread over the cluster's GPUs at their peak
 bandwidth; and it takes no less than one user's published step (1 ÷ the engine's published
 tokens/s at batch 1 for that tensor-parallel degree: kernel launches and all-reduces across 93
 layers, not bytes, set it at a few users). Compute is not counted: for Kimi K3 (104B active) a
@@ -28,6 +30,9 @@ __all__ = [
     "CLUSTER_USER_COUNTS",
     "CLUSTER_DEPTH",
 ]
+
+#: The routing skew tier-1 throughput is priced with (:mod:`tierlocal.fit.routing`): uniform.
+UNIFORM_ROUTING = 0.0
 
 #: The users at once the table prices (those past the cluster's cache capacity are left out).
 CLUSTER_USER_COUNTS = (1, 8, 32, 128, 512)
@@ -118,7 +123,7 @@ def step_bytes(shape: ClusterShape, users: int) -> float:
         return shape.weights_bytes * shape.active_params / shape.params + cache  # dense: the active weights
     per_expert = (shape.params - shape.active_params) / (experts - used)
     shared = shape.active_params - used * per_expert
-    read = shared + experts * per_expert * distinct_expert_share(used / experts, users)
+    read = shared + experts * per_expert * distinct_expert_share(used / experts, users, UNIFORM_ROUTING)
     return read * per_param + cache
 
 
