@@ -81,3 +81,5 @@ def test_bench_users_measures_users_at_once_records_it_and_check_uses_it(assets:
     assert rows[2]["per_user_decode_tokens_per_s"] == two["per_user_decode_tokens_per_s"]
     # 4 users on 2 slots: two wait, so the median first token comes later than with 2
     assert rows[4]["queued"] == 2 and rows[4]["first_token_p50_s"] > rows[2]["first_token_p50_s"]
+    human = run_cli("check", str(assets.gemma_gguf), "--users", "2", "--ctx", "512", env=env).stdout
+    assert "users at once:" in human and "bench --users" not in human  # measured: no call to measure

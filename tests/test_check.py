@@ -365,6 +365,7 @@ def test_users_at_once_plan_their_slots_one_kv_cache_and_judge_each_users_speed(
     assert all(c["est_decode_tokens_per_s"] < 20 for c in slow)
     human = " ".join(run_cli("check", "--gpu", "RTX 4090", "--ram", "64GiB", "--users", "8", "--min-speed", "20", env=env).stdout.split())
     assert "8 users at once:" in human and "meets the per-user floor of 20 tok/s" in human and "each user's with 8 at once" in human
+    assert "Estimated (published); `tierlocal bench --users 1,2,4` on the running serve measures them" in human  # nothing measured yet
 
 
 def test_a_local_token_is_priced_at_the_machines_hour_beside_the_api() -> None:

@@ -41,10 +41,15 @@ def _seconds(value: float | None) -> str:
 def render_users(
     out: Console, rows: Sequence[UsersSpeed], *, asked: int | None, min_speed: float | None, single: Mapping[str, float] | None = None
 ) -> None:
-    """The table and, for the users asked, a line against the per-user floor (``min_speed``)."""
+    """The table and, for the users asked, a line against the per-user floor (``min_speed``);
+    while no row is measured, how to measure them."""
     if not rows:
         return
     out.print(users_table_view(rows, asked=asked, min_speed=min_speed))
+    if all(row.basis != "measured" for row in rows):
+        out.print(
+            f"Estimated ({rows[0].basis}); `tierlocal bench --users 1,2,4` on the running serve measures them, and later plans use what it measured."
+        )
     row = next((row for row in rows if row.users == asked), None)
     if row is None:
         return
