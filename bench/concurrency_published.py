@@ -5,13 +5,15 @@ says (B × one sequence's speed).
 Each row's model is planned from its header in recipes/headers/ with every layer on its GPU
 (recipes/gpus.toml's figures, as `check --gpu` prices it), and one decode step of B sequences at the
 row's depth (PP + TG/2) is priced by tierlocal/fit/concurrency.py: aggregate decode = B ÷ step.
-The one figure fitted, the batch FLOP share of each backend, is fitted on the use = "fit" rows
-(least squares on log ratios over a grid) and only compared on the use = "test" rows. `--skews`
-also refits the shares with the routers skewed (tierlocal/fit/routing.py, α = 0, 0.1, … 2) and
-prints, per α, the loss on the fit rows and the error on both kinds of rows: the product keeps
-α = 0 (ROUTING_SKEW) until it is adopted.
+The batch FLOP share of each backend is fitted on the use = "fit" rows (least squares on log
+ratios over a grid) and only compared on the use = "test" rows. `--skews` also refits the shares
+with the routers skewed (tierlocal/fit/routing.py, α = 0, 0.1, … 2) and prints, per α, the loss on
+the fit rows and the error on both kinds of rows. `--layer-shares` refits the GPUs with each share
+of their overhead paid per layer (recipes/gpu_speed.toml [fit]; 0, 0.1, … 1), then α and the
+batch shares, and prints the fit rows' least loss at each: the product's α (ROUTING_SKEW) and
+per-layer share are the pair with the least (1.5 and 0.7, 2026-12-07).
 
-    .venv/bin/python -m bench.concurrency_published [--write] [--json FILE] [--rows] [--skews]
+    .venv/bin/python -m bench.concurrency_published [--write] [--json FILE] [--rows] [--skews] [--layer-shares]
 """
 
 from __future__ import annotations
