@@ -122,7 +122,7 @@ def _layer_shares(rows: list[dict[str, object]], specs: dict[str, ModelSpec]) ->
     for layer_share in LAYER_SHARES:
         fitted = fit_cards(published, cards, layer_share)
         gpus = {name: speed for name in {str(row["gpu"]) for row in rows} if (speed := gpu_speed_for(name, None, fitted)) is not None}
-        shares, total, skew = min(((*_fit(rows, specs, gpus, skew), skew) for skew in SKEWS), key=lambda fitted: fitted[1])
+        shares, total, skew = min(((*_fit(rows, specs, gpus, skew), skew) for skew in SKEWS), key=lambda result: result[1])
         errors = _errors(rows, specs, gpus, shares, skew)
         fit, test = errors["fit"], errors["test"]
         print(
