@@ -58,6 +58,7 @@ PURE = [
     "tierlocal.plan.recommend",
     "tierlocal.plan.candidates",
     "tierlocal.fit.digest",
+    "tierlocal.measure.probes",
     "tierlocal.report",
     "tierlocal.report.svg",
     "tierlocal.report.plan_view",

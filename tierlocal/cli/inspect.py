@@ -47,7 +47,11 @@ def inspect(source: str, as_json: bool) -> None:
 @click.command()
 @gpu_option
 @click.option("--calibrate", is_flag=True, help="Time the engine on probe models (a few minutes, once) and keep this CPU's speed figures for check.")
-@click.option("--quick", is_flag=True, help="With --calibrate: one timed run per probe instead of three (about half the time, noisier).")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="With --calibrate: one round of one timed run per probe instead of two rounds of two (about a third of the time, noisier).",
+)
 @json_option
 def hw(gpus: tuple[str, ...], calibrate: bool, quick: bool, as_json: bool) -> None:
     """Show this machine's GPUs, RAM, free disk and cores (or what --gpu describes).
@@ -64,7 +68,7 @@ def hw(gpus: tuple[str, ...], calibrate: bool, quick: bool, as_json: bool) -> No
     if quick and not calibrate:
         raise UsageError("--quick shortens --calibrate", hint="give both: tierlocal hw --calibrate --quick")
     if calibrate:
-        _calibrate(as_json, repeats=1 if quick else 3)
+        _calibrate(as_json, quick=quick)
         return
     hardware = machine(gpus)
     if as_json:
@@ -90,7 +94,7 @@ def _render_calibration_status() -> None:
         console().print(f"Speed calibration: {speed.note}.")
 
 
-def _calibrate(as_json: bool, *, repeats: int) -> None:
+def _calibrate(as_json: bool, *, quick: bool) -> None:
     # the probe writer needs the gguf package (and numpy): imported when probes run, not with `hw`
     from ..measure.calibrate import calibrate_cpu, memory_read_bytes_per_s, remove_stale_scratch, require_engine
 
@@ -102,7 +106,7 @@ def _calibrate(as_json: bool, *, repeats: int) -> None:
         say(f"removed {stale}, left by a calibration that did not finish")
     say(f"calibrating {key['cpu']} ({key['cores']} cores) with {binary} — a few minutes; nothing is downloaded")
     bandwidth = memory_read_bytes_per_s()
-    speed, raw = calibrate_cpu(binary, version, say=say, repeats=repeats)
+    speed, raw = calibrate_cpu(binary, version, say=say, repeats=1, rounds=1) if quick else calibrate_cpu(binary, version, say=say)
     speed = replace(speed, batch_row_share=_row_share(binary, speed, say))
     path = save_calibration(key, speed, raw, memory_bytes_per_s=bandwidth)
     if as_json:

@@ -24,6 +24,8 @@ class TimedRun:
     prompt: int
     decode_s: float
     prefill_s_per_token: float
+    #: Whether the decode fit uses it (a probe whose weights stay in the CPU's cache does not).
+    decode_fitted: bool = True
 
 
 def _solve(rows: Sequence[tuple[Features, float]], names: Sequence[str]) -> dict[str, float]:
@@ -57,7 +59,7 @@ def fit_device_speed(runs: Iterable[TimedRun], *, device: str = "cpu", note: str
     """
     runs = list(runs)
     decode_rows = []
-    for run in runs:  # the KV cache is read at the F16 rate, as estimate_speed prices it
+    for run in (run for run in runs if run.decode_fitted):  # the KV cache is read at the F16 rate, as estimate_speed prices it
         features = {name: amount for name, amount in run.decode.items() if name != "kv_bytes"}
         add_feature(features, "bytes:F16", run.decode.get("kv_bytes", 0.0))
         decode_rows.append((features, run.decode_s))

@@ -5,10 +5,13 @@ Probe models (sparse GGUFs, :mod:`tierlocal.gguf.synthetic`) are loaded one at a
 real llama-server on the CPU with its default threads, as `tierlocal serve` runs it; each answers
 a prompt of known length and generates a few tokens, and llama-server's own ``/completion``
 timings give seconds per prompt token and per decoded token. Wide and medium probes, two per
-weight type, fix that type's rates and its cost per matrix row; narrow probes of 4 and 32
-layers, a large vocabulary, long rows and a long prompt fix the fixed costs and attention (:func:`tierlocal.fit.speed.fit_device_speed`). A short
-memory-read probe gives the host's bandwidth. The result is filed under the CPU model, its
-cores and the engine build in ``$TIERLOCAL_HOME/calibration.json``.
+weight type, fix that type's rates and its cost per matrix row; a deep narrow probe, a tiny one,
+a large vocabulary and a long prompt fix the fixed costs and attention
+(:func:`tierlocal.fit.speed.fit_device_speed`). A short memory-read probe gives the host's
+bandwidth. The result is filed under the CPU model, its cores and the engine build in
+``$TIERLOCAL_HOME/calibration.json``.
+
+The probes are :mod:`tierlocal.measure.probes`.
 
 I/O: temporary files, the engine as a child process, HTTP on loopback, the cache file."""
 
@@ -35,7 +38,8 @@ from ..fit.calibration import TimedRun, fit_device_speed
 from ..fit.device_speed import DeviceSpeed
 from ..fit.model import model_spec
 from ..fit.speed import run_features
-from ..gguf.synthetic import ProbeShape, write_probe_gguf
+from ..gguf.synthetic import write_probe_gguf
+from .probes import PROBE_TYPES, PROBES, Probe
 
 if TYPE_CHECKING:
     import httpx2
@@ -45,14 +49,13 @@ __all__ = [
     "PROBES",
     "Probe",
     "calibrate_cpu",
+    "fastest_runs",
     "memory_read_bytes_per_s",
     "other_work_percent",
     "OtherWork",
     "remove_stale_scratch",
 ]
 
-#: Weight types timed: those the common GGUF quantisations are made of.
-PROBE_TYPES = ("Q2_K", "Q3_K", "Q4_0", "Q4_K", "IQ4_NL", "Q5_0", "Q5_K", "Q6_K", "Q8_0", "F16", "BF16")
 #: Tokens generated per timed request.
 DECODE_TOKENS = 32
 #: Prompt tokens of the warm-up request before a probe's timed ones: a batch, so it runs the
@@ -62,50 +65,17 @@ DECODE_TOKENS = 32
 WARMUP_TOKENS = 64
 #: Longest the engine may take to load a probe (s).
 LOAD_TIMEOUT_S = 120.0
-#: Longest a calibration may run (s), with three timed runs per probe and with one (--quick):
-#: four times what a quiet 2-core machine takes. Past it, if other work used the CPU meanwhile,
-#: the machine is too busy to measure; if not, the CPU is slow and the calibration carries on
-#: (an idle 2-core VPS once needed 12 minutes for the full run).
-TIME_LIMIT_S = 12 * 60.0
-QUICK_TIME_LIMIT_S = 6 * 60.0
+#: Longest a calibration may run (s), two rounds of two timed runs per probe and one round of
+#: one (--quick): about three times what a 2-core VPS takes. Past it, if other work used the CPU
+#: meanwhile, the machine is too busy to measure; if not, the CPU is slow and the calibration
+#: carries on (an idle 2-core VPS once needed 12 minutes for one round of three).
+TIME_LIMIT_S = 24 * 60.0
+QUICK_TIME_LIMIT_S = 9 * 60.0
 #: Share of the CPU other work may use before calibrating (psutil, over one second) without a
 #: warning that the timings will read slow.
 BUSY_CPU_PERCENT = 25.0
 #: Scratch directories: tierlocal-calibrate-PID-…; those of a process that is gone are removed.
 SCRATCH_PREFIX = "tierlocal-calibrate-"
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A probe model and the prompt it is timed with."""
-
-    shape: ProbeShape
-    prompt: int = 512
-
-
-def _wide(weight_type: str) -> Probe:
-    return Probe(ProbeShape(f"wide-{weight_type}", 8, 2048, 4 * 2048, 16, 4, 128, 4096, weight_type))
-
-
-def _medium(weight_type: str) -> Probe:
-    """Rows of 768: with the wide probe, the type's cost per row apart from its byte rate."""
-    return Probe(ProbeShape(f"medium-{weight_type}", 12, 768, 4 * 768, 6, 2, 128, 4096, weight_type), prompt=256)
-
-
-_NARROW = ProbeShape("narrow-32", 32, 256, 768, 2, 2, 128, 4096, "Q8_0")
-PROBES: tuple[Probe, ...] = (
-    *(_wide(weight_type) for weight_type in PROBE_TYPES),
-    *(_medium(weight_type) for weight_type in PROBE_TYPES),
-    Probe(_NARROW),
-    Probe(replace(_NARROW, name="narrow-32-long"), prompt=2048),
-    Probe(replace(_NARROW, name="narrow-4", n_layer=4)),
-    Probe(replace(_NARROW, name="narrow-4-vocab", n_layer=4, n_vocab=131072)),
-    # many short rows without a large vocabulary: the per-row cost apart from sampling's
-    Probe(replace(_NARROW, name="narrow-4-tall", n_layer=4, n_ff=32 * 1024)),
-    # experts: zero weights route every token to the same experts (as the sparse test models do)
-    # 12 blocks: a prompt long enough (seconds) to run at the CPU's sustained speed, as real ones do
-    Probe(ProbeShape("experts-Q4_K", 12, 2048, 768, 16, 4, 128, 4096, "Q4_K", n_expert=32, n_expert_used=8)),
-)
 
 
 def _free_port() -> int:
@@ -267,18 +237,23 @@ def calibrate_cpu(
     *,
     say: Callable[[str], None],
     probes: tuple[Probe, ...] = PROBES,
-    repeats: int = 3,
+    repeats: int = 2,
+    rounds: int = 2,
     time_limit_s: float | None = None,
 ) -> tuple[DeviceSpeed, list[dict[str, object]]]:
-    """Time every probe (``repeats`` timed requests each, the median kept) and fit this CPU's
-    figures. Returns them and the raw timings. Says first when other work keeps the CPU busy
-    (the timings will read slow), and stops past ``time_limit_s`` (default
-    :data:`TIME_LIMIT_S`, :data:`QUICK_TIME_LIMIT_S` with one run per probe) if other work used
-    the CPU meanwhile; on an idle CPU it says so and carries on.
+    """Time every probe in ``rounds`` rounds (``repeats`` timed requests each, the median kept),
+    keep each probe's fastest prefill and decode of the rounds, and fit this CPU's figures.
+    Returns them and the raw timings. Other work on a shared machine only ever slows a timing,
+    and for minutes at a time: on a 2-core VPS one probe's decode read 8.9 GB/s in one round and
+    11.3 an hour later, beside an 8B model's 11.5-12.8, so a probe timed once can put a weight
+    type a quarter slow. Says first when other work keeps the CPU busy (the timings will read
+    slow), and stops past ``time_limit_s`` (default :data:`TIME_LIMIT_S`,
+    :data:`QUICK_TIME_LIMIT_S` with one run per probe) if other work used the CPU meanwhile; on
+    an idle CPU it says so and carries on.
 
     Timings skewed by other work on the machine can leave a weight type's rate undetermined
-    (the fit drives it to zero): then every probe is timed once more and the fit sees both
-    rounds.
+    (the fit drives it to zero): then every probe is timed once more and the fit sees the
+    fastest of all rounds.
 
     Raises:
         EngineFailed: the engine failed a probe.
@@ -288,23 +263,41 @@ def calibrate_cpu(
     busy = other_work_percent()
     if busy > BUSY_CPU_PERCENT:
         say(f"warning: other work keeps {busy:.0f}% of the CPU busy: the timings will read slow (calibrate on an idle machine for figures that hold)")
-    limit = time_limit_s if time_limit_s is not None else (QUICK_TIME_LIMIT_S if repeats == 1 else TIME_LIMIT_S)
+    quick = repeats == 1 and rounds == 1
+    limit = time_limit_s if time_limit_s is not None else (QUICK_TIME_LIMIT_S if quick else TIME_LIMIT_S)
     deadline = _Deadline(limit, OtherWork(), say)
     runs: list[TimedRun] = []
     raw: list[dict[str, object]] = []
-    quick = ", one timed run per probe" if repeats == 1 else ""
-    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} (tierlocal hw --calibrate{quick})"
-    _time_probes(binary, probes, repeats, runs, raw, say, deadline)
+    how = "tierlocal hw --calibrate" + (", one timed run per probe" if quick else "")
+    note = f"calibrated {time.strftime('%Y-%m-%d')} with {binary.name} {engine_version} ({how})"
+    for round_ in range(1, rounds + 1):
+        if rounds > 1:
+            say(f"round {round_} of {rounds} (each probe's fastest round is kept: other work only slows a timing)")
+        _time_probes(binary, probes, repeats, runs, raw, say, deadline)
     try:
-        return fit_device_speed(runs, device="cpu", note=note), raw
+        return fit_device_speed(fastest_runs(runs), device="cpu", note=note), raw
     except ValueError as exc:
         say(f"{exc} (a busy machine?); timing the probes once more")
     _time_probes(binary, probes, repeats, runs, raw, say, deadline)
     try:
-        return fit_device_speed(runs, device="cpu", note=note), raw
+        return fit_device_speed(fastest_runs(runs), device="cpu", note=note), raw
     except ValueError as exc:
         hint = "other work on this machine skews them; run `tierlocal hw --calibrate` again when it is idle"
         raise CalibrationFailed(f"the timings do not fit: {exc}", hint=hint) from None
+
+
+def fastest_runs(runs: list[TimedRun]) -> list[TimedRun]:
+    """One run per probe, in first-timed order: its fastest decode and its fastest prefill of
+    the rounds it was timed in."""
+    fastest: dict[str, TimedRun] = {}
+    for run in runs:
+        kept = fastest.get(run.name)
+        fastest[run.name] = (
+            run
+            if kept is None
+            else replace(kept, decode_s=min(kept.decode_s, run.decode_s), prefill_s_per_token=min(kept.prefill_s_per_token, run.prefill_s_per_token))
+        )
+    return list(fastest.values())
 
 
 def _time_probes(
@@ -336,10 +329,19 @@ def _time_probes(
             features = run_features(spec, depth=probe.prompt + DECODE_TOKENS // 2, prompt=probe.prompt)
             runs.append(
                 TimedRun(
-                    probe.shape.name, features.decode["host"], features.prefill["host"], features.once["host"], probe.prompt, decode_s, prefill_s
+                    probe.shape.name,
+                    features.decode["host"],
+                    features.prefill["host"],
+                    features.once["host"],
+                    probe.prompt,
+                    decode_s,
+                    prefill_s,
+                    decode_fitted=probe.decode_fitted,
                 )
             )
-            raw.append({"probe": probe.shape.name, "prompt": probe.prompt, "prefill_s_per_token": prefill_s, "decode_s_per_token": decode_s})
+            raw.append(
+                {"probe": probe.shape.name, "prompt": probe.prompt, "prefill_s_per_token": prefill_s, "decode_s_per_token": decode_s}
+            )  # every round
             say(
                 f"[{index}/{len(probes)}] {probe.shape.name}: prefill {1 / prefill_s:,.1f} tok/s, decode {1 / decode_s:,.1f} tok/s "
                 f"({time.monotonic() - started:.0f} s)"
