@@ -53,6 +53,9 @@ def test_calibrate_files_this_cpu_and_check_estimates_gemma_from_it(assets: Asse
     # give what a further sequence pays of a mat-vec; check prices users at once with it.
     assert "batched decode: 3 sequences at once take" in done.stderr
     assert 0.05 < result["speed"]["batch_row_share"] < 1.5
+    # and on the deep narrow Q8_0 probe, what a further sequence pays per short row (tinyBLAS)
+    assert "batched decode, 186 narrow layers: 3 sequences at once take" in done.stderr
+    assert 0.0 <= result["speed"]["sequence_row_s"] <= 1e-6
     filed = json.loads((isolated_env / "calibration.json").read_text())
     assert filed[-1]["key"] == result["key"] and len(filed[-1]["probes"]) == len(PROBES)
 

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from gguf import GGMLQuantizationType
 
 from tests.support.sparse_models import LLAMA3_8B, QWEN3_30B_A3B, write_sparse_gguf
 from tierlocal.catalog import _read_compact, load_batch_shares, load_expert_grouped_from, recipes_dir
@@ -139,6 +140,26 @@ def test_the_cpu_kernels_are_the_engines_for_each_type(tmp_path: Path) -> None:
     assert costs.repacked_matvec_s < costs.step_s and costs.repacked_row_s == pytest.approx(CPU_ROW_COMPUTE_SHARE * costs.repacked_matvec_s)
     assert costs.row_s > 0  # the Q6_K output, row by row
     assert costs.decode_step_s(2) == pytest.approx(costs.step_s + costs.sequence_s + costs.row_s + costs.repacked_row_s)
+
+
+def test_a_further_sequence_pays_a_cost_per_row_of_the_types_multiplied_as_a_batch_only(tmp_path: Path) -> None:
+    """Short rows use the CPU's batched (tinyBLAS) kernel poorly: on this project's CPU three
+    sequences of a 640-wide Q8_0 model took 1.61x one's step where FLOPs said 1.27x. The cost per
+    row is added to a further sequence for those types (F16 here), not for a repacked one (Q4_K)
+    or one multiplied row by row (Q6_K), whose further rows are priced already."""
+    spec = model_spec(read_headers(str(write_sparse_gguf(tmp_path / "llama.gguf", replace(LLAMA3_8B, weight_type=GGMLQuantizationType.F16)))))
+    kernels = cpu_kernels("x86_64", frozenset({"Q4_K"}))
+    plain = batch_costs(spec, RunRequest(ctx=4096, parallel=4), {"host": CPU, "gpu": None}, cpu=kernels)
+    timed = batch_costs(spec, RunRequest(ctx=4096, parallel=4), {"host": replace(CPU, sequence_row_s=1e-8), "gpu": None}, cpu=kernels)
+    assert plain is not None and timed is not None and timed.step_s == plain.step_s
+    f16_rows = sum(t.shape[1] for t in spec.tensors if t.layer >= 0 and t.ggml_type == "F16" and len(t.shape) == 2 and min(t.shape) > 1)
+    assert timed.sequence_s - plain.sequence_s == pytest.approx(f16_rows * 1e-8)
+    # the same shape in Q4_K (repacked) and its Q6_K output (row by row): nothing added
+    q4 = model_spec(read_headers(str(write_sparse_gguf(tmp_path / "q4.gguf", LLAMA3_8B))))
+    costs = [
+        batch_costs(q4, RunRequest(ctx=4096, parallel=4), {"host": replace(CPU, sequence_row_s=x), "gpu": None}, cpu=kernels) for x in (0.0, 1e-8)
+    ]
+    assert costs[0] == costs[1]
 
 
 def _estimate(spec):  # type: ignore[no-untyped-def]

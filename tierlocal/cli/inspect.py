@@ -108,6 +108,7 @@ def _calibrate(as_json: bool, *, quick: bool) -> None:
     bandwidth = memory_read_bytes_per_s()
     speed, raw = calibrate_cpu(binary, version, say=say, repeats=1, rounds=1) if quick else calibrate_cpu(binary, version, say=say)
     speed = replace(speed, batch_row_share=_row_share(binary, speed, say))
+    speed = replace(speed, sequence_row_s=_sequence_row_s(binary, speed, say))
     path = save_calibration(key, speed, raw, memory_bytes_per_s=bandwidth)
     if as_json:
         print_json({"key": key, "file": str(path), "memory_read_bytes_per_s": round(bandwidth), "speed": speed.to_json()})
@@ -128,6 +129,18 @@ def _row_share(binary: Path, speed: DeviceSpeed, say: Callable[[str], None]) -> 
     return measure_row_share(binary, speed, arch, frozenset(repack_rules(arch, cpu_features())), say=say)
 
 
+def _sequence_row_s(binary: Path, speed: DeviceSpeed, say: Callable[[str], None]) -> float:
+    """What a further sequence of a decode batch pays per row of a batched type on this CPU (:mod:`tierlocal.measure.calibrate_batch`)."""
+    import platform
+
+    from ..fit.host_memory import repack_rules
+    from ..hardware.detect import cpu_features
+    from ..measure.calibrate_batch import measure_sequence_row_s
+
+    arch = platform.machine().lower()
+    return measure_sequence_row_s(binary, speed, arch, frozenset(repack_rules(arch, cpu_features())), say=say)
+
+
 def render_calibration(speed: DeviceSpeed, memory_bytes_per_s: float) -> None:
     """The fitted figures: per weight type, then the fixed costs."""
     out = console()
@@ -146,6 +159,10 @@ def render_calibration(speed: DeviceSpeed, memory_bytes_per_s: float) -> None:
     )
     if speed.batch_row_share is not None:
         out.print(f"In a decode batch, each further sequence's row-by-row mat-vecs cost {speed.batch_row_share:.2f} of one sequence's.")
+    if speed.sequence_row_s:
+        out.print(
+            f"Each further sequence of a decode batch pays {speed.sequence_row_s * 1e9:.1f} ns per matrix row of a batched type beyond its FLOPs."
+        )
 
 
 def _heads(value: int | list[int] | None) -> str:

@@ -9,7 +9,9 @@ generating into one batch, with prompt tokens of slots still reading theirs behi
 - once, what one sequence's step pays (the weights read, the fixed costs per step and layer);
 - per further sequence, its own work: one token's FLOPs through every matrix (the output layer
   included) at the device's prefill FLOP/s × :attr:`~.device_speed.DeviceSpeed.batch_flops_share`,
-  its KV cache read at its depth, and sampling over the vocabulary;
+  its KV cache read at its depth, sampling over the vocabulary, and on a CPU a cost per matrix
+  row of the types multiplied as a batch (:attr:`~.device_speed.DeviceSpeed.sequence_row_s`,
+  timed by its calibration);
 - for a mixture of experts, the experts B tokens route to: the expected share of a layer's
   experts that B tokens read (:func:`~.routing.distinct_expert_share`: k/E for one token, toward
   1 as B grows, slower than 1 − (1 − k/E)^B because routers favour some experts), so a step
@@ -159,8 +161,8 @@ def _device_costs(run: RunFeatures, name: str, speed: DeviceSpeed, kernels: CpuK
             costs["repacked_row_s"] += row_share * matvec
             costs["repacked_block_s"] += matvec + 4 * token  # the weights read as one row reads them, then four rows' FLOPs
             costs["repacked_token_s"] += token
-        else:
-            costs["sequence_s"] += token / share
+        else:  # multiplied as a batch: its FLOPs, and a cost per row that short rows make felt
+            costs["sequence_s"] += token / share + gemv.get(ggml_type, {}).get(f"rows:{ggml_type}", 0.0) * speed.sequence_row_s
     costs["sequence_s"] += prefill.get("elems", 0.0) * speed.prefill_element_s
     costs["sequence_s"] += decode.get("kv_bytes", 0.0) / speed.rate(speed.decode_bytes_per_s, "F16")[0]
     costs["sequence_s"] += decode.get("vocab", 0.0) * speed.vocab_overhead_s

@@ -53,6 +53,10 @@ class DeviceSpeed:
     #: A CPU's share of a mat-vec that a further gemv row of the same decode batch pays
     #: (:data:`tierlocal.fit.cpu_kernels.CPU_ROW_COMPUTE_SHARE` unless `hw --calibrate` timed it).
     batch_row_share: float | None = None
+    #: A CPU's seconds per matrix row that each further sequence of a decode batch pays beyond
+    #: its FLOPs in a type multiplied as a batch (tinyBLAS): short rows use the kernel's tiles
+    #: poorly; timed by `hw --calibrate` on a deep narrow probe, else 0.
+    sequence_row_s: float = 0.0
     #: How many times a GPU's expert mat-mul (mul_mat_id) streams the weights of the experts a
     #: prompt batch touches, at its decode byte rate, beside the FLOPs: few rows per expert keep it
     #: bound by the reads. 0: not counted (a CPU's experts are timed by its calibration's probe).
@@ -108,6 +112,7 @@ class DeviceSpeed:
             "prefill_element_s": self.prefill_element_s,
             "batch_flops_share": self.batch_flops_share,
             "batch_row_share": self.batch_row_share,
+            "sequence_row_s": self.sequence_row_s,
             "expert_batch_reads": self.expert_batch_reads,
             "expert_grouped_from": self.expert_grouped_from,
             "expert_tile_tokens": self.expert_tile_tokens,
@@ -164,6 +169,7 @@ class DeviceSpeed:
             prefill_element_s=number("prefill_element_s"),
             batch_flops_share=number("batch_flops_share") or 1.0,
             batch_row_share=number("batch_row_share") if data.get("batch_row_share") is not None else None,
+            sequence_row_s=number("sequence_row_s"),
             expert_batch_reads=number("expert_batch_reads"),
             expert_grouped_from=max(1, min(int(number("expert_grouped_from")), 4096)),
             expert_tile_tokens=max(0, min(int(number("expert_tile_tokens")), 4096)),

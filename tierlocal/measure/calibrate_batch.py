@@ -6,6 +6,13 @@ share of a mat-vec that each further row pays (:data:`tierlocal.fit.cpu_kernels.
 until now) is the one that makes the concurrency model's four-sequence step match the measured
 ratio. Other CPUs than x86 share the reads of every type: nothing to time there.
 
+A second probe, deep and narrow (186 layers of 256, Q8_0: a type llama.cpp multiplies as a batch,
+tinyBLAS), times the same way what each further sequence pays per matrix row beyond its FLOPs
+(:attr:`~tierlocal.fit.device_speed.DeviceSpeed.sequence_row_s`): on a 2-core VPS three
+sequences of a 36-layer 640-wide Q8_0 model took 1.61x one sequence's step where FLOPs at the
+prefill rate said 1.27x, while a 2,048-wide one took 1.31x (1.27x): short rows use the kernel's
+tiles poorly.
+
 I/O: a temporary probe file, the engine as a child process, HTTP on loopback, threads."""
 
 from __future__ import annotations
@@ -27,14 +34,27 @@ from ..fit.estimate import RunRequest
 from ..fit.model import model_spec
 from ..gguf.synthetic import ProbeShape, write_probe_gguf
 from .calibrate import LOAD_TIMEOUT_S, SCRATCH_PREFIX, _free_port
+from .probes import PROBES
 
 if TYPE_CHECKING:
     import httpx2
 
-__all__ = ["BATCH_PROBE", "BATCH_SEQUENCES", "row_share_from", "measure_row_share"]
+__all__ = [
+    "BATCH_PROBE",
+    "ROW_PROBE",
+    "BATCH_SEQUENCES",
+    "row_share_from",
+    "measure_row_share",
+    "sequence_row_s_from",
+    "measure_sequence_row_s",
+]
 
 #: The batched probe: a wide Q6_K model (Q6_K is neither repacked nor tinyBLAS on x86).
 BATCH_PROBE = ProbeShape("batch-Q6_K", 8, 2048, 4 * 2048, 16, 4, 128, 4096, "Q6_K")
+#: The per-row probe: many narrow Q8_0 layers, so a further sequence's cost per short row shows.
+ROW_PROBE = next(probe.shape for probe in PROBES if probe.shape.name == "narrow-deep")
+#: The range a measured cost per row is kept within (s).
+_ROW_RANGE = (0.0, 1e-6)
 #: Sequences decoding at once in the batched request.
 BATCH_SEQUENCES = 3
 #: Prompt tokens of each request (each its own) and tokens each generates.
@@ -132,3 +152,38 @@ def measure_row_share(binary: Path, host: DeviceSpeed, cpu_arch: str, repacked: 
         f"a further row pays {share:.2f} of a mat-vec"
     )
     return share
+
+
+def sequence_row_s_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], alone_s: float, together_s: float) -> float:
+    """The cost per row of a further sequence that makes the model's step of
+    :data:`BATCH_SEQUENCES` sequences, as a multiple of its one-sequence step, what the engine's
+    was (the step is linear in it), within :data:`_ROW_RANGE` (s)."""
+    from ..fetch.sources import read_headers  # only when probes run: the hub client is a slow import
+
+    spec = model_spec(read_headers(str(spec_path)))
+    request = RunRequest(ctx=BATCH_SEQUENCES * 512, parallel=BATCH_SEQUENCES, ngl=0, kv_unified=True)
+    kernels = cpu_kernels(cpu_arch, repacked)
+
+    def steps(per_row: float) -> tuple[float, float]:
+        costs = batch_costs(spec, request, {"host": replace(host, sequence_row_s=per_row), "gpu": None}, cpu=kernels, prompt=_PROMPT)
+        assert costs is not None
+        return costs.decode_step_s(1), costs.decode_step_s(BATCH_SEQUENCES)
+
+    one, none = steps(0.0)
+    _, unit = steps(1e-8)
+    per_row = 1e-8 * (together_s / alone_s * one - none) / (unit - none) if unit > none else 0.0
+    return min(max(per_row, _ROW_RANGE[0]), _ROW_RANGE[1])
+
+
+def measure_sequence_row_s(binary: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], *, say: Callable[[str], None]) -> float:
+    """Time the per-row probe alone and :data:`BATCH_SEQUENCES` at once, and return what a
+    further sequence pays per row of a batched type on this CPU (s)."""
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}batch-") as scratch:
+        path = write_probe_gguf(Path(scratch) / f"{ROW_PROBE.name}.gguf", ROW_PROBE)
+        alone, together = _steps(binary, path, Path(scratch))
+        per_row = sequence_row_s_from(path, host, cpu_arch, repacked, alone, together)
+    say(
+        f"batched decode, {ROW_PROBE.n_layer} narrow layers: {BATCH_SEQUENCES} sequences at once take {together / alone:.2f}× one "
+        f"sequence's step; a further sequence pays {per_row * 1e9:.1f} ns a row beyond its FLOPs"
+    )
+    return per_row
