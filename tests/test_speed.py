@@ -118,6 +118,9 @@ def test_the_calibration_fit_recovers_the_figures_that_timed_the_probes(tmp_path
             )
         )
     fitted = fit_device_speed(runs)
+    # without a probe the decode fit prices, the fit refuses (calibrate_cpu times them again, then says so)
+    with pytest.raises(ValueError, match="no probe that the decode fit prices"):
+        fit_device_speed([run for run in runs if not run.decode_fitted])
     # a probe left out of the decode fit does not move it, however slow it read
     slowed = [replace(run, decode_s=run.decode_s * 3) if not run.decode_fitted else run for run in runs]
     assert fit_device_speed(slowed).decode_row_s == fitted.decode_row_s and fitted.decode_row_s

@@ -55,7 +55,8 @@ def fit_device_speed(runs: Iterable[TimedRun], *, device: str = "cpu", note: str
     """Effective figures that reproduce ``runs`` best (relative least squares, non-negative).
 
     Raises:
-        ValueError: the runs do not determine a rate for some weight type they contain.
+        ValueError: the runs do not determine a rate for some weight type they contain, or none
+            of them is in the decode fit.
     """
     runs = list(runs)
     decode_rows = []
@@ -63,6 +64,8 @@ def fit_device_speed(runs: Iterable[TimedRun], *, device: str = "cpu", note: str
         features = {name: amount for name, amount in run.decode.items() if name != "kv_bytes"}
         add_feature(features, "bytes:F16", run.decode.get("kv_bytes", 0.0))
         decode_rows.append((features, run.decode_s))
+    if not decode_rows:
+        raise ValueError("no probe that the decode fit prices by its matrices was timed")
     decode_names = sorted({name for features, _ in decode_rows for name in features})
     decode = _solve(decode_rows, decode_names)
     prefill_rows = []
