@@ -117,24 +117,32 @@ def _steps(binary: Path, model: Path, log_dir: Path) -> tuple[float, float]:
         child.stop()
 
 
-def row_share_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], alone_s: float, together_s: float) -> float:
-    """The further-row share that makes the model's step of :data:`BATCH_SEQUENCES` sequences, as
-    a multiple of its one-sequence step, what the engine's was (the step is linear in the share)."""
+def _matching(
+    spec_path: Path, host_with: Callable[[float], DeviceSpeed], cpu_arch: str, repacked: frozenset[str], ratio: float, unit: float
+) -> float:
+    """The value ``v`` for which the model's step of :data:`BATCH_SEQUENCES` sequences on
+    ``host_with(v)`` is ``ratio`` times its one-sequence step (the step is linear in it: read at
+    0 and at ``unit``); ``-1.0`` when ``v`` does not move the step."""
     from ..fetch.sources import read_headers  # only when probes run: the hub client is a slow import
 
     spec = model_spec(read_headers(str(spec_path)))
     request = RunRequest(ctx=BATCH_SEQUENCES * 512, parallel=BATCH_SEQUENCES, ngl=0, kv_unified=True)
     kernels = cpu_kernels(cpu_arch, repacked)
 
-    def steps(share: float) -> tuple[float, float]:
-        costs = batch_costs(spec, request, {"host": replace(host, batch_row_share=share), "gpu": None}, cpu=kernels, prompt=_PROMPT)
+    def steps(value: float) -> tuple[float, float]:
+        costs = batch_costs(spec, request, {"host": host_with(value), "gpu": None}, cpu=kernels, prompt=_PROMPT)
         assert costs is not None
         return costs.decode_step_s(1), costs.decode_step_s(BATCH_SEQUENCES)
 
     one, none = steps(0.0)
-    _, full = steps(1.0)
-    target = together_s / alone_s * one
-    share = (target - none) / (full - none) if full > none else _SHARE_RANGE[0]
+    _, moved = steps(unit)
+    return unit * (ratio * one - none) / (moved - none) if moved > none else -1.0
+
+
+def row_share_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], alone_s: float, together_s: float) -> float:
+    """The further-row share that makes the model's step of :data:`BATCH_SEQUENCES` sequences, as
+    a multiple of its one-sequence step, what the engine's was, within :data:`_SHARE_RANGE`."""
+    share = _matching(spec_path, lambda value: replace(host, batch_row_share=value), cpu_arch, repacked, together_s / alone_s, 1.0)
     return min(max(share, _SHARE_RANGE[0]), _SHARE_RANGE[1])
 
 
@@ -157,21 +165,8 @@ def measure_row_share(binary: Path, host: DeviceSpeed, cpu_arch: str, repacked: 
 def sequence_row_s_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], alone_s: float, together_s: float) -> float:
     """The cost per row of a further sequence that makes the model's step of
     :data:`BATCH_SEQUENCES` sequences, as a multiple of its one-sequence step, what the engine's
-    was (the step is linear in it), within :data:`_ROW_RANGE` (s)."""
-    from ..fetch.sources import read_headers  # only when probes run: the hub client is a slow import
-
-    spec = model_spec(read_headers(str(spec_path)))
-    request = RunRequest(ctx=BATCH_SEQUENCES * 512, parallel=BATCH_SEQUENCES, ngl=0, kv_unified=True)
-    kernels = cpu_kernels(cpu_arch, repacked)
-
-    def steps(per_row: float) -> tuple[float, float]:
-        costs = batch_costs(spec, request, {"host": replace(host, sequence_row_s=per_row), "gpu": None}, cpu=kernels, prompt=_PROMPT)
-        assert costs is not None
-        return costs.decode_step_s(1), costs.decode_step_s(BATCH_SEQUENCES)
-
-    one, none = steps(0.0)
-    _, unit = steps(1e-8)
-    per_row = 1e-8 * (together_s / alone_s * one - none) / (unit - none) if unit > none else 0.0
+    was, within :data:`_ROW_RANGE` (s)."""
+    per_row = _matching(spec_path, lambda value: replace(host, sequence_row_s=value), cpu_arch, repacked, together_s / alone_s, 1e-8)
     return min(max(per_row, _ROW_RANGE[0]), _ROW_RANGE[1])
 
 
