@@ -151,15 +151,18 @@ def measure_row_share(binary: Path, host: DeviceSpeed, cpu_arch: str, repacked: 
     type is multiplied row by row)."""
     if cpu_kernels(cpu_arch, repacked).kind(BATCH_PROBE.weight_type) != "per-row":
         return None
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}batch-") as scratch:
-        path = write_probe_gguf(Path(scratch) / f"{BATCH_PROBE.name}.gguf", BATCH_PROBE)
-        alone, together = _steps(binary, path, Path(scratch))
-        share = row_share_from(path, host, cpu_arch, repacked, alone, together)
-    say(
-        f"batched decode: {BATCH_SEQUENCES} sequences at once take {together / alone:.2f}× one sequence's step; "
-        f"a further row pays {share:.2f} of a mat-vec"
-    )
+    ratio, share = _timed(binary, BATCH_PROBE, lambda path, alone, together: row_share_from(path, host, cpu_arch, repacked, alone, together))
+    say(f"batched decode: {BATCH_SEQUENCES} sequences at once take {ratio:.2f}× one sequence's step; a further row pays {share:.2f} of a mat-vec")
     return share
+
+
+def _timed(binary: Path, shape: ProbeShape, solve: Callable[[Path, float, float], float]) -> tuple[float, float]:
+    """Write ``shape``, time one sequence's step and :data:`BATCH_SEQUENCES` at once, and return
+    their ratio and what ``solve(probe path, alone s, together s)`` makes of them."""
+    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}batch-") as scratch:
+        path = write_probe_gguf(Path(scratch) / f"{shape.name}.gguf", shape)
+        alone, together = _steps(binary, path, Path(scratch))
+        return together / alone, solve(path, alone, together)
 
 
 def sequence_row_s_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], alone_s: float, together_s: float) -> float:
@@ -173,12 +176,9 @@ def sequence_row_s_from(spec_path: Path, host: DeviceSpeed, cpu_arch: str, repac
 def measure_sequence_row_s(binary: Path, host: DeviceSpeed, cpu_arch: str, repacked: frozenset[str], *, say: Callable[[str], None]) -> float:
     """Time the per-row probe alone and :data:`BATCH_SEQUENCES` at once, and return what a
     further sequence pays per row of a batched type on this CPU (s)."""
-    with tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}batch-") as scratch:
-        path = write_probe_gguf(Path(scratch) / f"{ROW_PROBE.name}.gguf", ROW_PROBE)
-        alone, together = _steps(binary, path, Path(scratch))
-        per_row = sequence_row_s_from(path, host, cpu_arch, repacked, alone, together)
+    ratio, per_row = _timed(binary, ROW_PROBE, lambda path, alone, together: sequence_row_s_from(path, host, cpu_arch, repacked, alone, together))
     say(
-        f"batched decode, {ROW_PROBE.n_layer} narrow layers: {BATCH_SEQUENCES} sequences at once take {together / alone:.2f}× one "
+        f"batched decode, {ROW_PROBE.n_layer} narrow layers: {BATCH_SEQUENCES} sequences at once take {ratio:.2f}× one "
         f"sequence's step; a further sequence pays {per_row * 1e9:.1f} ns a row beyond its FLOPs"
     )
     return per_row
