@@ -107,8 +107,7 @@ def _calibrate(as_json: bool, *, quick: bool) -> None:
     say(f"calibrating {key['cpu']} ({key['cores']} cores) with {binary} — a few minutes; nothing is downloaded")
     bandwidth = memory_read_bytes_per_s()
     speed, raw = calibrate_cpu(binary, version, say=say, repeats=1, rounds=1) if quick else calibrate_cpu(binary, version, say=say)
-    speed = replace(speed, batch_row_share=_row_share(binary, speed, say))
-    speed = replace(speed, sequence_row_s=_sequence_row_s(binary, speed, say))
+    speed = _with_batch_figures(binary, speed, say)
     path = save_calibration(key, speed, raw, memory_bytes_per_s=bandwidth)
     if as_json:
         print_json({"key": key, "file": str(path), "memory_read_bytes_per_s": round(bandwidth), "speed": speed.to_json()})
@@ -117,28 +116,19 @@ def _calibrate(as_json: bool, *, quick: bool) -> None:
     console().print(f"Saved to {path}; `tierlocal check SOURCE` uses it for this CPU and engine build.")
 
 
-def _row_share(binary: Path, speed: DeviceSpeed, say: Callable[[str], None]) -> float | None:
-    """This CPU's further-row share in a decode batch (:mod:`tierlocal.measure.calibrate_batch`)."""
+def _with_batch_figures(binary: Path, speed: DeviceSpeed, say: Callable[[str], None]) -> DeviceSpeed:
+    """``speed`` with this CPU's further-row share and per-row cost of a decode batch timed
+    (:mod:`tierlocal.measure.calibrate_batch`; the row share first: the per-row probe's step reads it)."""
     import platform
 
     from ..fit.host_memory import repack_rules
     from ..hardware.detect import cpu_features
-    from ..measure.calibrate_batch import measure_row_share
+    from ..measure.calibrate_batch import measure_row_share, measure_sequence_row_s
 
     arch = platform.machine().lower()
-    return measure_row_share(binary, speed, arch, frozenset(repack_rules(arch, cpu_features())), say=say)
-
-
-def _sequence_row_s(binary: Path, speed: DeviceSpeed, say: Callable[[str], None]) -> float:
-    """What a further sequence of a decode batch pays per row of a batched type on this CPU (:mod:`tierlocal.measure.calibrate_batch`)."""
-    import platform
-
-    from ..fit.host_memory import repack_rules
-    from ..hardware.detect import cpu_features
-    from ..measure.calibrate_batch import measure_sequence_row_s
-
-    arch = platform.machine().lower()
-    return measure_sequence_row_s(binary, speed, arch, frozenset(repack_rules(arch, cpu_features())), say=say)
+    repacked = frozenset(repack_rules(arch, cpu_features()))
+    speed = replace(speed, batch_row_share=measure_row_share(binary, speed, arch, repacked, say=say))
+    return replace(speed, sequence_row_s=measure_sequence_row_s(binary, speed, arch, repacked, say=say))
 
 
 def render_calibration(speed: DeviceSpeed, memory_bytes_per_s: float) -> None:
