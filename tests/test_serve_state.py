@@ -80,3 +80,31 @@ def test_a_malformed_or_stale_file_is_skipped(tmp_path, monkeypatch) -> None:
     (tmp_path / "run" / "serve-8081.json").write_text(json.dumps({"url": "http://x", "pid": os.getpid(), "engine": "e", "argv": "not a list"}))
     (tmp_path / "run" / "serve-8082.json").write_text("{")
     assert [server.url for server in running_servers()] == ["http://127.0.0.1:8080"]
+
+
+def test_a_sets_state_written_from_several_threads_at_once_is_always_whole(tmp_path, monkeypatch) -> None:
+    """A model set writes its state from the event loop and from the threads that load and unload
+    members: two writers sharing one temporary file lost it between write and rename (CI:
+    FileNotFoundError on set-PORT.tmp, and the member's load answered 503)."""
+    import threading
+
+    from tierlocal.serve.state import running_sets, write_set_state
+
+    monkeypatch.setenv("TIERLOCAL_HOME", str(tmp_path))
+    failures: list[BaseException] = []
+
+    def writer(index: int) -> None:
+        try:
+            for step in range(300):
+                write_set_state(8080, {"url": "http://127.0.0.1:8080", "pid": os.getpid(), "writer": index, "step": step})
+        except BaseException as exc:  # reported below, in the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    (state,) = running_sets(8080)
+    assert state["step"] == 299 and not list((tmp_path / "run").glob("*.tmp"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,10 +188,18 @@ def write_starting(port: int, payload: dict[str, object]) -> Path:
     running", until the state file takes over once the load is checked against the plan."""
     path = starting_path(port)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(payload))
-    os.replace(temporary, path)
+    _replace_whole(path, json.dumps(payload))
     return path
+
+
+def _replace_whole(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (a reader never sees half of it), through a
+    temporary file of this process and thread: a model set writes its state from the event loop
+    and from the threads that load members, and two writers sharing one temporary file lost it
+    between write and rename."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def clear_state(port: int) -> None:
@@ -208,9 +217,7 @@ def write_state(port: int, state: ServeState) -> Path:
     """Write the state file atomically (a reader never sees half of it): the one writer."""
     path = state_path(port)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(state.to_json(), indent=2))
-    os.replace(temporary, path)
+    _replace_whole(path, json.dumps(state.to_json(), indent=2))
     starting_path(port).unlink(missing_ok=True)
     return path
 
@@ -241,9 +248,7 @@ def write_set_state(port: int, payload: dict[str, object]) -> None:
     """What the model set on ``port`` is doing now (``pid`` and ``url`` among it), replaced whole."""
     path = set_state_path(port)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(payload))
-    os.replace(temporary, path)
+    _replace_whole(path, json.dumps(payload))
 
 
 def running_sets(port: int | None = None) -> list[dict[str, object]]:
