@@ -311,3 +311,30 @@ def test_moe_prefill_follows_published_rows_it_did_not_see() -> None:
     assert len(errors) >= 13 and len(moe_before) >= 12
     assert max(moe_before) > 4.0  # what the active FLOPs alone said
     assert statistics.median(errors) <= 0.25 and max(errors) <= 0.60  # issue 48's target for held-out prefill
+
+
+def test_the_calibrations_batch_figures_are_recovered_from_the_step_ratio_they_make(tmp_path: Path) -> None:
+    """`hw --calibrate` turns the engine's step of three sequences over one into the row share
+    and the cost per row of a batched type: given the ratio the model itself makes with chosen
+    figures, each solver returns those figures (and clamps what no figure could make)."""
+    from tierlocal.gguf.synthetic import write_probe_gguf
+    from tierlocal.measure.calibrate_batch import BATCH_PROBE, BATCH_SEQUENCES, ROW_PROBE, row_share_from, sequence_row_s_from
+
+    kernels_arch, repacked = "x86_64", frozenset({"Q4_K"})
+    request = RunRequest(ctx=BATCH_SEQUENCES * 512, parallel=BATCH_SEQUENCES, ngl=0, kv_unified=True)
+    cpu = replace(CPU, decode_bytes_per_s={**CPU.decode_bytes_per_s, "Q8_0": 9e9}, prefill_flops_per_s={**CPU.prefill_flops_per_s, "Q8_0": 180e9})
+
+    def ratio(path: Path, host: DeviceSpeed) -> float:
+        costs = batch_costs(
+            model_spec(read_headers(str(path))), request, {"host": host, "gpu": None}, cpu=cpu_kernels(kernels_arch, repacked), prompt=32
+        )
+        assert costs is not None
+        return costs.decode_step_s(BATCH_SEQUENCES) / costs.decode_step_s(1)
+
+    rows = write_probe_gguf(tmp_path / "rows.gguf", ROW_PROBE)
+    made = ratio(rows, replace(cpu, sequence_row_s=7e-9))
+    assert sequence_row_s_from(rows, cpu, kernels_arch, repacked, 1.0, made) == pytest.approx(7e-9, rel=1e-6)
+    assert sequence_row_s_from(rows, cpu, kernels_arch, repacked, 1.0, 1.0) == 0.0  # faster than FLOPs alone: clamped
+    q6 = write_probe_gguf(tmp_path / "q6.gguf", BATCH_PROBE)
+    made = ratio(q6, replace(cpu, batch_row_share=0.4))
+    assert row_share_from(q6, cpu, kernels_arch, repacked, 1.0, made) == pytest.approx(0.4, rel=1e-6)
