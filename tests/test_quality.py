@@ -18,7 +18,7 @@ from tierlocal.plan.quality import MIN_REPORTERS, TASKS, entry_quality, fit_qual
 from tierlocal.plan.quality_rules import broken_rules, named_mode
 from tierlocal.plan.recommend import wait_seconds
 from tierlocal.published import ModeRule, ModeWords, QualityFigure, QualityRules, QuantLoss, VersionRule
-from tierlocal.recommendation import catalog_recommendation
+from tierlocal.recommendation import catalog_quality, catalog_recommendation
 
 #: Five benchmarks from easy to hard (figure = a + b × strength), six models of known strength.
 _LINES = {"easy": (80.0, 6.0), "mid": (60.0, 10.0), "hard": (30.0, 12.0), "harder": (15.0, 10.0), "hardest": (5.0, 4.0)}
@@ -202,3 +202,26 @@ def test_the_ranking_holds_against_independent_aggregates_it_never_saw() -> None
     for aggregate, result in results.items():
         assert result["models"] >= 12, aggregate
         assert result["rho"] >= 0.85 and result["rho_top"] >= 0.65, (aggregate, result["rho"], result["rho_top"])
+
+
+def test_a_publishers_table_of_a_rivals_model_is_not_independent() -> None:
+    """Qwen's runs of gpt-oss on the Qwen3.5 cards are not gpt-oss's publisher's claim, but
+    neither are they an independent evaluation: they weigh as a publisher's figure, and only
+    leaderboards and evaluation suites count as independent evidence."""
+    quality = load_quality()
+
+    def figures(model: str, benchmark: str) -> list[QualityFigure]:
+        return [figure for figure in quality.figures if figure.model == model and figure.benchmark == benchmark]
+
+    qwens_run = [f for f in figures("gpt-oss-120b", "MMLU-Pro") if f.source.startswith("https://huggingface.co/Qwen/")]
+    assert qwens_run and all(not f.self_reported and not f.independent for f in qwens_run)
+    assert all(f.independent for f in figures("gpt-oss-120b", "MMLU-Pro (AA)"))
+    assert all(not f.independent for f in quality.figures if f.self_reported)
+    independent_hosts = {f.source.split("/")[2] for f in quality.figures if f.independent}
+    assert independent_hosts and not independent_hosts & {"huggingface.co", "qwen.ai", "arxiv.org"}
+    # The fit and the evidence read the same flag: a score's independent sources are never a publisher's page.
+    scores = catalog_quality()
+    for model in ("gpt-oss-120b", "gemma-4-31b"):
+        chat = scores[model]["chat"]
+        counted = {f.source for f in chat.figures if f.independent}
+        assert chat.independent_sources == len(counted) and not any(s.startswith(quality.rules.publisher_pages) for s in counted)

@@ -1007,6 +1007,7 @@ def load_quality() -> QualityFacts:
     families = {entry.family for entry in load_models()}
     try:
         tasks = {str(b["name"]): tuple(str(task) for task in b["tasks"]) for b in data["benchmark"]}  # type: ignore[attr-defined]
+        rules = _quality_rules(data)
         figures = tuple(
             QualityFigure(
                 str(f["model"]),
@@ -1018,6 +1019,7 @@ def load_quality() -> QualityFacts:
                 str(f["source"]),
                 str(f["date"]),
                 None if f.get("effort") is None else str(f["effort"]),
+                not bool(f["self_reported"]) and not str(f["source"]).startswith(rules.publisher_pages),
             )
             for f in data["figure"]  # type: ignore[attr-defined]
         )
@@ -1028,7 +1030,6 @@ def load_quality() -> QualityFacts:
             for q in data.get("quant_loss", [])  # type: ignore[attr-defined]
         }
         no_figures = {str(m["model"]): str(m["why"]) for m in data.get("no_figures", [])}  # type: ignore[attr-defined]
-        rules = _quality_rules(data)
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogError(f"recipes/quality.toml: an entry lacks or mistypes {exc}", hint="fix the entry") from None
     for figure in figures:
@@ -1039,7 +1040,8 @@ def load_quality() -> QualityFacts:
 
 
 def _quality_rules(data: dict[str, object]) -> QualityRules:
-    """``[[mode_rule]]``, ``[[mode_words]]`` and ``[[version_rule]]`` (patterns compiled once here).
+    """``[[mode_rule]]``, ``[[mode_words]]``, ``[[version_rule]]`` (patterns compiled once here) and
+    ``[[publisher_pages]]``.
 
     Raises:
         CatalogError: a mode that is not one, or a pattern that does not compile.
@@ -1058,7 +1060,8 @@ def _quality_rules(data: dict[str, object]) -> QualityRules:
             re.compile(version.pattern)
         except re.error as exc:
             raise CatalogError(f"recipes/quality.toml: {version.benchmark}'s pattern does not compile: {exc}", hint="fix the pattern") from None
-    return QualityRules(modes, words, versions)
+    pages = tuple(str(prefix) for entry in data.get("publisher_pages", []) for prefix in entry["prefixes"])  # type: ignore[attr-defined]
+    return QualityRules(modes, words, versions, pages)
 
 
 def _figure_problem(figure: QualityFigure, families: set[str], tasks: dict[str, tuple[str, ...]]) -> str:

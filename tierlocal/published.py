@@ -210,7 +210,9 @@ class QualityFigure:
     """One published benchmark result (recipes/quality.toml): ``score`` on ``benchmark`` in
     ``mode`` (``thinking``: a reasoning trace first; ``standard``: answered directly), higher
     is better, as ``source`` gave it on ``date``; ``setting`` is the source's own words (shots,
-    version), ``self_reported`` whether the publisher measured its own model."""
+    version), ``self_reported`` whether the publisher measured its own model, ``independent``
+    whether an evaluator that publishes no rival model did (a leaderboard, an evaluation suite:
+    a publisher's table of a rival's results is neither, recipes/quality.toml ``[[publisher_pages]]``)."""
 
     model: str
     benchmark: str
@@ -224,6 +226,7 @@ class QualityFigure:
     #: such levels and this is not the one its other thinking figures are at (gpt-oss: ``high``,
     #: recipes/models.toml ``reasoning_effort``); None: that one.
     effort: str | None = None
+    independent: bool = False
 
     @property
     def column(self) -> str:
@@ -243,6 +246,7 @@ class QualityFigure:
             "score": self.score,
             "setting": self.setting,
             "self_reported": self.self_reported,
+            "independent": self.independent,
             "source": self.source,
             "date": self.date,
             "effort": self.effort,
@@ -313,6 +317,9 @@ class QualityRules:
     modes: tuple[ModeRule, ...] = ()
     words: tuple[ModeWords, ...] = ()
     versions: tuple[VersionRule, ...] = ()
+    #: Where model publishers print their tables (URL prefixes): a figure from one of them is
+    #: a publisher's claim, of its own model or of a rival's, never an independent evaluation.
+    publisher_pages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

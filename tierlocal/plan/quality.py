@@ -55,8 +55,8 @@ SEPARATE_TASKS = ("embeddings",)
 MIN_REPORTERS = 3
 #: Shrinkage of each model's strength towards the average, in units of one column's evidence.
 RIDGE = 0.5
-#: How much a cell of independent figures (measured by another than the model's publisher)
-#: weighs in a model's strength beside a self-reported one: a choice, not a measurement.
+#: How much a cell of independent figures (measured by an evaluator that publishes no model)
+#: weighs in a model's strength beside a publisher's (its own or a rival's): a choice, not a measurement.
 INDEPENDENT_WEIGHT = 2.0
 #: The fewest benchmarks a score rests on before its evidence is not thin: a thin score never
 #: wins the ranking while one with enough evidence fits (plan/recommend.py).
@@ -89,13 +89,13 @@ class ModelQuality:
 
     @property
     def independent_figures(self) -> int:
-        """Its figures measured by another than the model's publisher."""
-        return sum(1 for figure in self.figures if not figure.self_reported)
+        """Its figures measured by an independent evaluator (not a model publisher)."""
+        return sum(1 for figure in self.figures if figure.independent)
 
     @property
     def independent_sources(self) -> int:
         """The distinct sources of those figures."""
-        return len({figure.source for figure in self.figures if not figure.self_reported})
+        return len({figure.source for figure in self.figures if figure.independent})
 
     @property
     def thin(self) -> bool:
@@ -219,7 +219,7 @@ def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, f
     for figure in figures:
         cells.setdefault((figure.model, figure.column), []).append(figure.score)
     for key in cells:
-        if all(not f.self_reported for f in figures if (f.model, f.column) == key):
+        if all(f.independent for f in figures if (f.model, f.column) == key):
             independent.add(key)
     reporters: dict[str, int] = {}
     for _model, column in cells:
