@@ -105,7 +105,7 @@ def main() -> None:
         return
     for result in results:
         rho, top = result["rho"], result["rho_top"]
-        print(f"{result['aggregate']}: {result['models']} models, rho {rho:.2f} overall, {top:.2f} among our top {TOP}")  # type: ignore[str-format]
+        print(f"{result['aggregate']}: {result['models']} models, rho {rho:.3f} overall, {top:.3f} among our top {TOP}")  # type: ignore[str-format]
         for model, score, value in result["top"]:  # type: ignore[attr-defined]
             print(f"    {model:24} chat {score:5.1f}   {value:g}")
 

@@ -123,8 +123,9 @@ def test_thinking_on_and_off_keep_one_mode_and_say_what_they_left_out(machine: t
 def test_balanced_weighs_the_time_to_an_answer_and_the_pick_moves_where_it_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the machines of the docs, ranked once by the time to a typical answer and once by
     decode tok/s alone (no answer lengths): where the picks differ, the time's pick answers
-    sooner; on one of them at least they differ (with the figures of 2026-12-07, the 16 GiB
-    CPU-only machine; before the GPU overhead was priced per layer, the M3 Max too)."""
+    sooner; on one of them at least they differ (with the figures of 2026-12-07, the RTX 4090:
+    the dense Qwen3.5-27B Q6_K by tok/s, ~34 s a typical answer, against Qwen3.5-35B-A3B Q4_K_M,
+    ~7 s; before, the 16 GiB CPU-only machine and the M3 Max)."""
     import tierlocal.recommendation as recommendation
     from tierlocal.catalog import load_models
     from tierlocal.hardware.detect import detect

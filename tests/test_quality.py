@@ -185,9 +185,9 @@ def test_the_pick_is_never_dominated_on_the_grid(prefer: str, purpose: str) -> N
 def test_the_ranking_holds_against_independent_aggregates_it_never_saw() -> None:
     """recipes/holdout.toml's aggregates (Artificial Analysis's index, the Open LLM Leaderboard)
     are kept out of the fit: no figure comes from their parties. Against each, the chat scores'
-    rank correlation is at least 0.85 over every model both rank; among our top ten the issue
-    asks 0.7, which the Artificial Analysis index does not reach yet (0.66 on 2026-12-06, with
-    independent figures weighing twice): the floor here keeps it from falling further."""
+    rank correlation is at least 0.85 over every model both rank, and at least the issue's 0.7
+    among our top ten (2026-12-07: 0.89 on the index, 0.75 on the Leaderboard; 0.66 on the index
+    before LiveBench's runs and Qwen's full tables joined the fit)."""
     from bench.quality_holdout import compare, spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 40, 30]) == pytest.approx(0.8)
@@ -201,7 +201,7 @@ def test_the_ranking_holds_against_independent_aggregates_it_never_saw() -> None
     assert len(results) >= 2
     for aggregate, result in results.items():
         assert result["models"] >= 12, aggregate
-        assert result["rho"] >= 0.85 and result["rho_top"] >= 0.65, (aggregate, result["rho"], result["rho_top"])
+        assert result["rho"] >= 0.85 and result["rho_top"] >= 0.7, (aggregate, result["rho"], result["rho_top"])
 
 
 def test_a_publishers_table_of_a_rivals_model_is_not_independent() -> None:
