@@ -215,12 +215,12 @@ def _fit_task(task: str, figures: Sequence[QualityFigure], prior: Mapping[str, f
     """Each model's score for ``task`` from ``figures``, and its fitted strength; ``prior``:
     the general strengths this fit starts from and is shrunk towards (None: the general fit)."""
     cells: dict[tuple[str, str], list[float]] = {}
-    independent: set[tuple[str, str]] = set()
+    publishers: set[tuple[str, str]] = set()  # cells with a figure from a model publisher's page
     for figure in figures:
         cells.setdefault((figure.model, figure.column), []).append(figure.score)
-    for key in cells:
-        if all(f.independent for f in figures if (f.model, f.column) == key):
-            independent.add(key)
+        if not figure.independent:
+            publishers.add((figure.model, figure.column))
+    independent = set(cells) - publishers
     reporters: dict[str, int] = {}
     for _model, column in cells:
         reporters[column] = reporters.get(column, 0) + 1
