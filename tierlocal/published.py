@@ -211,7 +211,7 @@ class QualityFigure:
     ``mode`` (``thinking``: a reasoning trace first; ``standard``: answered directly), higher
     is better, as ``source`` gave it on ``date``; ``setting`` is the source's own words (shots,
     version), ``self_reported`` whether the publisher measured its own model, ``independent``
-    whether an evaluator that publishes no rival model did (a leaderboard, an evaluation suite:
+    whether an evaluator that publishes no model of its own did (a leaderboard, an evaluation suite:
     a publisher's table of a rival's results is neither, recipes/quality.toml ``[[publisher_pages]]``)."""
 
     model: str
